@@ -1,0 +1,248 @@
+"""Command lines: ``meshd`` (run the daemon, demo) and ``meshctl`` (talk to a running daemon).
+
+Exit codes: 0 ok; 1 the operation failed (error printed on one line); 2 bad usage or config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import Settings, default_socket_path, ensure_dirs, load_settings
+from .errors import ConfigError, MeshError
+
+log = logging.getLogger("meshd")
+
+
+# --------------------------------------------------------------------------------- logging
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("zeroconf").setLevel(max(logging.WARNING, root.level))
+
+
+# --------------------------------------------------------------------------------- meshd
+
+def _run_parser(sub: Any) -> None:
+    run = sub.add_parser("run", help="run the daemon in the foreground")
+    run.add_argument("--config", type=Path, help="TOML config file (default: $MESHD_CONFIG)")
+    run.add_argument("--name", help="this node's human name (default: host name)")
+    run.add_argument("--mesh", help="mesh name; daemons of other meshes are ignored")
+    run.add_argument("--interface", dest="interfaces", action="append", metavar="IP",
+                     help="IPv4 address for mDNS and the mesh (repeatable; default: all suitable)")
+    run.add_argument("--port", type=int, help="mesh ROUTER port (0 = any free port)")
+    run.add_argument("--pub-port", type=int, help="topic XPUB port (0 = any free port)")
+    run.add_argument("--peer", dest="peers", action="append", metavar="tcp://HOST:PORT",
+                     help="static peer (repeatable), for networks without multicast")
+    run.add_argument("--no-discovery", dest="discovery", action="store_const", const=False,
+                     help="turn mDNS off (static peers only)")
+    run.add_argument("--state-dir", type=Path, help="where the node id and keys live")
+    run.add_argument("--socket", type=Path, help="local agent socket path")
+    run.add_argument("--insecure", action="store_const", const=True,
+                     help="plaintext mesh (development; currently the only mode)")
+    run.add_argument("--heartbeat-interval", type=float)
+    run.add_argument("--stale-after", type=float)
+    run.add_argument("--offline-after", type=float)
+    run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    run.add_argument("--log-format", choices=["text", "json"])
+
+
+def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
+    env = dict(os.environ if environ is None else environ)
+    config = args.config or (Path(env["MESHD_CONFIG"]) if env.get("MESHD_CONFIG") else None)
+    keys = ("name", "mesh", "interfaces", "port", "pub_port", "peers", "discovery", "state_dir",
+            "socket", "insecure", "heartbeat_interval", "stale_after", "offline_after",
+            "log_level", "log_format")
+    overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    return load_settings(config, overrides=overrides, environ=env)
+
+
+async def _serve(settings: Settings) -> int:
+    from .node import Node
+
+    node = Node(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await node.serve(stop)
+    return 0
+
+
+def meshd_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="meshd", description="peer-mesh daemon for agents")
+    parser.add_argument("--version", action="version", version=f"meshd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _run_parser(sub)
+    demo = sub.add_parser("demo", help="start a 3-node mesh on 127.0.0.1 and run a collaboration")
+    demo.add_argument("--keep-logs", action="store_true", help="print the daemons' logs afterwards")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from .demo import run_demo
+
+        return run_demo(keep_logs=args.keep_logs)
+    try:
+        settings = settings_from_args(args)
+        ensure_dirs(settings)
+    except ConfigError as exc:
+        print(f"meshd: config error: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_level, settings.log_format)
+    if settings.insecure:
+        log.warning("INSECURE MODE: the mesh runs in plaintext; anyone on the LAN can read and inject")
+    try:
+        return asyncio.run(_serve(settings))
+    except KeyboardInterrupt:
+        return 0
+    except (RuntimeError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+
+
+# --------------------------------------------------------------------------------- meshctl
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, default=str, sort_keys=True), flush=True)
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns}
+    print("  ".join(c.upper().ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
+
+
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+
+
+async def _ctl(args: argparse.Namespace) -> int:
+    from .client import Agent
+
+    name = args.as_name or f"meshctl-{os.getpid()}"
+    agent_name = args.name if args.cmd == "agent" else name
+    async with Agent(agent_name, socket=args.socket) as me:
+        if args.cmd == "peers":
+            peers = await me.peers()
+            if args.json:
+                _print_json(peers)
+            else:
+                _table(peers, ["node", "name", "state", "agents", "router", "last_seen_ago", "source"])
+        elif args.cmd == "agents":
+            agents = [a for a in await me.agents() if not str(a.get("name", "")).startswith("meshctl-")]
+            if args.json:
+                _print_json(agents)
+            else:
+                for a in agents:
+                    a["caps"] = ",".join(a.get("capabilities") or [])
+                _table(agents, ["name", "node_name", "node", "state", "caps"])
+        elif args.cmd == "node":
+            _print_json(await me.node_info())
+        elif args.cmd == "send":
+            await me.send(args.agent, args.topic, args.payload)
+            await asyncio.sleep(0.05)  # let the daemon bounce an unknown name back
+            if me.errors_received:
+                return 1
+        elif args.cmd == "request":
+            reply = await me.request(args.agent, args.topic, args.payload, timeout=args.timeout)
+            _print_json(reply)
+        elif args.cmd == "publish":
+            reached = await me.publish(args.topic, args.payload)
+            print(f"reached {reached} subscriber(s)")
+        elif args.cmd in ("tail", "agent"):
+            done = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, done.set)
+
+            @me.on()
+            def show(msg: Any) -> Any:
+                _print_json({"kind": msg.kind, "from": msg.sender, "topic": msg.topic, "id": msg.id,
+                             "payload": msg.payload, "ts": time.time()})
+                if msg.is_request and getattr(args, "echo", False):
+                    return msg.payload
+                return None
+
+            for topic in getattr(args, "topics", []) or []:
+                await me.subscribe(topic)
+            await done.wait()
+    return 0
+
+
+def meshctl_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="meshctl", description="talk to the local meshd")
+    parser.add_argument("--socket", type=Path, default=None,
+                        help=f"agent socket (default: {default_socket_path()})")
+    parser.add_argument("--as", dest="as_name", help="agent name meshctl registers as")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("peers", help="list known daemons")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("agents", help="list agents in the mesh")
+    p.add_argument("--json", action="store_true")
+    sub.add_parser("node", help="this daemon's identity and counters (JSON)")
+    p = sub.add_parser("send", help="fire-and-forget message")
+    p.add_argument("agent")
+    p.add_argument("topic")
+    p.add_argument("payload", type=_json_arg)
+    p = sub.add_parser("request", help="request and print the reply as JSON")
+    p.add_argument("agent")
+    p.add_argument("topic")
+    p.add_argument("payload", type=_json_arg)
+    p.add_argument("--timeout", type=float, default=30.0)
+    p = sub.add_parser("publish", help="publish on a topic")
+    p.add_argument("topic")
+    p.add_argument("payload", type=_json_arg)
+    p = sub.add_parser("tail", help="subscribe and print JSON lines")
+    p.add_argument("topics", nargs="+")
+    p = sub.add_parser("agent", help="attach a named agent that prints what it receives")
+    p.add_argument("name")
+    p.add_argument("--echo", action="store_true", help="answer each request with its payload")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="meshctl: %(message)s")
+    try:
+        return asyncio.run(_ctl(args))
+    except MeshError as exc:
+        print(f"meshctl: {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(meshd_main())

@@ -1,0 +1,696 @@
+"""The agent client: attach to the local meshd and talk to any agent in the mesh by name.
+
+``Agent`` is asyncio; ``BlockingAgent`` wraps it for scripts. Both speak the local protocol in
+docs/PROTOCOL.md over the daemon's ipc:// socket.
+
+Sending is adaptively batched: messages to the same destination that pile up within one loop
+iteration (or while the socket is busy) leave as one batch of at most ``batch_max``; an idle
+agent's message leaves at once. Payloads are msgpack-encoded here and decoded by the receiving
+client; daemons never look inside them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgpack
+import zmq
+
+from . import protocol as P
+from .config import default_socket_path
+from .errors import (
+    DaemonUnreachable,
+    HandlerError,
+    MeshError,
+    RequestTimeout,
+    TooLarge,
+    ValidationFailed,
+    error_from_wire,
+)
+from .protocol import FrameError, Kind
+
+log = logging.getLogger("meshd.client")
+
+DEFAULT_REQUEST_TIMEOUT = 30.0
+CONTROL_TIMEOUT = 5.0
+SEND_QUEUE_LIMIT = 10_000
+ANY_TOPIC = "*"
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Message:
+    """A message as a handler sees it."""
+
+    id: str
+    kind: str
+    topic: str
+    sender: str
+    to: str | None
+    payload: Any
+    correlation_id: str | None = None
+    deadline: float | None = None
+    headers: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_request(self) -> bool:
+        return self.kind == Kind.REQUEST
+
+
+Handler = Callable[[Message], Any]
+
+
+def _default(obj: Any) -> Any:
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump):  # pydantic models travel as plain dicts
+        return dump(mode="json")
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"cannot encode {type(obj).__name__} as msgpack")
+
+
+def encode_payload(payload: Any) -> bytes:
+    """msgpack-encode a payload; pydantic models become dicts."""
+    try:
+        return msgpack.packb(payload, use_bin_type=True, default=_default)  # type: ignore[no-any-return]
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValidationFailed(f"payload is not msgpack-encodable: {exc}") from None
+
+
+def decode_payload(data: bytes) -> Any:
+    if not data:
+        return None
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+class Agent:
+    """A named agent attached to the local daemon.
+
+    ::
+
+        async with Agent("planner") as me:
+            @me.on("verify")
+            async def verify(msg):
+                return {"ok": True}
+            reply = await me.request("researcher", "verify", {"claim": "x"}, timeout=5)
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        socket: str | Path | None = None,
+        capabilities: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        heartbeat_interval: float = 1.0,
+        batch_max: int = 64,
+        max_payload_bytes: int = P.DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        if not P.valid_name(name):
+            raise ValidationFailed(f"invalid agent name {name!r}: 1-128 printable characters, no '@'")
+        if not 1 <= batch_max <= P.MAX_BATCH:
+            raise ValidationFailed(f"batch_max must be 1..{P.MAX_BATCH}")
+        self.name = name
+        self.socket_path = Path(socket) if socket else default_socket_path()
+        self.capabilities = list(capabilities or [])
+        self.metadata = dict(metadata or {})
+        self.heartbeat_interval = heartbeat_interval
+        self.batch_max = batch_max
+        self.max_payload_bytes = max_payload_bytes
+        self.node: str | None = None
+        self.node_name: str | None = None
+        self.telemetry: dict[str, Any] = {}
+        self.errors_received = 0
+        self.on_error: Callable[[MeshError, str | None], None] | None = None
+        self._handlers: dict[str, Handler] = {}
+        self._topics: set[str] = set()
+        self._pending: dict[str, asyncio.Future[Any]] = {}
+        self._batch_members: dict[str, list[str]] = {}
+        self._out: dict[tuple[str, str], list[tuple[dict[str, Any], bytes]]] = {}
+        self._flush_scheduled = False
+        self._sendq: deque[list[bytes]] = deque()
+        self._writable: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ctx: zmq.Context[Any] | None = None
+        self._sock: zmq.Socket[Any] | None = None
+        self._fd: int | None = None
+        self._hb_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._reregistering = False
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> Agent:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Connect to the daemon and register this agent's name; raises NameTaken etc."""
+        if not self.socket_path.exists():
+            raise DaemonUnreachable(f"no meshd agent socket at {self.socket_path} (is meshd running?)")
+        self._loop = asyncio.get_running_loop()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._ctx = zmq.Context.instance()
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 200)
+        sock.setsockopt(zmq.SNDHWM, 10_000)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.connect(f"ipc://{self.socket_path}")
+        self._sock = sock
+        self._fd = sock.getsockopt(zmq.FD)
+        self._loop.add_reader(self._fd, self._drain)
+        await self._register()
+        self._hb_task = asyncio.create_task(self._heartbeat_loop(), name=f"meshd-agent-hb-{self.name}")
+
+    async def _register(self) -> None:
+        body = {"name": self.name, "capabilities": self.capabilities, "metadata": self.metadata}
+        info = await self._control({P.KIND: Kind.REGISTER}, body)
+        if isinstance(info, dict):
+            self.node = info.get("node")
+            self.node_name = info.get("node_name")
+
+    async def close(self) -> None:
+        """Unregister (best effort) and release the socket. Idempotent."""
+        if self._closed or self._sock is None:
+            self._closed = True
+            return
+        if self._hb_task is not None:
+            self._hb_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._hb_task
+        self._flush()
+        with contextlib.suppress(MeshError, TimeoutError):
+            await self._control({P.KIND: Kind.UNREGISTER}, timeout=1.0)
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(DaemonUnreachable("agent closed"))
+        self._pending.clear()
+        if self._loop is not None and self._fd is not None:
+            self._loop.remove_reader(self._fd)
+        self._sock.close(200)
+
+    # ----------------------------------------------------------------------------- handlers
+
+    def on(self, topic: str = ANY_TOPIC) -> Callable[[Handler], Handler]:
+        """Decorator: handle messages on ``topic`` ("*" = any topic without its own handler).
+
+        A handler gets a ``Message``; for a request, its return value (or awaited result) is
+        the reply, and an exception it raises goes back to the requester as HANDLER_ERROR.
+        """
+
+        def register(fn: Handler) -> Handler:
+            self._handlers[topic] = fn
+            return fn
+
+        return register
+
+    def set_telemetry(self, **values: Any) -> None:
+        """Telemetry sent with every heartbeat (context_used_pct, queue_depth, tasks_summary...)."""
+        self.telemetry.update(values)
+
+    # ----------------------------------------------------------------------------- primitives
+
+    async def send(self, to: str, topic: str, payload: Any = None, *,
+                   headers: dict[str, Any] | None = None) -> None:
+        """Fire-and-forget. Delivery failures arrive later through ``on_error``."""
+        header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: P.new_id(), P.TOPIC: topic}
+        if headers:
+            header[P.HEADERS] = headers
+        self._enqueue(("to", to), header, self._payload(payload))
+        await self._backpressure()
+
+    async def request(self, to: str, topic: str, payload: Any = None, *,
+                      timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                      headers: dict[str, Any] | None = None) -> Any:
+        """Send a request and return the reply's payload; never waits longer than ``timeout``."""
+        if not timeout or timeout <= 0:
+            raise ValidationFailed("timeout must be a positive number of seconds")
+        loop = self._require_loop()
+        msg_id = P.new_id()
+        header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic,
+                                  P.DEADLINE: P.now() + timeout}
+        if headers:
+            header[P.HEADERS] = headers
+        data = self._payload(payload)
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending[msg_id] = fut
+        timer = loop.call_later(timeout, self._expire, msg_id, to, topic, timeout)
+        try:
+            self._enqueue(("to", to), header, data)
+            return await fut
+        finally:
+            timer.cancel()
+            self._pending.pop(msg_id, None)
+
+    async def publish(self, topic: str, payload: Any = None, *,
+                      headers: dict[str, Any] | None = None) -> int:
+        """Publish on ``topic``; returns how many subscribers (in the whole mesh) it reached."""
+        if not P.valid_topic(topic):
+            raise ValidationFailed(f"invalid topic {topic!r}")
+        loop = self._require_loop()
+        msg_id = P.new_id()
+        header: dict[str, Any] = {P.KIND: Kind.PUBLISH, P.ID: msg_id, P.TOPIC: topic}
+        if headers:
+            header[P.HEADERS] = headers
+        data = self._payload(payload)
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending[msg_id] = fut
+        timer = loop.call_later(CONTROL_TIMEOUT, self._expire_control, msg_id)
+        try:
+            self._enqueue(("topic", topic), header, data)
+            return int(await fut)
+        finally:
+            timer.cancel()
+            self._pending.pop(msg_id, None)
+
+    async def subscribe(self, topic: str) -> None:
+        """Receive publications on ``topic`` (idempotent)."""
+        if not P.valid_topic(topic):
+            raise ValidationFailed(f"invalid topic {topic!r}")
+        await self._control({P.KIND: Kind.SUBSCRIBE, P.TOPIC: topic})
+        self._topics.add(topic)
+
+    async def unsubscribe(self, topic: str) -> None:
+        """Stop receiving ``topic`` (idempotent)."""
+        await self._control({P.KIND: Kind.UNSUBSCRIBE, P.TOPIC: topic})
+        self._topics.discard(topic)
+
+    async def agents(self) -> list[dict[str, Any]]:
+        """Every agent in the mesh as this daemon knows it."""
+        result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "agents"})
+        return list(result or [])
+
+    async def peers(self) -> list[dict[str, Any]]:
+        """The daemons this daemon knows, with their state."""
+        result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "peers"})
+        return list(result or [])
+
+    async def node_info(self) -> dict[str, Any]:
+        """The local daemon's identity, endpoints and counters."""
+        result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "node"})
+        return dict(result or {})
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _require_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None or self._closed:
+            raise DaemonUnreachable("agent is not connected")
+        return self._loop
+
+    def _payload(self, payload: Any) -> bytes:
+        data = encode_payload(payload)
+        if len(data) > self.max_payload_bytes:
+            raise TooLarge(f"payload of {len(data)} bytes exceeds the limit of {self.max_payload_bytes}")
+        return data
+
+    def _expire(self, msg_id: str, to: str, topic: str, timeout: float) -> None:
+        fut = self._pending.get(msg_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(RequestTimeout(f"no reply from {to!r} on {topic!r} within {timeout:g} s"))
+
+    def _expire_control(self, msg_id: str) -> None:
+        fut = self._pending.get(msg_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(DaemonUnreachable(f"meshd at {self.socket_path} did not answer"))
+
+    async def _control(self, header: dict[str, Any], body: Any = None, timeout: float = CONTROL_TIMEOUT) -> Any:
+        """A daemon-addressed call: send at once (never batched), await the ok or error."""
+        loop = self._require_loop()
+        msg_id = P.new_id()
+        header[P.ID] = msg_id
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending[msg_id] = fut
+        timer = loop.call_later(timeout, self._expire_control, msg_id)
+        try:
+            self._flush()
+            self._push([P.SIGNATURE, P.pack(header), P.pack(body) if body is not None else b""])
+            return await fut
+        finally:
+            timer.cancel()
+            self._pending.pop(msg_id, None)
+
+    def _enqueue(self, key: tuple[str, str], header: dict[str, Any], payload: bytes) -> None:
+        self._require_loop()
+        queue = self._out.get(key)
+        if queue is None:
+            queue = self._out[key] = []
+        queue.append((header, payload))
+        if len(queue) >= self.batch_max:
+            self._flush_key(key)
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        for key in list(self._out):
+            self._flush_key(key)
+
+    def _flush_key(self, key: tuple[str, str]) -> None:
+        items = self._out.pop(key, None)
+        if not items:
+            return
+        field_name, dest = key
+        dest_key = P.TO if field_name == "to" else P.TOPIC
+        for start in range(0, len(items), self.batch_max):
+            chunk = items[start:start + self.batch_max]
+            if len(chunk) == 1:
+                header, payload = chunk[0]
+                header[P.FROM] = self.name
+                header[dest_key] = dest
+                self._push([P.SIGNATURE, P.pack(header), payload])
+                continue
+            batch_id = P.new_id()
+            frames = [P.SIGNATURE, P.pack({P.KIND: Kind.BATCH, P.ID: batch_id, P.FROM: self.name,
+                                           dest_key: dest, P.COUNT: len(chunk)})]
+            publish_ids = []
+            for header, payload in chunk:
+                frames.append(P.pack(header))
+                frames.append(payload)
+                if header[P.KIND] == Kind.PUBLISH:
+                    publish_ids.append(header[P.ID])
+            if publish_ids:
+                self._batch_members[batch_id] = publish_ids
+            self._push(frames)
+
+    def _push(self, frames: list[bytes]) -> None:
+        if self._sendq:
+            self._sendq.append(frames)
+            return
+        assert self._sock is not None
+        try:
+            self._sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            self._sendq.append(frames)
+            if self._writable is not None:
+                self._writable.clear()
+        self._kick()
+
+    def _pump(self) -> None:
+        assert self._sock is not None
+        while self._sendq:
+            try:
+                self._sock.send_multipart(self._sendq[0], zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._sendq.popleft()
+        if self._writable is not None:
+            self._writable.set()
+
+    async def _backpressure(self) -> None:
+        if len(self._sendq) > SEND_QUEUE_LIMIT // self.batch_max and self._writable is not None:
+            await self._writable.wait()
+
+    def _kick(self) -> None:
+        # The zmq FD is edge-triggered and a send can consume the edge: look again soon.
+        if self._loop is not None and not self._closed:
+            self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        sock = self._sock
+        if sock is None or sock.closed:
+            return
+        if self._sendq:
+            self._pump()
+        for _ in range(512):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                self._on_frames(frames)
+            except Exception:
+                log.exception("agent %s: dropped a message that could not be handled", self.name)
+        else:
+            assert self._loop is not None
+            self._loop.call_soon(self._drain)
+        if self._sendq:
+            self._pump()
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        if len(frames) < 3:
+            raise FrameError("too_few_frames", str(len(frames)))
+        P.check_signature(frames[0])
+        header = P.unpack_header(frames[1])
+        kind = header[P.KIND]
+        if kind == Kind.BATCH:
+            sender = header.get(P.FROM)
+            to = header.get(P.TO)
+            topic = header.get(P.TOPIC)
+            for raw_header, payload in P.split_batch(frames):
+                inner = P.unpack_header(raw_header)
+                inner.setdefault(P.FROM, sender)
+                if to is not None:
+                    inner.setdefault(P.TO, to)
+                if topic is not None:
+                    inner.setdefault(P.TOPIC, topic)
+                self._on_message(inner, payload)
+            return
+        self._on_message(header, frames[2])
+
+    def _on_message(self, header: dict[str, Any], payload: bytes) -> None:
+        kind = header[P.KIND]
+        if kind == Kind.OK:
+            self._resolve(header.get(P.CORR), header, payload)
+        elif kind == Kind.REPLY:
+            fut = self._pending.get(str(header.get(P.CORR)))
+            if fut is not None and not fut.done():
+                fut.set_result(decode_payload(payload))
+        elif kind == Kind.ERROR:
+            self._on_error(header)
+        elif kind in (Kind.SEND, Kind.REQUEST, Kind.PUBLISH):
+            self._dispatch(header, payload)
+
+    def _resolve(self, corr: Any, header: dict[str, Any], payload: bytes) -> None:
+        members = self._batch_members.pop(str(corr), None)
+        if members is not None:
+            for member in members:
+                self._resolve(member, header, payload)
+            return
+        fut = self._pending.get(str(corr))
+        if fut is None or fut.done():
+            return
+        if P.COUNT in header:
+            fut.set_result(header[P.COUNT])
+        else:
+            fut.set_result(decode_payload(payload) if payload else None)
+
+    def _on_error(self, header: dict[str, Any]) -> None:
+        err = error_from_wire(header.get(P.ERROR))
+        corr = header.get(P.CORR)
+        members = self._batch_members.pop(str(corr), None) if corr else None
+        targets = members if members is not None else [corr]
+        matched = False
+        for target in targets:
+            fut = self._pending.get(str(target))
+            if fut is not None and not fut.done():
+                fut.set_exception(err)
+                matched = True
+        if matched:
+            return
+        if err.code == P.ErrorCode.NOT_REGISTERED and not self._closed and not self._reregistering:
+            # The daemon restarted and forgot us: register again and restore subscriptions.
+            self._spawn(self._reregister())
+            return
+        self.errors_received += 1
+        if self.on_error is not None:
+            self.on_error(err, str(corr) if corr else None)
+        else:
+            log.warning("agent %s: %s (%s)", self.name, err.message, err.code)
+
+    async def _reregister(self) -> None:
+        self._reregistering = True
+        try:
+            await self._register()
+            for topic in list(self._topics):
+                await self._control({P.KIND: Kind.SUBSCRIBE, P.TOPIC: topic})
+            log.info("agent %s registered again after a daemon restart", self.name)
+        except MeshError as exc:
+            log.warning("agent %s could not register again: %s", self.name, exc)
+        finally:
+            self._reregistering = False
+
+    def _dispatch(self, header: dict[str, Any], payload: bytes) -> None:
+        topic = str(header.get(P.TOPIC, ""))
+        handler = self._handlers.get(topic) or self._handlers.get(ANY_TOPIC)
+        msg = Message(
+            id=str(header.get(P.ID, "")),
+            kind=header[P.KIND],
+            topic=topic,
+            sender=str(header.get(P.FROM, "")),
+            to=header.get(P.TO),
+            payload=None,
+            correlation_id=header.get(P.CORR),
+            deadline=header.get(P.DEADLINE),
+            headers=header.get(P.HEADERS) or {},
+        )
+        try:
+            msg.payload = decode_payload(payload)
+        except Exception as exc:
+            if msg.is_request:
+                self._reply_error(msg, P.ErrorCode.VALIDATION_FAILED, f"payload undecodable: {exc}")
+            return
+        if handler is None:
+            if msg.is_request:
+                self._reply_error(msg, P.ErrorCode.HANDLER_ERROR,
+                                  f"agent {self.name!r} has no handler for topic {topic!r}")
+            return
+        try:
+            result = handler(msg)
+        except Exception as exc:
+            self._handler_failed(msg, exc)
+            return
+        if inspect.isawaitable(result):
+            self._spawn(self._finish(msg, result))
+        elif msg.is_request:
+            self._reply(msg, result)
+
+    async def _finish(self, msg: Message, result: Awaitable[Any]) -> None:
+        try:
+            value = await result
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._handler_failed(msg, exc)
+            return
+        if msg.is_request:
+            self._reply(msg, value)
+
+    def _handler_failed(self, msg: Message, exc: Exception) -> None:
+        log.warning("agent %s: handler for %r raised %s: %s", self.name, msg.topic, type(exc).__name__, exc)
+        if msg.is_request:
+            self._reply_error(msg, P.ErrorCode.HANDLER_ERROR, str(exc) or type(exc).__name__,
+                              remote_type=type(exc).__name__)
+
+    def _reply(self, msg: Message, value: Any) -> None:
+        if self._closed:
+            return
+        try:
+            data = self._payload(value)
+        except MeshError as exc:
+            self._reply_error(msg, exc.code, f"reply refused: {exc.message}")
+            return
+        header = {P.KIND: Kind.REPLY, P.ID: P.new_id(), P.CORR: msg.id, P.TOPIC: msg.topic}
+        self._enqueue(("to", msg.sender), header, data)
+
+    def _reply_error(self, msg: Message, code: str, message: str, remote_type: str | None = None) -> None:
+        if self._closed or not msg.sender:
+            return
+        err: dict[str, Any] = {"code": code, "message": message, "retry": False}
+        if remote_type:
+            err["type"] = remote_type
+        header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.id, P.ERROR: err}
+        self._enqueue(("to", msg.sender), header, b"")
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.heartbeat_interval)
+            telemetry = {"queue_depth": len(self._tasks)} | self.telemetry
+            self._push([P.SIGNATURE, P.pack({P.KIND: Kind.AGENT_HEARTBEAT}), P.pack(telemetry)])
+
+
+class BlockingAgent:
+    """``Agent`` for scripts without asyncio: runs the agent's loop in a background thread.
+
+    Handlers registered with ``on`` run in that thread.
+    """
+
+    def __init__(self, name: str, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"meshd-agent-{name}",
+                                        daemon=True)
+        self._thread.start()
+        self.agent = Agent(name, **kwargs)
+        try:
+            self._call(self.agent.connect(), CONTROL_TIMEOUT * 2)
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            fut.cancel()
+            raise RequestTimeout("call did not finish in time") from None
+
+    def on(self, topic: str = ANY_TOPIC) -> Callable[[Handler], Handler]:
+        return self.agent.on(topic)
+
+    def send(self, to: str, topic: str, payload: Any = None, **kw: Any) -> None:
+        self._call(self.agent.send(to, topic, payload, **kw), CONTROL_TIMEOUT)
+
+    def request(self, to: str, topic: str, payload: Any = None, *,
+                timeout: float = DEFAULT_REQUEST_TIMEOUT, **kw: Any) -> Any:
+        return self._call(self.agent.request(to, topic, payload, timeout=timeout, **kw), timeout + 1)
+
+    def publish(self, topic: str, payload: Any = None, **kw: Any) -> int:
+        return self._call(self.agent.publish(topic, payload, **kw), CONTROL_TIMEOUT + 1)
+
+    def subscribe(self, topic: str) -> None:
+        self._call(self.agent.subscribe(topic), CONTROL_TIMEOUT + 1)
+
+    def unsubscribe(self, topic: str) -> None:
+        self._call(self.agent.unsubscribe(topic), CONTROL_TIMEOUT + 1)
+
+    def agents(self) -> list[dict[str, Any]]:
+        return self._call(self.agent.agents(), CONTROL_TIMEOUT + 1)
+
+    def peers(self) -> list[dict[str, Any]]:
+        return self._call(self.agent.peers(), CONTROL_TIMEOUT + 1)
+
+    def close(self) -> None:
+        try:
+            self._call(self.agent.close(), CONTROL_TIMEOUT)
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        if not self._loop.is_running():
+            self._loop.close()
+
+    def __enter__(self) -> BlockingAgent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def wait_for_socket(path: Path, timeout: float = 10.0) -> None:
+    """Block until a daemon's agent socket exists (for scripts that start meshd themselves)."""
+    end = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > end:
+            raise DaemonUnreachable(f"no meshd agent socket at {path} after {timeout:g} s")
+        time.sleep(0.02)
+
+
+__all__ = ["Agent", "BlockingAgent", "HandlerError", "Message", "wait_for_socket"]

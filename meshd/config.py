@@ -1,0 +1,410 @@
+"""Daemon settings: a pydantic model plus the loader that layers its sources.
+
+Precedence, highest first: command-line flags > ``MESHD_*`` environment variables > the TOML file >
+built-in defaults. The TOML file has flat top-level keys named like the fields below (see
+``conf/meshd.toml`` for a commented example of every setting). An environment variable is
+``MESHD_`` + the field name in upper case (``MESHD_PUB_PORT``); list settings are comma-separated
+there and booleans accept 1/0/true/false/yes/no/on/off. Any bad value raises
+:class:`meshd.errors.ConfigError` naming the key and where the value came from.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import re
+import stat
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from socket import gethostname
+from typing import Any, Literal, get_origin
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from meshd.errors import ConfigError
+
+__all__ = [
+    "ENV_PREFIX",
+    "Settings",
+    "default_runtime_dir",
+    "default_socket_path",
+    "default_state_dir",
+    "ensure_dirs",
+    "load_settings",
+]
+
+ENV_PREFIX = "MESHD_"
+
+# Longest path a Linux AF_UNIX socket address can hold (sun_path is 108 bytes with the NUL).
+_MAX_SOCKET_PATH = 107
+
+_MESH_RE = re.compile(r"[A-Za-z0-9_-]{1,63}")
+_MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _env_dir(environ: Mapping[str, str], var: str) -> Path | None:
+    """An absolute directory from ``var`` (first entry if ``:``-separated), or None if unset/relative."""
+    value = environ.get(var, "").split(":", 1)[0].strip()
+    if not value or not os.path.isabs(value):
+        return None
+    return Path(value)
+
+
+def default_runtime_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the agent socket lives: ``$RUNTIME_DIRECTORY`` (systemd), else ``$XDG_RUNTIME_DIR/meshd``,
+    else ``/tmp/meshd-<uid>``."""
+    env = os.environ if environ is None else environ
+    runtime = _env_dir(env, "RUNTIME_DIRECTORY")
+    if runtime is not None:
+        return runtime
+    xdg = _env_dir(env, "XDG_RUNTIME_DIR")
+    if xdg is not None:
+        return xdg / "meshd"
+    return Path(f"/tmp/meshd-{os.getuid()}")
+
+
+def default_socket_path(environ: Mapping[str, str] | None = None) -> Path:
+    """The local agent socket path used by the daemon, the client library and meshctl alike."""
+    return default_runtime_dir(environ) / "meshd.sock"
+
+
+def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``$STATE_DIRECTORY`` (systemd), else ``$XDG_STATE_HOME/meshd``, else ``~/.local/state/meshd``."""
+    env = os.environ if environ is None else environ
+    state = _env_dir(env, "STATE_DIRECTORY")
+    if state is not None:
+        return state
+    xdg = _env_dir(env, "XDG_STATE_HOME")
+    if xdg is not None:
+        return xdg / "meshd"
+    home = _env_dir(env, "HOME") or Path.home()
+    return home / ".local" / "state" / "meshd"
+
+
+class Settings(BaseModel):
+    """Every setting of the meshd daemon, validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    # identity
+    name: str = Field(
+        default_factory=gethostname,
+        description="Human-readable node name shown to peers and in meshctl (default: the host name).",
+    )
+    mesh: str = Field(
+        default="default",
+        description="Mesh name (1-63 of A-Z a-z 0-9 _ -); daemons of other meshes on the LAN are ignored.",
+    )
+    # network
+    interfaces: list[str] = Field(
+        default_factory=list,
+        description="IPv4 addresses that mDNS and the mesh bind and advertise on; empty = every up, "
+        "multicast-capable interface except loopback, docker*, veth* and br-*.",
+    )
+    port: int = Field(default=0, ge=0, le=65535, description="Mesh ROUTER TCP port; 0 = any free port.")
+    pub_port: int = Field(default=0, ge=0, le=65535, description="Topic XPUB TCP port; 0 = any free port.")
+    peers: list[str] = Field(
+        default_factory=list,
+        description='Static peers "tcp://HOST:PORT" for networks without multicast (VPN, routed '
+        "subnets); one seed is enough, the rest are learned by gossip.",
+    )
+    # discovery
+    discovery: bool = Field(default=True, description="Discover and announce peers with mDNS (zeroconf).")
+    # security
+    insecure: bool = Field(default=False, description="Run the mesh in plaintext, without CurveZMQ.")
+    allow_insecure_lan: bool = Field(
+        default=False,
+        description="Allow insecure mode on non-loopback interfaces (otherwise it is loopback-only).",
+    )
+    # paths
+    state_dir: Path = Field(
+        default_factory=default_state_dir,
+        description="Persistent state (keys, dead letters): $STATE_DIRECTORY (systemd), else "
+        "$XDG_STATE_HOME/meshd, else ~/.local/state/meshd.",
+    )
+    socket: Path | None = Field(
+        default=None,
+        description="Local agent socket path; unset = <runtime dir>/meshd.sock, where the runtime dir is "
+        "$RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/meshd, else /tmp/meshd-<uid>.",
+    )
+    # liveness
+    heartbeat_interval: float = Field(default=1.0, gt=0, description="Seconds between heartbeats.")
+    stale_after: float = Field(
+        default=3.0,
+        gt=0,
+        validate_default=True,  # so the cross-field check sees defaults too
+        description="Seconds without a heartbeat before a peer or agent is stale (> heartbeat_interval).",
+    )
+    offline_after: float = Field(
+        default=10.0,
+        gt=0,
+        validate_default=True,  # so the cross-field check sees defaults too
+        description="Seconds without a heartbeat before a peer or agent is offline (> stale_after).",
+    )
+    # limits
+    max_payload_bytes: int = Field(
+        default=1048576,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        description="Largest message payload accepted, in bytes (1 KiB .. 64 MiB).",
+    )
+    inbox_cap: int = Field(
+        default=100, ge=1, description="Messages queued per agent inbox before senders get INBOX_FULL."
+    )
+    hop_limit: int = Field(
+        default=5, ge=1, le=64, description="How many times a message may be forwarded (1..64)."
+    )
+    # logging
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Log level: debug, info, warning or error."
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="Log format: text (human) or json (one object per line)."
+    )
+    # plugins
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Extra plugin modules to load, by import name (installed entry points load anyway).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("must not be empty")
+        if len(value) > 255:
+            raise ValueError("must be at most 255 characters")
+        if "@" in value:
+            raise ValueError("must not contain '@' (used in name@node addresses)")
+        if any(not ch.isprintable() for ch in value):
+            raise ValueError("must not contain control characters")
+        return value
+
+    @field_validator("mesh")
+    @classmethod
+    def _check_mesh(cls, value: str) -> str:
+        if not _MESH_RE.fullmatch(value):
+            raise ValueError("must be 1-63 characters of A-Z a-z 0-9 _ -")
+        return value
+
+    @field_validator("interfaces")
+    @classmethod
+    def _check_interfaces(cls, value: list[str]) -> list[str]:
+        out: list[str] = []
+        for item in value:
+            try:
+                addr = ipaddress.IPv4Address(item.strip())
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IPv4 address")
+            if str(addr) not in out:
+                out.append(str(addr))
+        return out
+
+    @field_validator("peers")
+    @classmethod
+    def _check_peers(cls, value: list[str]) -> list[str]:
+        out: list[str] = []
+        for item in value:
+            item = item.strip()
+            problem = f"{item!r} is not tcp://HOST:PORT"
+            try:
+                parts = urlsplit(item)
+                port = parts.port
+            except ValueError:
+                raise ValueError(f"{problem} (bad port)")
+            if parts.scheme != "tcp":
+                raise ValueError(f"{problem} (scheme must be tcp)")
+            if not parts.hostname or any(ch.isspace() for ch in parts.hostname):
+                raise ValueError(f"{problem} (missing host)")
+            if port is None or not 1 <= port <= 65535:
+                raise ValueError(f"{problem} (port must be 1..65535)")
+            if parts.username or parts.password or parts.path or parts.query or parts.fragment:
+                raise ValueError(f"{problem} (unexpected user, path, query or fragment)")
+            if item not in out:
+                out.append(item)
+        return out
+
+    @field_validator("state_dir")
+    @classmethod
+    def _check_state_dir(cls, value: Path) -> Path:
+        if not str(value):
+            raise ValueError("must not be empty")
+        return value.expanduser()
+
+    @field_validator("socket")
+    @classmethod
+    def _check_socket(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        value = value.expanduser()
+        if len(os.fsencode(value)) > _MAX_SOCKET_PATH:
+            raise ValueError(f"path is longer than {_MAX_SOCKET_PATH} bytes, too long for a Unix socket")
+        return value
+
+    @field_validator("stale_after")
+    @classmethod
+    def _check_stale_after(cls, value: float, info: ValidationInfo) -> float:
+        beat = info.data.get("heartbeat_interval")
+        if beat is not None and not value > beat:
+            raise ValueError(f"must be greater than heartbeat_interval ({beat})")
+        return value
+
+    @field_validator("offline_after")
+    @classmethod
+    def _check_offline_after(cls, value: float, info: ValidationInfo) -> float:
+        stale = info.data.get("stale_after")
+        if stale is not None and not value > stale:
+            raise ValueError(f"must be greater than stale_after ({stale})")
+        return value
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("plugins")
+    @classmethod
+    def _check_plugins(cls, value: list[str]) -> list[str]:
+        out: list[str] = []
+        for item in value:
+            item = item.strip()
+            if not _MODULE_RE.fullmatch(item):
+                raise ValueError(f"{item!r} is not a module import name")
+            if item not in out:
+                out.append(item)
+        return out
+
+    def resolved_socket(self) -> Path:
+        """The agent socket path: ``socket`` if set, else :func:`default_socket_path`."""
+        return self.socket if self.socket is not None else default_socket_path()
+
+
+_FIELDS = tuple(Settings.model_fields)
+_LIST_FIELDS = frozenset(n for n, f in Settings.model_fields.items() if get_origin(f.annotation) is list)
+_BOOL_FIELDS = frozenset(n for n, f in Settings.model_fields.items() if f.annotation is bool)
+
+
+def _unknown_key(key: str, where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, _FIELDS, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(key, f"unknown setting (in {where}){hint}")
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError("config", f"config file not found: {path}")
+    except tomllib.TOMLDecodeError as exc:
+        # The message ends with "(at line N, column M)".
+        raise ConfigError("config", f"{path}: invalid TOML: {exc}")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config", f"{path}: not valid UTF-8: {exc}")
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read config file {path}: {exc.strerror or exc}")
+
+
+def _from_env(key: str, var: str, raw: str) -> Any:
+    if key in _LIST_FIELDS:
+        return [item.strip() for item in raw.split(",") if item.strip()]
+    if key in _BOOL_FIELDS:
+        word = raw.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+        raise ConfigError(key, f"expected one of 1/0/true/false/yes/no/on/off (from {var}={raw!r})")
+    if key == "socket" and not raw.strip():
+        return None
+    return raw.strip()
+
+
+def load_settings(
+    config_file: Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build the settings from defaults, the TOML file, ``MESHD_*`` variables and CLI ``overrides``.
+
+    ``overrides`` holds already-typed flag values keyed by field name; ``None`` values are ignored.
+    Raises :class:`ConfigError` naming the offending key and the source of its value.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    if config_file is not None:
+        data = _read_file(config_file)
+        for key, value in data.items():
+            if key not in Settings.model_fields:
+                raise _unknown_key(key, str(config_file))
+            values[key] = value
+            sources[key] = f"{config_file}: {key} = {value!r}"
+
+    for key in _FIELDS:
+        var = ENV_PREFIX + key.upper()
+        raw = env.get(var)
+        if raw is None:
+            continue
+        values[key] = _from_env(key, var, raw)
+        sources[key] = f"{var}={raw!r}"
+
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in Settings.model_fields:
+            raise _unknown_key(key, "command-line overrides")
+        values[key] = value
+        sources[key] = f"flag --{key.replace('_', '-')}={value!r}"
+
+    if "state_dir" not in values:
+        values["state_dir"] = default_state_dir(env)
+
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        loc = err.get("loc", ())
+        key = ".".join(str(part) for part in loc) or "settings"
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        source = sources.get(str(loc[0])) if loc else None
+        raise ConfigError(key, f"{msg} ({f'from {source}' if source else 'default value'})")
+
+
+def _make_dir(path: Path, mode: int, key: str) -> None:
+    try:
+        if not path.is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.mkdir(mode=mode)
+                os.chmod(path, mode)  # mkdir's mode is filtered by the umask
+            except FileExistsError:
+                pass  # created concurrently; checked below like any existing directory
+        st = path.lstat()
+    except OSError as exc:
+        raise ConfigError(key, f"cannot create directory {path}: {exc.strerror or exc}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(key, f"{path} exists and is not a directory")
+    uid = os.getuid()
+    if uid != 0 and st.st_uid != uid:
+        # In a shared, world-writable parent (the /tmp fallback) another user could have made the
+        # directory first to catch our socket; refuse rather than use it.
+        try:
+            parent_mode = path.parent.stat().st_mode
+        except OSError:
+            parent_mode = 0
+        if parent_mode & stat.S_IWOTH:
+            raise ConfigError(key, f"{path} is owned by another user (uid {st.st_uid}); refusing to use it")
+
+
+def ensure_dirs(settings: Settings) -> None:
+    """Create the state dir (0700) and the agent socket's directory (0750) if they are missing."""
+    _make_dir(settings.state_dir, 0o700, "state_dir")
+    _make_dir(settings.resolved_socket().parent, 0o750, "socket")

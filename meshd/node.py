@@ -1,0 +1,1071 @@
+"""The daemon: peers, the agent directory, and routing.
+
+One ``Node`` per host. It owns every zmq socket (see meshd.transport) and runs in one asyncio
+loop: the reactor drives the routing path, timers drive heartbeats and liveness, zeroconf runs
+in the same loop (meshd.discovery).
+
+Start-up order (``Node.start``):
+  1. load or create the node id in the state dir (a restarted daemon is the same peer again);
+  2. bind the mesh ROUTER, the XPUB and the local agent socket (mode 0660);
+  3. start the reactor on those sockets;
+  4. advertise and browse with zeroconf; dial static peers (HELLO);
+  5. start the heartbeat and liveness timers. The node is then ready.
+Shutdown (``Node.stop``), the reverse:
+  1. stop timers; send BYE to every peer (they drop us at once);
+  2. unregister from mDNS (goodbye packets);
+  3. stop the reactor, close sockets with a bounded linger, terminate the context;
+  4. remove the agent socket file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import stat
+import time
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from . import protocol as P
+from . import transport
+from .config import Settings
+from .discovery import Discovery, PeerAdvert, default_interfaces
+from .protocol import FrameError, Kind
+
+log = logging.getLogger("meshd.node")
+
+
+class PeerState(enum.StrEnum):
+    ONLINE = "online"
+    STALE = "stale"
+    OFFLINE = "offline"
+
+
+@dataclass
+class LocalAgent:
+    """An agent attached to this daemon over the local socket."""
+
+    name: str
+    rid: bytes
+    capabilities: list[str]
+    metadata: dict[str, Any]
+    registered_at: float
+    topics: set[str] = field(default_factory=set)
+    last_seen: float = field(default_factory=time.monotonic)
+    state: PeerState = PeerState.ONLINE
+    telemetry: dict[str, Any] = field(default_factory=dict)
+
+    def record(self, node_id: str) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "node": node_id,
+            "capabilities": self.capabilities,
+            "metadata": self.metadata,
+            "topics": sorted(self.topics),
+            "registered_at": self.registered_at,
+            "state": str(self.state),
+            "telemetry": self.telemetry,
+        }
+
+
+@dataclass
+class Peer:
+    """Another daemon of the same mesh."""
+
+    node_id: str
+    name: str = ""
+    routers: list[str] = field(default_factory=list)
+    pubs: list[str] = field(default_factory=list)
+    incarnation: str = ""
+    source: str = "mdns"
+    dealer: zmq.Socket[Any] | None = None
+    monitor: zmq.Socket[Any] | None = None
+    sub: zmq.Socket[Any] | None = None
+    connected_router: str = ""
+    connected_pub: str = ""
+    greeted: bool = False  # we have had its HELLO: its traffic is accepted
+    state: PeerState = PeerState.OFFLINE
+    last_seen: float = 0.0
+    dir_version: int = -1
+    agents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    last_sync_request: float = 0.0
+
+    def info(self, now: float) -> dict[str, Any]:
+        return {
+            "node": self.node_id,
+            "name": self.name,
+            "state": str(self.state),
+            "router": self.connected_router,
+            "pub": self.connected_pub,
+            "source": self.source,
+            "agents": len(self.agents),
+            "last_seen_ago": round(now - self.last_seen, 3) if self.last_seen else None,
+        }
+
+
+class DeadLetters:
+    """Bounded FIFO of messages that could not be delivered (oldest evicted)."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._items: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self.total = 0
+
+    def add(self, reason: str, detail: str, frames: list[bytes] | None = None,
+            header: dict[str, Any] | None = None) -> None:
+        self.total += 1
+        self._items.append({
+            "seq": self.total,
+            "at": time.time(),
+            "reason": reason,
+            "detail": detail[:500],
+            "header": header,
+            "frames": [f[:4096] for f in frames] if frames else [],
+        })
+
+    def list(self) -> list[dict[str, Any]]:
+        return list(self._items)
+
+
+def load_node_id(state_dir: Path) -> str:
+    """The node id, created once and kept, so a restarted daemon is the same peer again."""
+    path = state_dir / "node_id"
+    try:
+        node_id = path.read_text().strip()
+        if len(node_id) == 16 and all(c in "0123456789abcdef" for c in node_id):
+            return node_id
+        log.warning("ignoring malformed node id in %s", path)
+    except FileNotFoundError:
+        pass
+    node_id = os.urandom(8).hex()
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(node_id + "\n")
+    os.replace(tmp, path)
+    return node_id
+
+
+def _prefer(endpoints: list[str], own: list[str]) -> str:
+    """Pick the endpoint whose address shares a /24 with one of ours; else the first."""
+    for ep in endpoints:
+        host = ep.removeprefix("tcp://").rsplit(":", 1)[0]
+        for mine in own:
+            if host.rsplit(".", 1)[0] == mine.rsplit(".", 1)[0]:
+                return ep
+    return endpoints[0]
+
+
+class Node:
+    """A meshd daemon. ``await start()``, then ``await stop()``; or ``await serve(trigger)``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.node_id = ""
+        self.incarnation = os.urandom(4).hex()
+        self.name = settings.name
+        self.stats: Counter[str] = Counter()
+        self.dead_letters = DeadLetters()
+        self.peers: dict[str, Peer] = {}
+        self.pending_static: dict[str, zmq.Socket[Any]] = {}
+        self.local: dict[str, LocalAgent] = {}
+        self.local_by_rid: dict[bytes, LocalAgent] = {}
+        self.remote: dict[str, Peer] = {}  # agent name -> hosting peer
+        self.local_topics: dict[str, set[LocalAgent]] = {}
+        self._local_topic_keys: dict[bytes, set[LocalAgent]] = {}
+        self._remote_topic_counts: dict[str, int] | None = None
+        self.dir_version = 0
+        self.interfaces: list[str] = []
+        self.router_port = 0
+        self.pub_port = 0
+        self.socket_path = settings.resolved_socket()
+        self.started_at = 0.0
+        self.ready = asyncio.Event()
+        self._ctx: zmq.Context[Any] | None = None
+        self._reactor: transport.Reactor | None = None
+        self._discovery: Discovery | None = None
+        self._timers: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._logged_once: set[str] = set()
+        self._max_frame = settings.max_payload_bytes + 64 * 1024
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        s = self.settings
+        s.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.node_id = load_node_id(s.state_dir)
+        self.interfaces = list(s.interfaces) or default_interfaces()
+        if not self.interfaces:
+            raise RuntimeError("no usable network interface: pass --interface IP")
+        loop = asyncio.get_running_loop()
+        self._ctx = zmq.Context()
+        self._reactor = transport.Reactor(loop)
+
+        self.router = transport.mesh_router(self._ctx, self._max_frame)
+        self.router_port = transport.bind_tcp(self.router, self.interfaces, s.port)
+        self.xpub = transport.mesh_xpub(self._ctx, self._max_frame)
+        self.pub_port = transport.bind_tcp(self.xpub, self.interfaces, s.pub_port)
+        self.agents_sock = transport.agent_router(self._ctx, max(s.inbox_cap, 1))
+        self._bind_agent_socket()
+        self.agents_monitor = self.agents_sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+        self._reactor.add(self.router, self._on_mesh)
+        self._reactor.add(self.xpub, self._on_xpub)
+        self._reactor.add(self.agents_sock, self._on_agent)
+        self._reactor.add(self.agents_monitor, self._on_agent_monitor)
+
+        self.started_at = time.monotonic()
+        if s.discovery:
+            self._discovery = Discovery(
+                node_id=self.node_id, mesh=s.mesh, name=self.name, interfaces=self.interfaces,
+                router_port=self.router_port, pub_port=self.pub_port, proto=P.PROTOCOL_VERSION,
+                on_found=self._on_discovered, on_lost=self._on_discovery_lost,
+            )
+            await self._discovery.start()
+        for endpoint in s.peers:
+            self._dial_static(endpoint)
+        self._timers.append(asyncio.create_task(self._heartbeat_loop(), name="meshd-heartbeat"))
+        self._timers.append(asyncio.create_task(self._liveness_loop(), name="meshd-liveness"))
+        log.info(
+            "node %s (%s) mesh=%r router=%s pub=%s agents=%s%s", self.node_id, self.name, s.mesh,
+            self.router_endpoints(), self.pub_endpoints(), self.socket_path,
+            " INSECURE (plaintext mesh)" if s.insecure else "",
+        )
+        self.ready.set()
+
+    def _bind_agent_socket(self) -> None:
+        path = self.socket_path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+        if path.exists():
+            if not stat.S_ISSOCK(path.stat().st_mode):
+                raise RuntimeError(f"{path} exists and is not a socket")
+            if self._socket_in_use(path):
+                raise RuntimeError(f"another meshd is serving {path}")
+            path.unlink()
+        old_umask = os.umask(0o117)  # the socket file is created 0660, never world-accessible
+        try:
+            self.agents_sock.bind(f"ipc://{path}")
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, 0o660)
+
+    def _socket_in_use(self, path: Path) -> bool:
+        import socket as pysocket
+
+        probe = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+            return True
+        except OSError:
+            return False
+        finally:
+            probe.close()
+
+    async def stop(self) -> None:
+        """Drain and leave: BYE to peers, mDNS goodbye, close sockets (bounded linger)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        for task in self._timers:
+            task.cancel()
+        for task in self._timers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for peer in self.peers.values():
+            if peer.dealer is not None and peer.state is not PeerState.OFFLINE:
+                self._send_peer(peer, {P.KIND: Kind.BYE, P.FROM: self.node_id})
+        if self._discovery is not None:
+            try:
+                await self._discovery.stop()
+            except Exception:
+                log.exception("discovery stop failed")
+        if self._reactor is not None:
+            self._reactor.close()
+        if self._ctx is not None:
+            for peer in self.peers.values():
+                for sock in (peer.dealer, peer.sub, peer.monitor):
+                    if sock is not None:
+                        sock.close(transport.LINGER_MS)
+            for sock in self.pending_static.values():
+                sock.close(0)
+            with contextlib.suppress(zmq.ZMQError):
+                self.agents_sock.disable_monitor()
+            self.agents_monitor.close(0)
+            for sock in (self.router, self.xpub, self.agents_sock):
+                sock.close(transport.LINGER_MS)
+            self._ctx.term()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        log.info("node %s stopped", self.node_id)
+
+    async def serve(self, shutdown_trigger: asyncio.Future[Any] | asyncio.Event) -> None:
+        """Start, run until the trigger fires, stop. Tests stop a node without signals."""
+        await self.start()
+        try:
+            if isinstance(shutdown_trigger, asyncio.Event):
+                await shutdown_trigger.wait()
+            else:
+                await shutdown_trigger
+        finally:
+            await self.stop()
+
+    # ----------------------------------------------------------------------------- endpoints
+
+    def router_endpoints(self) -> list[str]:
+        return [f"tcp://{a}:{self.router_port}" for a in self.interfaces]
+
+    def pub_endpoints(self) -> list[str]:
+        return [f"tcp://{a}:{self.pub_port}" for a in self.interfaces]
+
+    def _hello_body(self, reply: bool) -> bytes:
+        now = time.monotonic()
+        gossip = [
+            {"node": p.node_id, "routers": p.routers, "pubs": p.pubs}
+            for p in self.peers.values()
+            if p.state is PeerState.ONLINE and p.routers
+        ]
+        return P.pack({
+            "node": self.node_id,
+            "name": self.name,
+            "mesh": self.settings.mesh,
+            "proto": P.PROTOCOL_VERSION,
+            "incarnation": self.incarnation,
+            "routers": self.router_endpoints(),
+            "pubs": self.pub_endpoints(),
+            "reply": reply,
+            "uptime": round(now - self.started_at, 3),
+            "peers": gossip,
+            "dir": self._dir_body(),
+        })
+
+    def _dir_body(self) -> dict[str, Any]:
+        return {
+            "version": self.dir_version,
+            "agents": [a.record(self.node_id) for a in self.local.values()],
+        }
+
+    # ----------------------------------------------------------------------------- peers
+
+    def _log_once(self, key: str, msg: str, *args: Any) -> None:
+        if key not in self._logged_once:
+            self._logged_once.add(key)
+            log.warning(msg, *args)
+
+    def _on_discovered(self, ad: PeerAdvert) -> None:
+        if self._stopping or ad.node_id == self.node_id or ad.mesh != self.settings.mesh:
+            return
+        if ad.proto != P.PROTOCOL_VERSION:
+            self._log_once(f"proto:{ad.node_id}", "peer %s speaks protocol %s, not %s: ignored",
+                           ad.node_id, ad.proto, P.PROTOCOL_VERSION)
+            return
+        router = ad.router_endpoint(self.interfaces)
+        pub = ad.pub_endpoint(self.interfaces)
+        peer = self.peers.get(ad.node_id)
+        self.stats["discovered"] += 1
+        if peer is not None and peer.dealer is not None and peer.connected_router == router:
+            if peer.state is not PeerState.ONLINE:
+                self._send_hello(peer, reply=False)  # it may have restarted: greet again
+            return
+        peer = self._ensure_peer(ad.node_id, [router], [pub], source="mdns")
+        peer.name = peer.name or ad.name
+        self._send_hello(peer, reply=False)
+
+    def _on_discovery_lost(self, node_id: str) -> None:
+        peer = self.peers.get(node_id)
+        if peer is not None and peer.state is not PeerState.OFFLINE:
+            log.info("peer %s (%s) said goodbye on mDNS", node_id, peer.name)
+            self._set_peer_state(peer, PeerState.OFFLINE)
+
+    def _dial_static(self, endpoint: str) -> None:
+        """Connect to a configured peer whose node id we learn from its HELLO reply."""
+        if endpoint in self.router_endpoints() or endpoint in self.pending_static:
+            return
+        assert self._ctx is not None
+        dealer = transport.peer_dealer(self._ctx, self.node_id)
+        dealer.connect(endpoint)
+        self.pending_static[endpoint] = dealer
+        dealer.send_multipart([P.SIGNATURE, P.pack({P.KIND: Kind.HELLO, P.FROM: self.node_id}),
+                               self._hello_body(reply=False)], zmq.NOBLOCK)
+
+    def _ensure_peer(self, node_id: str, routers: list[str], pubs: list[str], source: str) -> Peer:
+        assert self._ctx is not None and self._reactor is not None
+        peer = self.peers.get(node_id)
+        if peer is None:
+            peer = Peer(node_id=node_id, source=source)
+            self.peers[node_id] = peer
+        if routers:
+            peer.routers = list(routers)
+        if pubs:
+            peer.pubs = list(pubs)
+        router = _prefer(peer.routers, self.interfaces) if peer.routers else ""
+        if router and router != peer.connected_router:
+            self._close_peer_sockets(peer)
+            adopted = self.pending_static.pop(router, None)
+            peer.dealer = adopted or transport.peer_dealer(self._ctx, self.node_id)
+            if adopted is None:
+                peer.dealer.connect(router)
+            peer.connected_router = router
+            peer.monitor = peer.dealer.get_monitor_socket(
+                zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+            )
+            self._reactor.add(peer.monitor, lambda frames, p=peer: self._on_peer_monitor(p, frames))
+        pub = _prefer(peer.pubs, self.interfaces) if peer.pubs else ""
+        if pub and pub != peer.connected_pub:
+            if peer.sub is not None:
+                self._reactor.remove(peer.sub)
+                peer.sub.close(0)
+            peer.sub = transport.peer_sub(self._ctx, self._max_frame)
+            for key in self._local_topic_keys:
+                peer.sub.setsockopt(zmq.SUBSCRIBE, key)
+            peer.sub.connect(pub)
+            peer.connected_pub = pub
+            self._reactor.add(peer.sub, self._on_topic)
+        return peer
+
+    def _close_peer_sockets(self, peer: Peer) -> None:
+        assert self._reactor is not None
+        if peer.monitor is not None:
+            self._reactor.remove(peer.monitor)
+            if peer.dealer is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    peer.dealer.disable_monitor()
+            peer.monitor.close(0)
+            peer.monitor = None
+        if peer.dealer is not None:
+            peer.dealer.close(0)
+            peer.dealer = None
+        peer.connected_router = ""
+
+    def _send_peer(self, peer: Peer, header: dict[str, Any], body: bytes = b"") -> bool:
+        if peer.dealer is None:
+            return False
+        try:
+            peer.dealer.send_multipart([P.SIGNATURE, P.pack(header), body], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            self.stats["peer_send_failed"] += 1
+            return False
+
+    def _send_hello(self, peer: Peer, reply: bool) -> None:
+        self._send_peer(peer, {P.KIND: Kind.HELLO, P.FROM: self.node_id}, self._hello_body(reply))
+
+    def _on_peer_monitor(self, peer: Peer, frames: list[bytes]) -> None:
+        try:
+            event = parse_monitor_message(frames)["event"]
+        except Exception:
+            return
+        if event == zmq.EVENT_DISCONNECTED and peer.state is PeerState.ONLINE:
+            # The connection dropped (killed daemon, reset): stale at once, offline by timer.
+            log.info("peer %s (%s) connection dropped", peer.node_id, peer.name)
+            self._set_peer_state(peer, PeerState.STALE)
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED and peer.state is not PeerState.ONLINE:
+            # Reconnected (restart or healed partition): greet so it re-admits us and resyncs.
+            self._send_hello(peer, reply=False)
+
+    def _set_peer_state(self, peer: Peer, state: PeerState) -> None:
+        if peer.state is state:
+            return
+        old, peer.state = peer.state, state
+        log.info("peer %s (%s): %s -> %s", peer.node_id, peer.name, old, state)
+        self.stats[f"peer_{state}"] += 1
+        if state is PeerState.OFFLINE:
+            self._drop_peer_agents(peer)
+            peer.dir_version = -1
+            peer.greeted = False
+
+    def _drop_peer_agents(self, peer: Peer) -> None:
+        for name in peer.agents:
+            if self.remote.get(name) is peer:
+                del self.remote[name]
+        if peer.agents:
+            self._remote_topic_counts = None
+        peer.agents = {}
+
+    def _apply_directory(self, peer: Peer, body: Any) -> None:
+        if not isinstance(body, dict) or not isinstance(body.get("agents"), list):
+            self.stats["bad_directory"] += 1
+            return
+        version = body.get("version")
+        agents: dict[str, dict[str, Any]] = {}
+        for rec in body["agents"]:
+            if isinstance(rec, dict) and P.valid_name(rec.get("name")):
+                agents[rec["name"]] = rec
+        self._drop_peer_agents(peer)
+        peer.agents = agents
+        peer.dir_version = version if isinstance(version, int) else -1
+        self._remote_topic_counts = None
+        for name, rec in agents.items():
+            mine = self.local.get(name)
+            if mine is not None and self._loses_name(mine, rec):
+                self._evict_local(mine, f"name {name!r} is registered on node {peer.node_id} too")
+            holder = self.remote.get(name)
+            if holder is not None and holder is not peer:
+                other = holder.agents.get(name, {})
+                if (other.get("registered_at", 0), holder.node_id) < (rec.get("registered_at", 0),
+                                                                       peer.node_id):
+                    continue
+            if name not in self.local:
+                self.remote[name] = peer
+
+    def _loses_name(self, mine: LocalAgent, theirs: dict[str, Any]) -> bool:
+        """Two nodes accepted one name at the same time: the earlier registration keeps it."""
+        their_at = theirs.get("registered_at", 0)
+        if not isinstance(their_at, (int, float)):
+            return False
+        return (their_at, str(theirs.get("node"))) < (mine.registered_at, self.node_id)
+
+    # ----------------------------------------------------------------------------- mesh ingress
+
+    def _on_mesh(self, frames: list[bytes]) -> None:
+        """Everything peers send us: control, routed messages and batches."""
+        rid = frames[0]
+        try:
+            if len(frames) < 4:
+                raise FrameError("too_few_frames", str(len(frames)))
+            P.check_signature(frames[1])
+            header = P.unpack_header(frames[2])
+        except FrameError as exc:
+            self._reject(exc, frames, origin=f"peer {rid[:32]!r}")
+            return
+        kind = header[P.KIND]
+        peer = self.peers.get(rid.decode("ascii", "replace"))
+        if kind in P.PEER_CONTROL_KINDS:
+            self._on_peer_control(rid, peer, kind, header, frames)
+            return
+        if peer is None or not peer.greeted:
+            self.stats["dropped_before_hello"] += 1
+            return
+        peer.last_seen = time.monotonic()
+        if peer.state is not PeerState.ONLINE:
+            self._set_peer_state(peer, PeerState.ONLINE)
+        to = header.get(P.TO)
+        if not isinstance(to, str):
+            self._reject(FrameError("no_destination", kind), frames, origin=f"peer {peer.node_id}",
+                         header=header)
+            return
+        name = to.partition("@")[0]
+        agent = self.local.get(name)
+        if agent is None:
+            self._bounce(header, frames[1:], P.ErrorCode.NO_SUCH_AGENT,
+                         f"no agent named {name!r} on node {self.node_id}")
+            return
+        self._deliver_local(agent, header, frames[1:])
+
+    def _on_peer_control(self, rid: bytes, peer: Peer | None, kind: str, header: dict[str, Any],
+                         frames: list[bytes]) -> None:
+        now = time.monotonic()
+        if kind == Kind.HELLO:
+            try:
+                body = P.unpack_body(frames[3])
+                self._on_hello(rid, body)
+            except (FrameError, KeyError, TypeError, ValueError) as exc:
+                self._reject(FrameError("bad_hello", str(exc)), frames, origin=f"peer {rid[:32]!r}")
+            return
+        if peer is None or not peer.greeted:
+            self.stats["dropped_before_hello"] += 1
+            return
+        peer.last_seen = now
+        if kind == Kind.HEARTBEAT:
+            if peer.state is not PeerState.ONLINE:
+                self._set_peer_state(peer, PeerState.ONLINE)
+            version = header.get("ver")
+            if version != peer.dir_version and now - peer.last_sync_request > 0.5:
+                peer.last_sync_request = now
+                self._send_peer(peer, {P.KIND: Kind.SYNC, P.FROM: self.node_id})
+        elif kind == Kind.SYNC:
+            self._send_peer(peer, {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, "ver": self.dir_version},
+                            P.pack(self._dir_body()))
+        elif kind == Kind.DIRECTORY:
+            try:
+                self._apply_directory(peer, P.unpack_body(frames[3]))
+            except FrameError as exc:
+                self._reject(exc, frames, origin=f"peer {peer.node_id}")
+        elif kind == Kind.BYE:
+            log.info("peer %s (%s) left", peer.node_id, peer.name)
+            self._set_peer_state(peer, PeerState.OFFLINE)
+
+    def _on_hello(self, rid: bytes, body: Any) -> None:
+        if not isinstance(body, dict):
+            raise ValueError("HELLO body is not a map")
+        node_id = str(body["node"])
+        if rid.decode("ascii", "replace") != node_id:
+            raise ValueError(f"routing id {rid!r} does not match node id {node_id!r}")
+        if node_id == self.node_id:
+            return
+        if body.get("mesh") != self.settings.mesh:
+            self._log_once(f"mesh:{node_id}", "ignoring node %s of mesh %r", node_id, body.get("mesh"))
+            self.stats["other_mesh"] += 1
+            return
+        if body.get("proto") != P.PROTOCOL_VERSION:
+            self._log_once(f"proto:{node_id}", "node %s speaks protocol %r: ignored", node_id,
+                           body.get("proto"))
+            return
+        routers = [str(r) for r in body.get("routers", [])]
+        pubs = [str(p) for p in body.get("pubs", [])]
+        existing = self.peers.get(node_id)
+        source = existing.source if existing else ("static" if any(
+            r in self.pending_static for r in routers) else "gossip")
+        peer = self._ensure_peer(node_id, routers, pubs, source=source)
+        restarted = peer.incarnation and peer.incarnation != body.get("incarnation")
+        if restarted:
+            log.info("peer %s restarted", node_id)
+            self._drop_peer_agents(peer)
+        peer.incarnation = str(body.get("incarnation", ""))
+        peer.name = str(body.get("name", ""))
+        peer.greeted = True
+        peer.last_seen = time.monotonic()
+        self._set_peer_state(peer, PeerState.ONLINE)
+        self._apply_directory(peer, body.get("dir"))
+        if not body.get("reply"):
+            self._send_hello(peer, reply=True)
+        for entry in body.get("peers", []):
+            if not isinstance(entry, dict):
+                continue
+            other = str(entry.get("node", ""))
+            if other and other != self.node_id and other not in self.peers:
+                gossiped = self._ensure_peer(other, [str(r) for r in entry.get("routers", [])],
+                                             [str(p) for p in entry.get("pubs", [])], source="gossip")
+                self._send_hello(gossiped, reply=False)
+
+    # ----------------------------------------------------------------------------- agents
+
+    def _on_agent(self, frames: list[bytes]) -> None:
+        """Everything local agents send us."""
+        rid = frames[0]
+        try:
+            if len(frames) < 4:
+                raise FrameError("too_few_frames", str(len(frames)))
+            P.check_signature(frames[1])
+            header = P.unpack_header(frames[2])
+        except FrameError as exc:
+            self._reject(exc, frames, origin="local agent")
+            self._send_agent_error(rid, None, "VALIDATION_FAILED", f"malformed message: {exc}")
+            return
+        kind = header[P.KIND]
+        agent = self.local_by_rid.get(rid)
+        if agent is not None:
+            agent.last_seen = time.monotonic()
+        if kind in P.AGENT_CONTROL_KINDS:
+            self._on_agent_control(rid, agent, kind, header, frames)
+            return
+        if agent is None:
+            self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.NOT_REGISTERED,
+                                   "register a name before sending")
+            return
+        if header.get(P.FROM) != agent.name:
+            self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.VALIDATION_FAILED,
+                                   f"'from' must be your registered name {agent.name!r}")
+            return
+        limit = self.settings.max_payload_bytes
+        for frame in frames[3:]:
+            if len(frame) > limit:
+                self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.TOO_LARGE,
+                                       f"frame of {len(frame)} bytes exceeds max_payload_bytes={limit}")
+                return
+        topic = header.get(P.TOPIC)
+        if kind == Kind.PUBLISH or (kind == Kind.BATCH and P.TO not in header):
+            if not P.valid_topic(topic):
+                self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.VALIDATION_FAILED,
+                                       "publish needs a valid topic")
+                return
+            self._publish(agent, str(topic), header, frames[1:])
+            return
+        to = header.get(P.TO)
+        if not isinstance(to, str):
+            self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.VALIDATION_FAILED,
+                                   f"{kind} needs a 'to'")
+            return
+        self._route(to, header, frames[1:])
+
+    def _route(self, to: str, header: dict[str, Any], msg: list[bytes]) -> None:
+        """Deliver ``msg`` (signature, header, payload frames) to agent ``to`` wherever it is."""
+        name, _, node = to.partition("@")
+        agent = self.local.get(name)
+        if agent is not None and (not node or node in (self.node_id, self.name)):
+            self._deliver_local(agent, header, msg)
+            return
+        peer = self.remote.get(name)
+        if peer is None or (node and node not in (peer.node_id, peer.name)):
+            self._bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"no agent named {to!r} in the mesh")
+            return
+        if peer.state is PeerState.OFFLINE or peer.dealer is None:
+            self._bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
+                         f"node {peer.node_id} hosting {name!r} is offline", retry=True)
+            return
+        try:
+            peer.dealer.send_multipart(msg, zmq.NOBLOCK)
+            self.stats["forwarded"] += 1
+        except zmq.ZMQError:
+            self._bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
+                         f"node {peer.node_id} is not accepting messages", retry=True)
+
+    def _deliver_local(self, agent: LocalAgent, header: dict[str, Any], msg: list[bytes]) -> None:
+        try:
+            self.agents_sock.send_multipart([agent.rid, *msg], zmq.NOBLOCK)
+            self.stats["delivered"] += 1
+        except zmq.Again:
+            self._bounce(header, msg, P.ErrorCode.INBOX_FULL, f"inbox of {agent.name!r} is full",
+                         retry=True, retry_after=0.1)
+        except zmq.ZMQError:
+            self._remove_local(agent, "connection gone")
+            self._bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"agent {agent.name!r} disconnected")
+        assert self._reactor is not None
+        self._reactor.kick(self.agents_sock)
+
+    def _bounce(self, header: dict[str, Any], msg: list[bytes], code: str, message: str, *,
+                retry: bool = False, retry_after: float | None = None) -> None:
+        """Tell the sender of an undeliverable message why, as an error envelope per message."""
+        self.stats[f"undeliverable_{code.lower()}"] += 1
+        self.dead_letters.add(code, message, msg, header)
+        sender = header.get(P.FROM)
+        if not isinstance(sender, str):
+            return
+        if header[P.KIND] == Kind.BATCH:
+            inner: list[tuple[Any, Any]] = []
+            with contextlib.suppress(FrameError):
+                inner = [(P.unpack_header(h), p) for h, p in P.split_batch(msg[0:0] + [b"", b""] + msg[2:])]
+            ids = [h.get(P.ID) for h, _ in inner if h.get(P.KIND) in (Kind.SEND, Kind.REQUEST)]
+        elif header[P.KIND] in (Kind.SEND, Kind.REQUEST):
+            ids = [header.get(P.ID)]
+        else:
+            return  # replies and errors never bounce: no loops
+        for msg_id in ids:
+            err = P.error_header(sender, msg_id if isinstance(msg_id, str) else None, code, message,
+                                 retry=retry, retry_after=retry_after, sender=f"meshd@{self.node_id}")
+            self._route(sender, err, [P.SIGNATURE, P.pack(err), b""])
+
+    def _send_agent_error(self, rid: bytes, corr: Any, code: str, message: str) -> None:
+        err = P.error_header(None, corr if isinstance(corr, str) else None, code, message,
+                             sender=f"meshd@{self.node_id}")
+        self._send_agent(rid, err)
+
+    def _send_agent(self, rid: bytes, header: dict[str, Any], body: bytes = b"") -> bool:
+        try:
+            self.agents_sock.send_multipart([rid, P.SIGNATURE, P.pack(header), body], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
+        finally:
+            assert self._reactor is not None
+            self._reactor.kick(self.agents_sock)
+
+    def _on_agent_control(self, rid: bytes, agent: LocalAgent | None, kind: str,
+                          header: dict[str, Any], frames: list[bytes]) -> None:
+        msg_id = header.get(P.ID)
+        if kind == Kind.AGENT_HEARTBEAT:
+            if agent is not None:
+                with contextlib.suppress(FrameError):
+                    telemetry = P.unpack_body(frames[3], 16 * 1024)
+                    if isinstance(telemetry, dict):
+                        agent.telemetry = telemetry
+                if agent.state is not PeerState.ONLINE:
+                    agent.state = PeerState.ONLINE
+            return
+        if kind == Kind.REGISTER:
+            self._register(rid, agent, msg_id, frames)
+            return
+        if kind == Kind.QUERY:
+            what = header.get(P.WHAT)
+            if what == "agents":
+                body: Any = self.agent_list()
+            elif what == "peers":
+                body = self.peer_list()
+            elif what == "node":
+                body = self.node_info()
+            else:
+                self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"unknown query {what!r}")
+                return
+            self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack(body))
+            return
+        if agent is None:
+            self._send_agent_error(rid, msg_id, P.ErrorCode.NOT_REGISTERED, "register a name first")
+            return
+        if kind == Kind.UNREGISTER:
+            self._remove_local(agent, "unregistered")
+            self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id})
+            return
+        topic = header.get(P.TOPIC)
+        if not P.valid_topic(topic):
+            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"invalid topic {topic!r}")
+            return
+        if kind == Kind.SUBSCRIBE:
+            self._subscribe(agent, str(topic))
+        else:
+            self._unsubscribe(agent, str(topic))
+        self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id})
+
+    def _register(self, rid: bytes, agent: LocalAgent | None, msg_id: Any, frames: list[bytes]) -> None:
+        try:
+            body = P.unpack_body(frames[3], 64 * 1024)
+        except FrameError as exc:
+            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, str(exc))
+            return
+        name = body.get("name") if isinstance(body, dict) else None
+        if not P.valid_name(name):
+            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                   f"invalid agent name {name!r}: 1-128 printable characters, no '@' or spaces")
+            return
+        assert isinstance(name, str) and isinstance(body, dict)
+        caps = body.get("capabilities") or []
+        meta = body.get("metadata") or {}
+        if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps) or not isinstance(meta, dict):
+            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                   "capabilities must be a list of strings, metadata a map")
+            return
+        if agent is not None and agent.name != name:
+            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                   f"this connection is already registered as {agent.name!r}")
+            return
+        holder = self.local.get(name)
+        if holder is not None and holder.rid != rid:
+            if self._agent_alive(holder):
+                self._send_agent_error(rid, msg_id, P.ErrorCode.NAME_TAKEN,
+                                       f"name {name!r} is taken on this node ({self.node_id})")
+                return
+            self._remove_local(holder, "replaced by a new connection")
+        peer = self.remote.get(name)
+        if peer is not None:
+            self._send_agent_error(rid, msg_id, P.ErrorCode.NAME_TAKEN,
+                                   f"name {name!r} is taken on node {peer.node_id} ({peer.name})")
+            return
+        if holder is None or holder.rid != rid:
+            agent = LocalAgent(name=name, rid=rid, capabilities=caps, metadata=meta,
+                               registered_at=time.time())
+            self.local[name] = agent
+            self.local_by_rid[rid] = agent
+        else:
+            holder.capabilities, holder.metadata = caps, meta
+        self._directory_changed()
+        log.info("agent %r registered", name)
+        self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id},
+                         P.pack({"node": self.node_id, "node_name": self.name, "mesh": self.settings.mesh}))
+
+    def _agent_alive(self, agent: LocalAgent) -> bool:
+        """Probe with a PING: ROUTER_MANDATORY says at once whether the connection still exists."""
+        try:
+            self.agents_sock.send_multipart([agent.rid, P.SIGNATURE, P.pack({P.KIND: Kind.PING}), b""],
+                                            zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return True  # connected but busy
+        except zmq.ZMQError:
+            return False
+
+    def _remove_local(self, agent: LocalAgent, why: str) -> None:
+        if self.local.get(agent.name) is not agent:
+            return
+        del self.local[agent.name]
+        self.local_by_rid.pop(agent.rid, None)
+        for topic in list(agent.topics):
+            self._unsubscribe(agent, topic, announce=False)
+        log.info("agent %r removed: %s", agent.name, why)
+        self._directory_changed()
+
+    def _evict_local(self, agent: LocalAgent, why: str) -> None:
+        err = P.error_header(agent.name, None, P.ErrorCode.NAME_TAKEN, why, sender=f"meshd@{self.node_id}")
+        self._send_agent(agent.rid, err)
+        self._remove_local(agent, why)
+
+    def _on_agent_monitor(self, frames: list[bytes]) -> None:
+        # An agent connection closed; find out which by probing (MANDATORY reports the dead one).
+        # libzmq may still be tearing the pipe down, so probe again a moment later.
+        loop = asyncio.get_running_loop()
+        self._probe_agents()
+        loop.call_later(0.05, self._probe_agents)
+        loop.call_later(0.5, self._probe_agents)
+
+    def _probe_agents(self) -> None:
+        if self._stopping:
+            return
+        for agent in list(self.local.values()):
+            if not self._agent_alive(agent):
+                self._remove_local(agent, "disconnected")
+        assert self._reactor is not None
+        self._reactor.kick(self.agents_sock)
+
+    def _directory_changed(self) -> None:
+        self.dir_version += 1
+        body = P.pack(self._dir_body())
+        header = {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, "ver": self.dir_version}
+        for peer in self.peers.values():
+            if peer.greeted and peer.state is not PeerState.OFFLINE:
+                self._send_peer(peer, header, body)
+
+    # ----------------------------------------------------------------------------- topics
+
+    def _subscribe(self, agent: LocalAgent, topic: str) -> None:
+        if topic in agent.topics:
+            return  # idempotent
+        agent.topics.add(topic)
+        subs = self.local_topics.setdefault(topic, set())
+        key = P.topic_key(topic)
+        self._local_topic_keys[key] = subs
+        if not subs:
+            for peer in self.peers.values():
+                if peer.sub is not None:
+                    peer.sub.setsockopt(zmq.SUBSCRIBE, key)
+        subs.add(agent)
+        self._directory_changed()
+
+    def _unsubscribe(self, agent: LocalAgent, topic: str, announce: bool = True) -> None:
+        if topic not in agent.topics:
+            return  # idempotent
+        agent.topics.discard(topic)
+        subs = self.local_topics.get(topic, set())
+        subs.discard(agent)
+        if not subs:
+            self.local_topics.pop(topic, None)
+            key = P.topic_key(topic)
+            self._local_topic_keys.pop(key, None)
+            for peer in self.peers.values():
+                if peer.sub is not None:
+                    peer.sub.setsockopt(zmq.UNSUBSCRIBE, key)
+        if announce:
+            self._directory_changed()
+
+    def _remote_subscribers(self, topic: str) -> int:
+        counts = self._remote_topic_counts
+        if counts is None:
+            counts = Counter()
+            for peer in self.peers.values():
+                if peer.state is PeerState.OFFLINE:
+                    continue
+                for rec in peer.agents.values():
+                    for t in rec.get("topics") or ():
+                        if isinstance(t, str):
+                            counts[t] += 1
+            self._remote_topic_counts = counts
+        return counts.get(topic, 0)
+
+    def _publish(self, agent: LocalAgent, topic: str, header: dict[str, Any], msg: list[bytes]) -> None:
+        reached = 0
+        for sub in self.local_topics.get(topic, ()):
+            try:
+                self.agents_sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
+                reached += 1
+            except zmq.ZMQError:
+                self.stats["publish_local_dropped"] += 1
+        remote = self._remote_subscribers(topic)
+        if remote:
+            try:
+                self.xpub.send_multipart([P.topic_key(topic), *msg], zmq.NOBLOCK)
+                reached += remote
+            except zmq.ZMQError:
+                self.stats["publish_remote_dropped"] += 1
+            assert self._reactor is not None
+            self._reactor.kick(self.xpub)
+        self.stats["published"] += 1
+        self._send_agent(agent.rid, {P.KIND: Kind.OK, P.CORR: header.get(P.ID), P.COUNT: reached})
+
+    def _on_topic(self, frames: list[bytes]) -> None:
+        """A publication from a peer's XPUB: hand it to the local subscribers."""
+        subs = self._local_topic_keys.get(frames[0])
+        if not subs or len(frames) < 4 or frames[1] != P.SIGNATURE:
+            self.stats["topic_dropped"] += 1
+            return
+        msg = frames[1:]
+        for sub in list(subs):
+            try:
+                self.agents_sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                self.stats["publish_local_dropped"] += 1
+        assert self._reactor is not None
+        self._reactor.kick(self.agents_sock)
+
+    def _on_xpub(self, frames: list[bytes]) -> None:
+        # Subscription notices from peers' SUBs; the XPUB applies them itself, we only count.
+        self.stats["subscription_notices"] += 1
+
+    # ----------------------------------------------------------------------------- errors
+
+    def _reject(self, exc: FrameError, frames: list[bytes], origin: str,
+                header: dict[str, Any] | None = None) -> None:
+        """A malformed frame set: count it, keep it as a dead letter, log once per reason."""
+        self.stats["malformed"] += 1
+        self.stats[f"malformed_{exc.reason}"] += 1
+        self.dead_letters.add(f"malformed:{exc.reason}", f"from {origin}: {exc}", frames[1:], header)
+        self._log_once(f"malformed:{exc.reason}:{origin}", "dropped malformed message from %s: %s",
+                       origin, exc)
+
+    # ----------------------------------------------------------------------------- timers
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.settings.heartbeat_interval
+        while True:
+            header = {P.KIND: Kind.HEARTBEAT, P.FROM: self.node_id, "ver": self.dir_version}
+            packed = [P.SIGNATURE, P.pack(header), b""]
+            for peer in list(self.peers.values()):
+                if peer.dealer is not None:
+                    try:
+                        peer.dealer.send_multipart(packed, zmq.NOBLOCK)
+                    except zmq.ZMQError:
+                        pass
+            for endpoint, dealer in list(self.pending_static.items()):
+                # A static peer that has not answered yet: greet it again (it may be starting).
+                with contextlib.suppress(zmq.ZMQError):
+                    dealer.send_multipart([P.SIGNATURE, P.pack({P.KIND: Kind.HELLO, P.FROM: self.node_id}),
+                                           self._hello_body(reply=False)], zmq.NOBLOCK)
+                del endpoint
+            await asyncio.sleep(interval)
+
+    async def _liveness_loop(self) -> None:
+        s = self.settings
+        tick = min(0.25, s.heartbeat_interval / 2)
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for peer in list(self.peers.values()):
+                if not peer.greeted and peer.state is PeerState.OFFLINE:
+                    continue
+                age = now - peer.last_seen
+                if age > s.offline_after:
+                    self._set_peer_state(peer, PeerState.OFFLINE)
+                elif age > s.stale_after and peer.state is PeerState.ONLINE:
+                    self._set_peer_state(peer, PeerState.STALE)
+            for agent in list(self.local.values()):
+                age = now - agent.last_seen
+                if age > s.offline_after:
+                    self._remove_local(agent, f"no heartbeat for {age:.1f} s")
+                elif age > s.stale_after:
+                    agent.state = PeerState.STALE
+
+    # ----------------------------------------------------------------------------- queries
+
+    def agent_list(self) -> list[dict[str, Any]]:
+        agents = [a.record(self.node_id) | {"node_name": self.name} for a in self.local.values()]
+        for peer in self.peers.values():
+            if peer.state is PeerState.OFFLINE:
+                continue
+            for rec in peer.agents.values():
+                agents.append(dict(rec) | {"node": peer.node_id, "node_name": peer.name})
+        return sorted(agents, key=lambda r: str(r.get("name")))
+
+    def peer_list(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return sorted((p.info(now) for p in self.peers.values()), key=lambda r: r["node"])
+
+    def node_info(self) -> dict[str, Any]:
+        return {
+            "node": self.node_id,
+            "name": self.name,
+            "mesh": self.settings.mesh,
+            "routers": self.router_endpoints(),
+            "pubs": self.pub_endpoints(),
+            "socket": str(self.socket_path),
+            "insecure": self.settings.insecure,
+            "uptime": round(time.monotonic() - self.started_at, 3),
+            "agents": len(self.local),
+            "peers": sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE),
+            "stats": dict(self.stats),
+            "dead_letters": self.dead_letters.total,
+        }
+
+    def peers_online(self) -> Iterable[Peer]:
+        return (p for p in self.peers.values() if p.state is PeerState.ONLINE)

@@ -1,0 +1,258 @@
+"""The meshd wire format: frames, header fields, kinds, limits. Pure: no sockets here.
+
+Every meshd message is one ZeroMQ multipart message::
+
+    [SIGNATURE, header, payload]                       a single message
+    [SIGNATURE, batch-header, h1, p1, h2, p2, ...]     a batch to one destination
+
+``SIGNATURE`` is ``b"MSH"`` plus one protocol-version byte. The header is a small msgpack map
+(keys below); the payload is opaque bytes that daemons route but never decode. A batch header
+carries everything routing needs (``to`` or ``topic``, ``from``), so a daemon forwards the whole
+batch as one unit after decoding one small map. docs/PROTOCOL.md is the normative description.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from itertools import count
+from typing import Any, Final
+
+import msgpack
+
+from .errors import MeshError
+
+PROTOCOL_VERSION: Final = 1
+SIGNATURE: Final = b"MSH" + bytes([PROTOCOL_VERSION])
+
+# Header keys (one place, so the docs, the client and the daemon agree).
+KIND: Final = "kind"
+ID: Final = "id"
+FROM: Final = "from"
+TO: Final = "to"
+TOPIC: Final = "topic"
+CORR: Final = "corr"
+HOPS: Final = "hops"
+DEADLINE: Final = "deadline"
+QOS: Final = "qos"
+HEADERS: Final = "headers"
+ERROR: Final = "error"
+COUNT: Final = "count"
+WHAT: Final = "what"
+NODE: Final = "node"
+
+
+class Kind:
+    """Message kinds. Strings, so a capture or a client in another language stays readable."""
+
+    # agent <-> daemon control
+    REGISTER: Final = "register"
+    UNREGISTER: Final = "unregister"
+    SUBSCRIBE: Final = "subscribe"
+    UNSUBSCRIBE: Final = "unsubscribe"
+    QUERY: Final = "query"
+    AGENT_HEARTBEAT: Final = "agent_hb"
+    OK: Final = "ok"
+    PING: Final = "ping"
+    # routed between agents
+    SEND: Final = "send"
+    REQUEST: Final = "request"
+    REPLY: Final = "reply"
+    ERROR: Final = "error"
+    PUBLISH: Final = "publish"
+    BATCH: Final = "batch"
+    # daemon <-> daemon control
+    HELLO: Final = "hello"
+    HEARTBEAT: Final = "hb"
+    DIRECTORY: Final = "dir"
+    SYNC: Final = "sync"
+    BYE: Final = "bye"
+
+
+ROUTED_KINDS: Final = frozenset({Kind.SEND, Kind.REQUEST, Kind.REPLY, Kind.ERROR})
+AGENT_CONTROL_KINDS: Final = frozenset(
+    {Kind.REGISTER, Kind.UNREGISTER, Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.QUERY, Kind.AGENT_HEARTBEAT}
+)
+PEER_CONTROL_KINDS: Final = frozenset(
+    {Kind.HELLO, Kind.HEARTBEAT, Kind.DIRECTORY, Kind.SYNC, Kind.BYE}
+)
+KNOWN_KINDS: Final = (
+    ROUTED_KINDS
+    | AGENT_CONTROL_KINDS
+    | PEER_CONTROL_KINDS
+    | {Kind.OK, Kind.PING, Kind.PUBLISH, Kind.BATCH}
+)
+
+
+class ErrorCode:
+    """Error codes carried in ``error`` envelopes; each maps to a class in meshd.errors."""
+
+    NO_SUCH_AGENT: Final = "NO_SUCH_AGENT"
+    NAME_TAKEN: Final = "NAME_TAKEN"
+    INBOX_FULL: Final = "INBOX_FULL"
+    HOP_LIMIT: Final = "HOP_LIMIT"
+    PEER_UNREACHABLE: Final = "PEER_UNREACHABLE"
+    HANDLER_ERROR: Final = "HANDLER_ERROR"
+    TIMEOUT: Final = "TIMEOUT"
+    VALIDATION_FAILED: Final = "VALIDATION_FAILED"
+    TOO_LARGE: Final = "TOO_LARGE"
+    NOT_REGISTERED: Final = "NOT_REGISTERED"
+
+
+# Limits. Sizes are checked before anything is decoded.
+MAX_HEADER_BYTES: Final = 8 * 1024
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
+MAX_BATCH: Final = 256
+MAX_NAME_LEN: Final = 128
+MAX_TOPIC_LEN: Final = 256
+
+
+class FrameError(MeshError, ValueError):
+    """A frame set that is not valid meshd protocol. ``reason`` is a short, countable label."""
+
+    code = "BAD_FRAME"
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+_DECODE_ERRORS: Final = (
+    ValueError,
+    TypeError,
+    msgpack.ExtraData,
+    msgpack.FormatError,
+    msgpack.StackError,
+    msgpack.OutOfData,
+)
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def pack(obj: Any) -> bytes:
+    """msgpack-encode ``obj`` (bin type on, so bytes stay bytes)."""
+    return _packer.pack(obj)
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code} not allowed")
+
+
+def unpack_header(data: bytes | memoryview) -> dict[str, Any]:
+    """Decode a header frame, bounded and strict. Raises FrameError, never anything else."""
+    if len(data) > MAX_HEADER_BYTES:
+        raise FrameError("header_too_large", f"{len(data)} > {MAX_HEADER_BYTES} bytes")
+    try:
+        header = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            ext_hook=_no_ext,
+            max_str_len=MAX_HEADER_BYTES,
+            max_bin_len=MAX_HEADER_BYTES,
+            max_array_len=1024,
+            max_map_len=64,
+            max_ext_len=0,
+        )
+    except _DECODE_ERRORS as exc:
+        raise FrameError("header_undecodable", str(exc)) from None
+    if not isinstance(header, dict):
+        raise FrameError("header_not_map", type(header).__name__)
+    kind = header.get(KIND)
+    if kind not in KNOWN_KINDS:
+        raise FrameError("unknown_kind", repr(kind)[:64])
+    return header
+
+
+def unpack_body(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Any:
+    """Decode a control payload (daemon-addressed kinds only). Raises FrameError."""
+    if len(data) > max_bytes:
+        raise FrameError("payload_too_large", f"{len(data)} > {max_bytes} bytes")
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext)
+    except _DECODE_ERRORS as exc:
+        raise FrameError("payload_undecodable", str(exc)) from None
+
+
+def check_signature(frame: bytes | memoryview) -> None:
+    """Raise FrameError unless ``frame`` is this protocol's signature and version."""
+    if frame == SIGNATURE:
+        return
+    raw = bytes(frame)
+    if raw[:3] == SIGNATURE[:3] and len(raw) == 4:
+        raise FrameError("unsupported_version", f"version {raw[3]}, expected {PROTOCOL_VERSION}")
+    raise FrameError("bad_signature", repr(raw[:8]))
+
+
+def split_batch(frames: list[Any]) -> list[tuple[Any, Any]]:
+    """Pair up the (header, payload) frames that follow a batch header."""
+    body = frames[2:]
+    if len(body) % 2 or not body:
+        raise FrameError("batch_odd_frames", f"{len(body)} frames after the batch header")
+    if len(body) // 2 > MAX_BATCH:
+        raise FrameError("batch_too_large", f"{len(body) // 2} > {MAX_BATCH} messages")
+    return [(body[i], body[i + 1]) for i in range(0, len(body), 2)]
+
+
+def encode(header: dict[str, Any], payload: bytes = b"") -> list[bytes]:
+    """Frames of one message: signature, encoded header, payload bytes."""
+    return [SIGNATURE, pack(header), payload]
+
+
+def error_header(
+    to: str | None, corr: str | None, code: str, message: str, *, retry: bool = False,
+    retry_after: float | None = None, sender: str | None = None,
+) -> dict[str, Any]:
+    """Header of an error envelope addressed back to the sender of a failed message."""
+    err: dict[str, Any] = {"code": code, "message": message, "retry": retry}
+    if retry_after is not None:
+        err["retry_after"] = retry_after
+    header: dict[str, Any] = {KIND: Kind.ERROR, ID: new_id(), ERROR: err}
+    if to is not None:
+        header[TO] = to
+    if corr is not None:
+        header[CORR] = corr
+    if sender is not None:
+        header[FROM] = sender
+    return header
+
+
+_id_prefix = os.urandom(6).hex()
+_id_counter = count(1)
+
+
+def new_id() -> str:
+    """A message id unique across processes: a random per-process prefix and a counter."""
+    return f"{_id_prefix}{next(_id_counter):x}"
+
+
+def reseed_ids() -> None:
+    """Give this process a fresh id prefix (call after fork)."""
+    global _id_prefix
+    _id_prefix = os.urandom(6).hex()
+
+
+def topic_key(topic: str) -> bytes:
+    """The PUB/SUB envelope frame for ``topic``: exact match, never a prefix of another topic."""
+    return topic.encode() + b"\x00"
+
+
+def valid_name(name: Any) -> bool:
+    """Agent names: 1-128 printable characters, no '@' (that separates name and node) or spaces."""
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_NAME_LEN
+        and "@" not in name
+        and name.isprintable()
+        and not any(ch.isspace() for ch in name)
+    )
+
+
+def valid_topic(topic: Any) -> bool:
+    """Topics: 1-256 printable characters without NUL."""
+    return isinstance(topic, str) and 0 < len(topic) <= MAX_TOPIC_LEN and topic.isprintable()
+
+
+def now() -> float:
+    """Wall-clock seconds; deadlines on the wire are absolute Unix times."""
+    return time.time()

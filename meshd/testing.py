@@ -1,0 +1,1 @@
+"""meshd pytest plugin (fixtures added below)."""

@@ -1,0 +1,182 @@
+"""ZeroMQ sockets and the reactor that drives them from the asyncio loop.
+
+Everything that touches a zmq socket's options lives here, so a reader can see in one place
+which limits every socket has (bounded linger, high-water marks, ZMTP heartbeats, frame size).
+
+The routing path does not pay an asyncio future per message: ``Reactor`` hooks each socket's
+edge-triggered ``FD`` with ``loop.add_reader`` and drains it with NOBLOCK until EAGAIN. Because
+the FD is edge-triggered, a send on a socket can swallow the read edge; ``Reactor.kick`` re-checks
+``ZMQ_EVENTS`` for sockets that were sent on (see ../shared/DESIGN.md, Performance rules).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+log = logging.getLogger("meshd.transport")
+
+LINGER_MS = 200
+"""Bounded linger on every socket: the default (-1) makes context termination hang forever."""
+
+ZMTP_HEARTBEAT_IVL_MS = 250
+ZMTP_HEARTBEAT_TIMEOUT_MS = 1000
+RECONNECT_IVL_MS = 100
+RECONNECT_IVL_MAX_MS = 2000
+MESH_HWM = 100_000
+DRAIN_BUDGET = 256
+"""Messages handled per socket per loop iteration before yielding to timers and other sockets."""
+
+Handler = Callable[[list[bytes]], None]
+
+
+def _common(sock: zmq.Socket[Any]) -> None:
+    sock.setsockopt(zmq.LINGER, LINGER_MS)
+
+
+def _zmtp_heartbeats(sock: zmq.Socket[Any]) -> None:
+    # TCP alone detects a dead or paused peer only after minutes (../shared/RELIABILITY.md).
+    sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_IVL_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, ZMTP_HEARTBEAT_TIMEOUT_MS * 2)
+
+
+def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
+    """The mesh inbound ROUTER: peers' DEALERs connect here."""
+    sock = ctx.socket(zmq.ROUTER)
+    _common(sock)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer with the same id takes over
+    sock.setsockopt(zmq.RCVHWM, MESH_HWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+    _zmtp_heartbeats(sock)
+    return sock
+
+
+def mesh_xpub(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
+    """The topic publisher; XPUB so subscriptions arrive as messages the node can read."""
+    sock = ctx.socket(zmq.XPUB)
+    _common(sock)
+    sock.setsockopt(zmq.SNDHWM, MESH_HWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+    _zmtp_heartbeats(sock)
+    return sock
+
+
+def peer_dealer(ctx: zmq.Context[Any], own_node_id: str) -> zmq.Socket[Any]:
+    """One DEALER per peer; its routing id is our node id, which the peer checks against HELLO."""
+    sock = ctx.socket(zmq.DEALER)
+    _common(sock)
+    sock.setsockopt(zmq.ROUTING_ID, own_node_id.encode())
+    sock.setsockopt(zmq.SNDHWM, MESH_HWM)
+    sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+    _zmtp_heartbeats(sock)
+    return sock
+
+
+def peer_sub(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
+    """One SUB per peer, connected to the peer's XPUB."""
+    sock = ctx.socket(zmq.SUB)
+    _common(sock)
+    sock.setsockopt(zmq.RCVHWM, MESH_HWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+    sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+    _zmtp_heartbeats(sock)
+    return sock
+
+
+def agent_router(ctx: zmq.Context[Any], inbox_hwm: int) -> zmq.Socket[Any]:
+    """The local agent socket (ipc://). MANDATORY: a vanished agent is an error, not a drop."""
+    sock = ctx.socket(zmq.ROUTER)
+    _common(sock)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    sock.setsockopt(zmq.SNDHWM, inbox_hwm)
+    sock.setsockopt(zmq.RCVHWM, MESH_HWM)
+    return sock
+
+
+def bind_tcp(sock: zmq.Socket[Any], addresses: list[str], port: int) -> int:
+    """Bind ``sock`` on every address with one port (0 = pick a free one); return the port."""
+    chosen = port
+    for addr in addresses:
+        if chosen == 0:
+            endpoint = sock.bind_to_random_port(f"tcp://{addr}", min_port=1024, max_port=65535)
+            chosen = int(endpoint)
+        else:
+            sock.bind(f"tcp://{addr}:{chosen}")
+    return chosen
+
+
+class Reactor:
+    """Drives zmq sockets from an asyncio loop without a future per message."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._handlers: dict[zmq.Socket[Any], Handler] = {}
+        self._fds: dict[zmq.Socket[Any], int] = {}
+        self._kicked: set[zmq.Socket[Any]] = set()
+        self._kick_scheduled = False
+        self.handler_errors = 0
+
+    def add(self, sock: zmq.Socket[Any], handler: Handler) -> None:
+        """Call ``handler(frames)`` for every multipart message that arrives on ``sock``."""
+        fd = sock.getsockopt(zmq.FD)
+        self._handlers[sock] = handler
+        self._fds[sock] = fd
+        self._loop.add_reader(fd, self._drain, sock)
+        self.kick(sock)  # messages may already be waiting: the edge may have passed
+
+    def remove(self, sock: zmq.Socket[Any]) -> None:
+        fd = self._fds.pop(sock, None)
+        self._handlers.pop(sock, None)
+        self._kicked.discard(sock)
+        if fd is not None:
+            self._loop.remove_reader(fd)
+
+    def kick(self, sock: zmq.Socket[Any]) -> None:
+        """Note that ``sock`` was sent on; its read edge is re-checked before the loop sleeps."""
+        if sock in self._handlers:
+            self._kicked.add(sock)
+            if not self._kick_scheduled:
+                self._kick_scheduled = True
+                self._loop.call_soon(self._recheck)
+
+    def _recheck(self) -> None:
+        self._kick_scheduled = False
+        kicked, self._kicked = self._kicked, set()
+        for sock in kicked:
+            if sock in self._handlers and not sock.closed and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._drain(sock)
+
+    def _drain(self, sock: zmq.Socket[Any]) -> None:
+        handler = self._handlers.get(sock)
+        if handler is None or sock.closed:
+            return
+        recv = sock.recv_multipart
+        for _ in range(DRAIN_BUDGET):
+            try:
+                frames = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except zmq.ZMQError as exc:
+                log.warning("recv failed on %s: %s", sock, exc)
+                break
+            try:
+                handler(frames)
+            except Exception:
+                self.handler_errors += 1
+                log.exception("message handler raised; message dropped")
+        else:
+            # Budget used up: more may be waiting; come back after timers and other sockets ran.
+            self._loop.call_soon(self._drain, sock)
+
+    def close(self) -> None:
+        for sock in list(self._handlers):
+            self.remove(sock)
