@@ -1,1 +1,208 @@
-"""meshd pytest plugin (fixtures added below)."""
+"""Pytest fixtures for meshd and its plugins: real daemons on 127.0.0.1, cleaned up afterwards.
+
+Registered as a ``pytest11`` plugin, so a plugin author's tests get them too::
+
+    def test_roundtrip(meshd_factory):
+        a = meshd_factory.spawn("a")
+        b = meshd_factory.spawn("b")
+        meshd_factory.wait_mesh([a, b])
+        ...
+
+Every daemon binds and discovers on 127.0.0.1 only, in a mesh named uniquely per test, so
+parallel test runs never see each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .client import Agent
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,
+               what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value; raise TimeoutError naming ``what``."""
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+class MeshdProcess:
+    """One real ``meshd run`` subprocess."""
+
+    def __init__(self, name: str, mesh: str, workdir: Path, args: list[str]) -> None:
+        self.name = name
+        self.mesh = mesh
+        self.dir = workdir / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir = self.dir / "state"
+        self.socket = self.dir / "s.sock"
+        self.log_path = self.dir / "meshd.log"
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._info: dict[str, Any] | None = None
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "meshd", "run", "--name", self.name, "--mesh", self.mesh,
+                "--state-dir", str(self.state_dir), "--socket", str(self.socket), "--insecure",
+                *self.args]
+
+    def start(self, wait: bool = True) -> MeshdProcess:
+        self._info = None
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        def ready() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"meshd {self.name} exited with {self.proc.returncode}:\n{self.log()}")
+            return self.socket.exists()
+        wait_until(ready, timeout, what=f"meshd {self.name} to start")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def query(self, what: str) -> Any:
+        """One-shot query (agents, peers, node) through a short-lived agent connection."""
+        async def ask() -> Any:
+            async with Agent(f"probe-{uuid.uuid4().hex[:8]}", socket=self.socket) as me:
+                if what == "agents":
+                    return [a for a in await me.agents() if not str(a["name"]).startswith("probe-")]
+                if what == "peers":
+                    return await me.peers()
+                return await me.node_info()
+        return asyncio.run(ask())
+
+    def info(self) -> dict[str, Any]:
+        if self._info is None:
+            self._info = self.query("node")
+        return self._info
+
+    @property
+    def node_id(self) -> str:
+        return str(self.info()["node"])
+
+    @property
+    def router(self) -> str:
+        return str(self.info()["routers"][0])
+
+    def peer_states(self) -> dict[str, str]:
+        return {p["node"]: p["state"] for p in self.query("peers")}
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM and wait: the clean shutdown path."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye, no BYE; peers must notice on their own."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-8000:]
+        except FileNotFoundError:
+            return ""
+
+
+class MeshdFactory:
+    """Spawns daemons for one test and cleans every one of them up."""
+
+    def __init__(self, workdir: Path, mesh: str | None = None) -> None:
+        self.workdir = workdir
+        self.mesh = mesh or f"t{uuid.uuid4().hex[:12]}"
+        self.procs: list[MeshdProcess] = []
+
+    def spawn(self, name: str, *extra: str, mesh: str | None = None, fast: bool = True,
+              wait: bool = True) -> MeshdProcess:
+        args = ["--interface", "127.0.0.1", *extra]
+        if fast and "--offline-after" not in extra:
+            args += ["--heartbeat-interval", "0.25", "--stale-after", "1", "--offline-after", "2"]
+        proc = MeshdProcess(name, mesh or self.mesh, self.workdir, args)
+        self.procs.append(proc)
+        return proc.start(wait=wait)
+
+    def wait_mesh(self, procs: list[MeshdProcess], timeout: float = 15.0) -> None:
+        """Wait until every daemon sees every other one online."""
+        ids = {p.node_id for p in procs}
+        for p in procs:
+            others = ids - {p.node_id}
+            wait_until(lambda p=p, others=others: others <= {n for n, s in p.peer_states().items()
+                                                             if s == "online"},
+                       timeout, interval=0.05, what=f"{p.name} to see {len(others)} peers online")
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            p.kill()
+
+
+def short_tempdir(prefix: str = "mshd-") -> Path:
+    """A short temp dir: ipc socket paths are limited to 107 bytes."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+@pytest.fixture
+def meshd_factory(request: pytest.FixtureRequest) -> Iterator[MeshdFactory]:
+    """Start real meshd daemons on 127.0.0.1; all are killed and removed after the test."""
+    workdir = short_tempdir()
+    factory = MeshdFactory(workdir)
+    yield factory
+    factory.cleanup()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for p in factory.procs:
+            sys.stderr.write(f"\n--- log of meshd {p.name} ---\n{p.log()}\n")
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    rep = yield
+    if rep.when == "call":
+        item.rep_call = rep  # type: ignore[attr-defined]
+    return rep
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=1, default=str)
+
+
+__all__ = ["MeshdFactory", "MeshdProcess", "meshd_factory", "short_tempdir", "wait_until"]
