@@ -110,7 +110,7 @@ def meshd_main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from .demo import run_demo
 
-        return run_demo(keep_logs=args.keep_logs)
+        return int(run_demo(keep_logs=args.keep_logs))
     try:
         settings = settings_from_args(args)
         ensure_dirs(settings)

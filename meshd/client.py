@@ -332,7 +332,8 @@ class Agent:
         if fut is not None and not fut.done():
             fut.set_exception(DaemonUnreachable(f"meshd at {self.socket_path} did not answer"))
 
-    async def _control(self, header: dict[str, Any], body: Any = None, timeout: float = CONTROL_TIMEOUT) -> Any:
+    async def _control(self, header: dict[str, Any], body: Any = None,
+                       timeout: float = CONTROL_TIMEOUT) -> Any:
         """A daemon-addressed call: send at once (never batched), await the ok or error."""
         loop = self._require_loop()
         msg_id = P.new_id()

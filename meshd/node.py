@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import os
 import stat
@@ -50,7 +51,7 @@ class PeerState(enum.StrEnum):
     OFFLINE = "offline"
 
 
-@dataclass
+@dataclass(eq=False)
 class LocalAgent:
     """An agent attached to this daemon over the local socket."""
 
@@ -77,7 +78,7 @@ class LocalAgent:
         }
 
 
-@dataclass
+@dataclass(eq=False)
 class Peer:
     """Another daemon of the same mesh."""
 
@@ -415,7 +416,7 @@ class Node:
             peer.monitor = peer.dealer.get_monitor_socket(
                 zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
             )
-            self._reactor.add(peer.monitor, lambda frames, p=peer: self._on_peer_monitor(p, frames))
+            self._reactor.add(peer.monitor, functools.partial(self._on_peer_monitor, peer))
         pub = _prefer(peer.pubs, self.interfaces) if peer.pubs else ""
         if pub and pub != peer.connected_pub:
             if peer.sub is not None:
@@ -730,7 +731,7 @@ class Node:
         if header[P.KIND] == Kind.BATCH:
             inner: list[tuple[Any, Any]] = []
             with contextlib.suppress(FrameError):
-                inner = [(P.unpack_header(h), p) for h, p in P.split_batch(msg[0:0] + [b"", b""] + msg[2:])]
+                inner = [(P.unpack_header(h), p) for h, p in P.split_batch(msg)]
             ids = [h.get(P.ID) for h, _ in inner if h.get(P.KIND) in (Kind.SEND, Kind.REQUEST)]
         elif header[P.KIND] in (Kind.SEND, Kind.REQUEST):
             ids = [header.get(P.ID)]
@@ -810,12 +811,14 @@ class Node:
         name = body.get("name") if isinstance(body, dict) else None
         if not P.valid_name(name):
             self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
-                                   f"invalid agent name {name!r}: 1-128 printable characters, no '@' or spaces")
+                                   f"invalid agent name {name!r}: 1-128 printable characters, "
+                                   "no '@' or spaces")
             return
         assert isinstance(name, str) and isinstance(body, dict)
         caps = body.get("capabilities") or []
         meta = body.get("metadata") or {}
-        if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps) or not isinstance(meta, dict):
+        caps_ok = isinstance(caps, list) and all(isinstance(c, str) for c in caps)
+        if not caps_ok or not isinstance(meta, dict):
             self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
                                    "capabilities must be a list of strings, metadata a map")
             return

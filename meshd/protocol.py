@@ -131,7 +131,8 @@ _packer = msgpack.Packer(use_bin_type=True)
 
 def pack(obj: Any) -> bytes:
     """msgpack-encode ``obj`` (bin type on, so bytes stay bytes)."""
-    return _packer.pack(obj)
+    packed: bytes = _packer.pack(obj)
+    return packed
 
 
 def _no_ext(code: int, data: bytes) -> Any:

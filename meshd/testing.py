@@ -15,8 +15,8 @@ parallel test runs never see each other.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -100,7 +100,13 @@ class MeshdProcess:
                 if what == "peers":
                     return await me.peers()
                 return await me.node_info()
-        return asyncio.run(ask())
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(ask())
+        # Called from inside a test's event loop: run the query on a thread of its own.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, ask()).result(30)
 
     def info(self) -> dict[str, Any]:
         if self._info is None:
@@ -165,9 +171,11 @@ class MeshdFactory:
         ids = {p.node_id for p in procs}
         for p in procs:
             others = ids - {p.node_id}
-            wait_until(lambda p=p, others=others: others <= {n for n, s in p.peer_states().items()
-                                                             if s == "online"},
-                       timeout, interval=0.05, what=f"{p.name} to see {len(others)} peers online")
+
+            def sees_all(p: MeshdProcess = p, others: set[str] = others) -> bool:
+                return others <= {n for n, s in p.peer_states().items() if s == "online"}
+
+            wait_until(sees_all, timeout, interval=0.05, what=f"{p.name} to see {len(others)} peers online")
 
     def cleanup(self) -> None:
         for p in self.procs:

@@ -47,7 +47,7 @@ def _zmtp_heartbeats(sock: zmq.Socket[Any]) -> None:
 
 def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
     """The mesh inbound ROUTER: peers' DEALERs connect here."""
-    sock = ctx.socket(zmq.ROUTER)
+    sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
     _common(sock)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer with the same id takes over
@@ -59,7 +59,7 @@ def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
 
 def mesh_xpub(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
     """The topic publisher; XPUB so subscriptions arrive as messages the node can read."""
-    sock = ctx.socket(zmq.XPUB)
+    sock: zmq.Socket[Any] = ctx.socket(zmq.XPUB)
     _common(sock)
     sock.setsockopt(zmq.SNDHWM, MESH_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
@@ -69,7 +69,7 @@ def mesh_xpub(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
 
 def peer_dealer(ctx: zmq.Context[Any], own_node_id: str) -> zmq.Socket[Any]:
     """One DEALER per peer; its routing id is our node id, which the peer checks against HELLO."""
-    sock = ctx.socket(zmq.DEALER)
+    sock: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     _common(sock)
     sock.setsockopt(zmq.ROUTING_ID, own_node_id.encode())
     sock.setsockopt(zmq.SNDHWM, MESH_HWM)
@@ -81,7 +81,7 @@ def peer_dealer(ctx: zmq.Context[Any], own_node_id: str) -> zmq.Socket[Any]:
 
 def peer_sub(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
     """One SUB per peer, connected to the peer's XPUB."""
-    sock = ctx.socket(zmq.SUB)
+    sock: zmq.Socket[Any] = ctx.socket(zmq.SUB)
     _common(sock)
     sock.setsockopt(zmq.RCVHWM, MESH_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
@@ -93,7 +93,7 @@ def peer_sub(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
 
 def agent_router(ctx: zmq.Context[Any], inbox_hwm: int) -> zmq.Socket[Any]:
     """The local agent socket (ipc://). MANDATORY: a vanished agent is an error, not a drop."""
-    sock = ctx.socket(zmq.ROUTER)
+    sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
     _common(sock)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
@@ -127,7 +127,7 @@ class Reactor:
 
     def add(self, sock: zmq.Socket[Any], handler: Handler) -> None:
         """Call ``handler(frames)`` for every multipart message that arrives on ``sock``."""
-        fd = sock.getsockopt(zmq.FD)
+        fd = int(sock.getsockopt(zmq.FD))
         self._handlers[sock] = handler
         self._fds[sock] = fd
         self._loop.add_reader(fd, self._drain, sock)
@@ -152,7 +152,7 @@ class Reactor:
         self._kick_scheduled = False
         kicked, self._kicked = self._kicked, set()
         for sock in kicked:
-            if sock in self._handlers and not sock.closed and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if sock in self._handlers and not sock.closed and int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 self._drain(sock)
 
     def _drain(self, sock: zmq.Socket[Any]) -> None:

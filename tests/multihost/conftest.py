@@ -1,0 +1,212 @@
+"""Multi-host fixtures: one real ``meshd run`` per netlab host (a network namespace each).
+
+``netlab`` (../shared/netlab, beside the checkout) builds hosts PREFIX1..PREFIX3 with addresses
+198.18.0.1-3 on one bridge; mDNS multicast works between them. Each daemon runs inside its host's
+namespace and binds/discovers only on that host's eth0. The agents run in this (root-namespace)
+pytest process: an ipc:// socket is a file, so it is reachable from any network namespace.
+
+Needs root and iproute2; every test here is skipped with a reason otherwise. The prefix is
+random lowercase letters (netlab's cut/plug strip trailing digits to find the switch), so
+parallel sessions never share hosts, and ``netlab down PREFIX`` always runs at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import string
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshd.client import BlockingAgent, Message
+from meshd.testing import MeshdProcess, short_tempdir, wait_until
+
+NETLAB = Path(__file__).resolve().parents[2].parent / "shared" / "netlab"
+HOSTS = 3
+FAST = ["--heartbeat-interval", "0.25", "--stale-after", "1", "--offline-after", "2"]
+AGENT_HEARTBEAT = 0.25  # the daemon's --offline-after applies to its local agents too
+
+
+def skip_reason() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "multi-host tests need Linux network namespaces"
+    if os.geteuid() != 0:
+        return "multi-host tests need root (they create network namespaces with netlab)"
+    if shutil.which("ip") is None:
+        return "multi-host tests need iproute2 (`ip` not found)"
+    if not NETLAB.is_file():
+        return f"multi-host tests need netlab, not found at {NETLAB}"
+    return None
+
+
+class Netlab:
+    """Thin wrapper over the netlab script for one prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.cut_hosts: set[int] = set()
+
+    def run(self, *args: str) -> None:
+        done = subprocess.run(["bash", str(NETLAB), *args], capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"netlab {' '.join(args)} failed ({done.returncode}): "
+                               f"{done.stderr.strip() or done.stdout.strip()}")
+
+    def host(self, i: int) -> str:
+        return f"{self.prefix}{i}"
+
+    def up(self, n: int) -> None:
+        self.run("up", str(n), self.prefix)
+
+    def down(self) -> None:
+        self.run("down", self.prefix)
+
+    def cut(self, i: int) -> None:
+        self.run("cut", self.host(i))
+        self.cut_hosts.add(i)
+
+    def plug(self, i: int) -> None:
+        self.run("plug", self.host(i))
+        self.cut_hosts.discard(i)
+
+
+class NetnsDaemon(MeshdProcess):
+    """A ``meshd run`` started inside a network namespace (``ip netns exec`` execs, so the
+    Popen pid is the daemon's own and SIGTERM reaches it)."""
+
+    def __init__(self, netns: str, name: str, mesh: str, workdir: Path, args: list[str]) -> None:
+        super().__init__(name, mesh, workdir, args)
+        self.netns = netns
+
+    def command(self) -> list[str]:
+        return ["ip", "netns", "exec", self.netns, *super().command()]
+
+    def terminate(self, timeout: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL if it has not exited within ``timeout``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            sys.stderr.write(f"\nmeshd {self.name} ignored SIGTERM for {timeout:g} s: SIGKILL\n")
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+class MultiHost:
+    """Three hosts, one daemon and one echo agent (``echo<i>``) per host."""
+
+    def __init__(self, lab: Netlab, workdir: Path, mesh: str) -> None:
+        self.lab = lab
+        self.workdir = workdir
+        self.mesh = mesh
+        self.daemons: dict[int, NetnsDaemon] = {}
+        self.agents: dict[int, BlockingAgent] = {}
+        self.node_ids: dict[int, str] = {}
+        self.started_at = 0.0
+
+    @staticmethod
+    def address(i: int) -> str:
+        return f"198.18.0.{i}"
+
+    @staticmethod
+    def agent_name(i: int) -> str:
+        return f"echo{i}"
+
+    def start(self) -> None:
+        for i in range(1, HOSTS + 1):
+            d = NetnsDaemon(self.lab.host(i), f"h{i}", self.mesh, self.workdir,
+                            ["--interface", self.address(i), *FAST])
+            self.daemons[i] = d
+        self.started_at = time.monotonic()
+        for d in self.daemons.values():
+            d.start(wait=False)
+        for d in self.daemons.values():
+            d.wait_ready()
+        for i, d in self.daemons.items():
+            agent = BlockingAgent(self.agent_name(i), socket=d.socket, heartbeat_interval=AGENT_HEARTBEAT)
+            self.agents[i] = agent
+            self.node_ids[i] = str(agent.agent.node)
+
+            @agent.on("echo")
+            def echo(msg: Message, i: int = i) -> Any:
+                return {"host": i, "from": msg.sender, "payload": msg.payload}
+
+    # ------------------------------------------------------------------ views, through the agents
+
+    def peer_states(self, at: int) -> dict[str, str]:
+        """node id -> state, as host ``at``'s daemon reports it."""
+        return {str(p["node"]): str(p["state"]) for p in self.agents[at].peers()}
+
+    def state_of(self, at: int, host: int) -> str | None:
+        """The state host ``at`` gives ``host`` (None: not listed)."""
+        return self.peer_states(at).get(self.node_ids[host])
+
+    def agent_names(self, at: int) -> set[str]:
+        return {str(a["name"]) for a in self.agents[at].agents()}
+
+    def sees_online(self, at: int, host: int) -> bool:
+        return self.state_of(at, host) == "online" and self.agent_name(host) in self.agent_names(at)
+
+    def wait_full_mesh(self, timeout: float = 20.0) -> None:
+        for at in self.agents:
+            for host in self.agents:
+                if host != at:
+                    wait_until(lambda at=at, host=host: self.sees_online(at, host), timeout, interval=0.05,
+                               what=f"h{at} to see h{host} online with its agent")
+
+    def close(self) -> None:
+        for agent in self.agents.values():
+            try:
+                agent.close()
+            except Exception as exc:  # teardown goes on: the daemons and namespaces must go
+                sys.stderr.write(f"\nclosing agent {agent.agent.name}: {exc!r}\n")
+        for d in self.daemons.values():
+            d.terminate()
+
+    def dump_logs(self) -> None:
+        for d in self.daemons.values():
+            sys.stderr.write(f"\n--- log of meshd {d.name} ({d.netns}) ---\n{d.log()}\n")
+
+
+def _prefix() -> str:
+    # No digits: netlab derives the switch from a host name by stripping its trailing digits.
+    return "mt" + "".join(random.choices(string.ascii_lowercase, k=4))
+
+
+@pytest.fixture(scope="module")
+def multihost(request: pytest.FixtureRequest) -> Iterator[MultiHost]:
+    """Three netlab hosts, each with a meshd and an echo agent; torn down completely afterwards."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    lab = Netlab(_prefix())
+    workdir = short_tempdir("mshmh-")
+    mh = MultiHost(lab, workdir, mesh=f"mh{uuid.uuid4().hex[:12]}")
+    failed_before = request.session.testsfailed
+    ok = False
+    try:
+        lab.up(HOSTS)
+        mh.start()
+        ok = True
+        yield mh
+    finally:
+        try:
+            mh.close()
+            if not ok or request.session.testsfailed > failed_before:
+                mh.dump_logs()
+        finally:
+            try:
+                lab.down()
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,130 @@
+"""Three hosts on a netlab LAN: discovery, cross-host requests, partition and heal.
+
+Hosts 1..3 each run a daemon (fast timers: beat 0.25 s, stale 1 s, offline 2 s) and an agent
+``echo<i>``. The tests run in order and share the mesh; ``test_heal`` cuts host 2 itself when run
+alone. Timings are printed for the record (``-s``), never asserted.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from meshd.errors import MeshError, NoSuchAgent, PeerUnreachable
+from meshd.testing import wait_until
+
+pytestmark = pytest.mark.multihost
+
+WAIT = 15.0
+CUT = 2  # the host that gets partitioned
+OTHERS = (1, 3)
+
+
+def _elapsed(t0: float) -> str:
+    return f"{time.monotonic() - t0:.2f} s"
+
+
+def _gone(mh, at: int, host: int) -> bool:
+    """Host ``at`` no longer counts ``host`` as online (offline or not listed) nor lists its agent."""
+    return mh.state_of(at, host) in ("offline", None) and mh.agent_name(host) not in mh.agent_names(at)
+
+
+def _cut_and_wait(mh) -> None:
+    mh.lab.cut(CUT)
+    for at in OTHERS:
+        wait_until(lambda at=at: _gone(mh, at, CUT), WAIT, interval=0.05,
+                   what=f"h{at} to see h{CUT} offline")
+
+
+def test_discovery_across_hosts(multihost) -> None:
+    mh = multihost
+    mh.wait_full_mesh(timeout=WAIT)
+    print(f"\n[netlab] full mesh (3 hosts online at each other, agents listed) "
+          f"{_elapsed(mh.started_at)} after starting the daemons")
+    for at in mh.agents:
+        assert mh.agent_names(at) >= {mh.agent_name(i) for i in mh.agents}
+
+
+def test_request_host1_to_host3(multihost) -> None:
+    mh = multihost
+    mh.wait_full_mesh(timeout=WAIT)
+    reply = mh.agents[1].request("echo3", "echo", {"q": "ping", "n": 1}, timeout=5)
+    assert reply == {"host": 3, "from": "echo1", "payload": {"q": "ping", "n": 1}}
+    # Addressed to a node explicitly, by its name.
+    reply = mh.agents[1].request("echo3@h3", "echo", [1, 2, 3], timeout=5)
+    assert reply == {"host": 3, "from": "echo1", "payload": [1, 2, 3]}
+
+
+def test_partition(multihost) -> None:
+    mh = multihost
+    mh.wait_full_mesh(timeout=WAIT)
+    t0 = time.monotonic()
+    mh.lab.cut(CUT)
+    not_online: dict[int, float] = {}
+    offline: dict[int, float] = {}
+    agent_gone: dict[int, float] = {}
+    sent = ok = 0
+    failures: list[str] = []
+    deadline = t0 + WAIT
+    while len(offline) < len(OTHERS) or len(agent_gone) < len(OTHERS):
+        assert time.monotonic() < deadline, (
+            f"h{CUT} still not offline at {sorted(set(OTHERS) - set(offline))} "
+            f"or its agent still listed at {sorted(set(OTHERS) - set(agent_gone))} after {WAIT:g} s")
+        for at in OTHERS:
+            now = time.monotonic() - t0
+            state = mh.state_of(at, CUT)
+            if state != "online":
+                not_online.setdefault(at, now)
+            if state in ("offline", None):
+                offline.setdefault(at, now)
+            if mh.agent_name(CUT) not in mh.agent_names(at):
+                agent_gone.setdefault(at, now)
+        # Meanwhile the rest of the mesh keeps working.
+        sent += 1
+        try:
+            reply = mh.agents[1].request("echo3", "echo", sent, timeout=2)
+            assert reply == {"host": 3, "from": "echo1", "payload": sent}
+            ok += 1
+        except MeshError as exc:
+            failures.append(f"#{sent} at {_elapsed(t0)}: {exc!r}")
+        time.sleep(0.05)
+    for at in OTHERS:
+        print(f"\n[netlab] partition: h{at} saw h{CUT} not online after {not_online.get(at, -1):.2f} s, "
+              f"offline after {offline[at]:.2f} s, its agent gone after {agent_gone[at]:.2f} s", end="")
+    print(f"\n[netlab] partition: h1 -> h3 requests meanwhile: sent={sent} ok={ok} failed={len(failures)}")
+    assert not failures, failures
+    # The cut host's agent is no longer routable from host 1: a fast typed error, not a time-out.
+    t1 = time.monotonic()
+    with pytest.raises((NoSuchAgent, PeerUnreachable)):
+        mh.agents[1].request("echo2", "echo", "x", timeout=5)
+    print(f"[netlab] partition: h1 -> echo2 refused in {_elapsed(t1)}")
+    # Host 2 sees the others go too, while its own agent (on the ipc socket) stays attached.
+    for host in OTHERS:
+        wait_until(lambda host=host: _gone(mh, CUT, host), WAIT, interval=0.05,
+                   what=f"h{CUT} to see h{host} offline")
+    assert mh.agent_name(CUT) in mh.agent_names(CUT)
+    print(f"[netlab] partition: h{CUT} saw h1 and h3 offline {_elapsed(t0)} after the cut")
+
+
+def test_heal(multihost) -> None:
+    mh = multihost
+    if CUT not in mh.lab.cut_hosts:  # run on its own: partition first
+        mh.wait_full_mesh(timeout=WAIT)
+        _cut_and_wait(mh)
+    t0 = time.monotonic()
+    mh.lab.plug(CUT)
+    back: dict[tuple[int, int], float] = {}
+    pairs = [(at, CUT) for at in OTHERS] + [(CUT, host) for host in OTHERS]
+    for at, host in pairs:
+        wait_until(lambda at=at, host=host: mh.sees_online(at, host), WAIT * 2, interval=0.05,
+                   what=f"h{at} to see h{host} online again with its agent")
+        back[(at, host)] = time.monotonic() - t0
+    for (at, host), secs in back.items():
+        print(f"\n[netlab] heal: h{at} saw h{host} online with its agent {secs:.2f} s after the plug", end="")
+    print()
+    reply = mh.agents[1].request("echo2", "echo", {"after": "heal"}, timeout=5)
+    assert reply == {"host": 2, "from": "echo1", "payload": {"after": "heal"}}
+    reply = mh.agents[2].request("echo3", "echo", "back", timeout=5)
+    assert reply == {"host": 3, "from": "echo2", "payload": "back"}
+    print(f"[netlab] heal: h1 -> echo2 and h2 -> echo3 requests ok {_elapsed(t0)} after the plug")

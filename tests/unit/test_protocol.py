@@ -1,0 +1,123 @@
+"""The wire codec, without sockets: round trips, and hostile input rejected with a typed error."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshd import protocol as P
+from meshd.errors import ERRORS_BY_CODE, MeshError, NoSuchAgent, error_from_wire
+from meshd.protocol import FrameError, Kind
+
+header_values = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=False),
+                          st.text(max_size=40), st.binary(max_size=40))
+
+
+@given(
+    kind=st.sampled_from(sorted(P.KNOWN_KINDS)),
+    fields=st.dictionaries(st.sampled_from([P.ID, P.FROM, P.TO, P.TOPIC, P.CORR, P.HOPS, P.DEADLINE]),
+                           header_values, max_size=7),
+    payload=st.binary(max_size=512),
+)
+def test_encode_decode_round_trip(kind: str, fields: dict[str, object], payload: bytes) -> None:
+    header = {P.KIND: kind, **fields}
+    frames = P.encode(header, payload)
+    assert frames[0] == P.SIGNATURE
+    P.check_signature(frames[0])
+    assert P.unpack_header(frames[1]) == header
+    assert frames[2] == payload  # the payload is carried, never touched
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300))
+def test_garbage_header_is_a_frame_error(data: bytes) -> None:
+    try:
+        header = P.unpack_header(data)
+    except FrameError as exc:
+        assert exc.reason in {"header_undecodable", "header_not_map", "unknown_kind", "header_too_large"}
+    else:  # the rare garbage that is a valid header must really be one
+        assert isinstance(header, dict) and header[P.KIND] in P.KNOWN_KINDS
+
+
+@given(st.recursive(header_values, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c,
+                                                                                       max_size=4), max_leaves=20))
+def test_any_msgpack_value_never_crashes_the_decoder(value: object) -> None:
+    data = msgpack.packb(value, use_bin_type=True)
+    try:
+        P.unpack_header(data)
+    except FrameError:
+        pass
+
+
+@given(st.binary(min_size=0, max_size=8))
+def test_bad_signatures_rejected(sig: bytes) -> None:
+    if sig == P.SIGNATURE:
+        return
+    with pytest.raises(FrameError) as info:
+        P.check_signature(sig)
+    assert info.value.reason in {"bad_signature", "unsupported_version"}
+
+
+def test_other_version_named() -> None:
+    with pytest.raises(FrameError, match="version 9"):
+        P.check_signature(b"MSH\x09")
+
+
+def test_oversized_header_refused_before_decoding() -> None:
+    big = msgpack.packb({P.KIND: Kind.SEND, "x": "a" * P.MAX_HEADER_BYTES})
+    with pytest.raises(FrameError) as info:
+        P.unpack_header(big)
+    assert info.value.reason == "header_too_large"
+
+
+def test_ext_types_refused() -> None:
+    data = msgpack.packb({P.KIND: Kind.SEND, "x": msgpack.ExtType(5, b"abc")})
+    with pytest.raises(FrameError):
+        P.unpack_header(data)
+
+
+def test_unknown_kind_refused() -> None:
+    with pytest.raises(FrameError) as info:
+        P.unpack_header(msgpack.packb({P.KIND: "launch-missiles"}))
+    assert info.value.reason == "unknown_kind"
+
+
+def test_batch_split() -> None:
+    frames = [P.SIGNATURE, b"batch", b"h1", b"p1", b"h2", b"p2"]
+    assert P.split_batch(frames) == [(b"h1", b"p1"), (b"h2", b"p2")]
+    with pytest.raises(FrameError):
+        P.split_batch([P.SIGNATURE, b"batch", b"h1"])
+    with pytest.raises(FrameError):
+        P.split_batch([P.SIGNATURE, b"batch"] + [b"h", b"p"] * (P.MAX_BATCH + 1))
+
+
+def test_ids_unique() -> None:
+    ids = {P.new_id() for _ in range(10000)}
+    assert len(ids) == 10000
+
+
+def test_topic_key_is_exact() -> None:
+    assert not P.topic_key("newsletter").startswith(P.topic_key("news"))
+
+
+@pytest.mark.parametrize("name,ok", [("planner", True), ("a@b", False), ("", False), ("x y", False),
+                                     ("x" * 129, False), ("r-1.2_3", True), (5, False)])
+def test_names(name: object, ok: bool) -> None:
+    assert P.valid_name(name) is ok
+
+
+def test_error_envelope_round_trip() -> None:
+    header = P.error_header("planner", "abc", P.ErrorCode.NO_SUCH_AGENT, "gone", retry=False)
+    decoded = P.unpack_header(P.pack(header))
+    err = error_from_wire(decoded[P.ERROR])
+    assert isinstance(err, NoSuchAgent) and isinstance(err, LookupError)
+    assert err.message == "gone" and decoded[P.CORR] == "abc"
+
+
+def test_every_error_code_has_a_class() -> None:
+    codes = {v for k, v in vars(P.ErrorCode).items() if k.isupper()}
+    assert codes <= set(ERRORS_BY_CODE)
+    unknown = error_from_wire({"code": "SOMETHING_NEW", "message": "m"})
+    assert type(unknown) is MeshError and unknown.code == "SOMETHING_NEW"
