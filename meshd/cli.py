@@ -20,6 +20,7 @@ from typing import Any
 from . import __version__
 from .config import Settings, default_socket_path, ensure_dirs, load_settings
 from .errors import ConfigError, MeshError
+from .keys import KeyFileError
 
 log = logging.getLogger("meshd")
 
@@ -69,7 +70,13 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--state-dir", type=Path, help="where the node id and keys live")
     run.add_argument("--socket", type=Path, help="local agent socket path")
     run.add_argument("--insecure", action="store_const", const=True,
-                     help="plaintext mesh (development; currently the only mode)")
+                     help="plaintext mesh, no CurveZMQ (development; loopback only unless "
+                          "--allow-insecure-lan)")
+    run.add_argument("--allow-insecure-lan", action="store_const", const=True,
+                     help="permit --insecure on non-loopback interfaces")
+    run.add_argument("--trust-mode", choices=["keys", "secret"])
+    run.add_argument("--authorized-keys-dir", type=Path)
+    run.add_argument("--mesh-secret-file", type=Path)
     run.add_argument("--heartbeat-interval", type=float)
     run.add_argument("--stale-after", type=float)
     run.add_argument("--offline-after", type=float)
@@ -82,7 +89,8 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
     config = args.config or (Path(env["MESHD_CONFIG"]) if env.get("MESHD_CONFIG") else None)
     keys = ("name", "mesh", "interfaces", "port", "pub_port", "peers", "discovery", "state_dir",
             "socket", "insecure", "heartbeat_interval", "stale_after", "offline_after",
-            "log_level", "log_format")
+            "log_level", "log_format", "allow_insecure_lan", "trust_mode", "authorized_keys_dir",
+            "mesh_secret_file")
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     return load_settings(config, overrides=overrides, environ=env)
 
@@ -124,6 +132,12 @@ def meshd_main(argv: list[str] | None = None) -> int:
         return asyncio.run(_serve(settings))
     except KeyboardInterrupt:
         return 0
+    except ConfigError as exc:
+        print(f"meshd: config error: {exc}", file=sys.stderr)
+        return 2
+    except KeyFileError as exc:
+        print(f"meshd: key error: {exc}", file=sys.stderr)
+        return 2
     except (RuntimeError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 1
@@ -147,6 +161,66 @@ def _json_arg(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+
+
+def _keys(args: argparse.Namespace) -> int:
+    """meshctl keys ...: manage the node keypair and the authorized-keys folder (files only)."""
+    from . import keys as K
+
+    overrides: dict[str, Any] = {}
+    if args.state_dir:
+        overrides["state_dir"] = args.state_dir
+    if args.authorized_keys_dir:
+        overrides["authorized_keys_dir"] = args.authorized_keys_dir
+    env = dict(os.environ)
+    config = args.config or (Path(env["MESHD_CONFIG"]) if env.get("MESHD_CONFIG") else None)
+    settings = load_settings(config, overrides=overrides, environ=env)
+    authorized = settings.resolved_authorized_keys()
+    if args.keys_cmd in ("show", "export"):
+        pair = K.load_or_create_node_keys(settings.state_dir)
+        if args.keys_cmd == "show":
+            print(f"public key (z85): {pair.public}")
+            print(f"public key (hex): {K.key_to_hex(pair.public)}")
+            print(f"key file:         {K.node_key_paths(settings.state_dir)[0]}")
+            print(f"as a static peer: tcp://HOST:PORT?key={K.key_to_hex(pair.public)}")
+        else:
+            text = K.node_key_paths(settings.state_dir)[0].read_text()
+            if args.output:
+                Path(args.output).write_text(text)
+            else:
+                sys.stdout.write(text)
+    elif args.keys_cmd == "trust":
+        key = args.key
+        if Path(key).is_file():
+            found = K.read_public_key(Path(key))
+            if found is None:
+                print(f"meshctl: no public key in {key}", file=sys.stderr)
+                return 1
+            key = found
+        path = K.trust_key(authorized, args.name, key)
+        print(f"trusted {args.name}: {path} (a running daemon picks it up within a second)")
+    elif args.keys_cmd == "untrust":
+        removed = K.untrust_key(authorized, args.name)
+        if not removed:
+            print(f"meshctl: no trusted key named {args.name!r} in {authorized}", file=sys.stderr)
+            return 1
+        for path in removed:
+            print(f"removed {path}")
+    elif args.keys_cmd == "list":
+        store = K.TrustStore("keys", authorized)
+        rows = [{"name": name, "key": key} for key, name in sorted(store.keys.items(), key=lambda kv: kv[1])]
+        if args.json:
+            _print_json(rows)
+        else:
+            _table(rows, ["name", "key"])
+    elif args.keys_cmd == "secret":
+        target = Path(args.path)
+        if target.exists():
+            print(f"meshctl: {target} exists; not overwriting a mesh secret", file=sys.stderr)
+            return 1
+        K.create_mesh_secret(target)
+        print(f"wrote a new mesh secret to {target} (mode 0600); copy it to every node of the fleet")
+    return 0
 
 
 async def _ctl(args: argparse.Namespace) -> int:
@@ -230,8 +304,31 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("agent", help="attach a named agent that prints what it receives")
     p.add_argument("name")
     p.add_argument("--echo", action="store_true", help="answer each request with its payload")
+    k = sub.add_parser("keys", help="node keys and trusted keys (works on files; no daemon needed)")
+    k.add_argument("--config", type=Path, help="meshd config file (for state_dir, authorized_keys_dir)")
+    k.add_argument("--state-dir", type=Path)
+    k.add_argument("--authorized-keys-dir", type=Path)
+    ksub = k.add_subparsers(dest="keys_cmd", required=True)
+    ksub.add_parser("show", help="print this node's public key (created if missing)")
+    e = ksub.add_parser("export", help="write this node's public key certificate")
+    e.add_argument("-o", "--output", help="file (default: stdout)")
+    t = ksub.add_parser("trust", help="trust a node's public key (z85, hex, or a key file)")
+    t.add_argument("name")
+    t.add_argument("key")
+    u = ksub.add_parser("untrust", help="stop trusting a node (by name or key)")
+    u.add_argument("name")
+    lst = ksub.add_parser("list", help="list trusted keys")
+    lst.add_argument("--json", action="store_true")
+    sec = ksub.add_parser("secret", help="create a new mesh secret file (trust_mode secret)")
+    sec.add_argument("path")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="meshctl: %(message)s")
+    if args.cmd == "keys":
+        try:
+            return _keys(args)
+        except (ConfigError, KeyFileError) as exc:
+            print(f"meshctl: {exc}", file=sys.stderr)
+            return 2
     try:
         return asyncio.run(_ctl(args))
     except MeshError as exc:

@@ -507,11 +507,11 @@ class Agent:
             if fut is not None and not fut.done():
                 fut.set_exception(err)
                 matched = True
-        if matched:
-            return
         if err.code == P.ErrorCode.NOT_REGISTERED and not self._closed and not self._reregistering:
             # The daemon restarted and forgot us: register again and restore subscriptions.
             self._spawn(self._reregister())
+            return
+        if matched:
             return
         self.errors_received += 1
         if self.on_error is not None:
@@ -638,6 +638,8 @@ class BlockingAgent:
         try:
             return fut.result(timeout)
         except TimeoutError:
+            if fut.done():
+                raise  # the agent's own RequestTimeout, with its message
             fut.cancel()
             raise RequestTimeout("call did not finish in time") from None
 

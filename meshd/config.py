@@ -111,7 +111,8 @@ class Settings(BaseModel):
     peers: list[str] = Field(
         default_factory=list,
         description='Static peers "tcp://HOST:PORT" for networks without multicast (VPN, routed '
-        "subnets); one seed is enough, the rest are learned by gossip.",
+        "subnets); one seed is enough, the rest are learned by gossip. In trust_mode keys, add the "
+        "peer's public key: tcp://HOST:PORT?key=HEX (meshctl keys show prints it).",
     )
     # discovery
     discovery: bool = Field(default=True, description="Discover and announce peers with mDNS (zeroconf).")
@@ -120,6 +121,21 @@ class Settings(BaseModel):
     allow_insecure_lan: bool = Field(
         default=False,
         description="Allow insecure mode on non-loopback interfaces (otherwise it is loopback-only).",
+    )
+    trust_mode: Literal["keys", "secret"] = Field(
+        default="keys",
+        description="keys: trust the public keys in authorized_keys_dir (one file per node); "
+        "secret: every node derives the mesh keypair from mesh_secret_file.",
+    )
+    authorized_keys_dir: Path | None = Field(
+        default=None,
+        description="Folder of trusted node public keys (keys mode); unset = <state_dir>/authorized_keys. "
+        "Changes apply without a restart.",
+    )
+    mesh_secret_file: Path | None = Field(
+        default=None,
+        validate_default=True,  # so trust_mode = "secret" without a file is caught
+        description="File holding the shared mesh secret (secret mode; mode 0600, at least 16 bytes).",
     )
     # paths
     state_dir: Path = Field(
@@ -224,8 +240,10 @@ class Settings(BaseModel):
                 raise ValueError(f"{problem} (missing host)")
             if port is None or not 1 <= port <= 65535:
                 raise ValueError(f"{problem} (port must be 1..65535)")
-            if parts.username or parts.password or parts.path or parts.query or parts.fragment:
-                raise ValueError(f"{problem} (unexpected user, path, query or fragment)")
+            if parts.query and not re.fullmatch(r"key=[0-9a-fA-F]{64}", parts.query):
+                raise ValueError(f"{problem}[?key=<64 hex digits of the peer's public key>] (bad query)")
+            if parts.username or parts.password or parts.path or parts.fragment:
+                raise ValueError(f"{problem} (unexpected user, path or fragment)")
             if item not in out:
                 out.append(item)
         return out
@@ -255,6 +273,13 @@ class Settings(BaseModel):
             raise ValueError(f"must be greater than heartbeat_interval ({beat})")
         return value
 
+    @field_validator("mesh_secret_file")
+    @classmethod
+    def _check_secret_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None and info.data.get("trust_mode") == "secret" and not info.data.get("insecure"):
+            raise ValueError("trust_mode = 'secret' needs mesh_secret_file")
+        return value.expanduser() if value is not None else None
+
     @field_validator("offline_after")
     @classmethod
     def _check_offline_after(cls, value: float, info: ValidationInfo) -> float:
@@ -279,6 +304,10 @@ class Settings(BaseModel):
             if item not in out:
                 out.append(item)
         return out
+
+    def resolved_authorized_keys(self) -> Path:
+        """The authorized-keys folder: the setting, or <state_dir>/authorized_keys."""
+        return self.authorized_keys_dir or self.state_dir / "authorized_keys"
 
     def resolved_socket(self) -> Path:
         """The agent socket path: ``socket`` if set, else :func:`default_socket_path`."""

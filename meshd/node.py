@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import enum
 import functools
+import ipaddress
 import logging
 import os
 import stat
@@ -38,11 +39,24 @@ from zmq.utils.monitor import parse_monitor_message
 
 from . import protocol as P
 from . import transport
+from .auth import ZapHandler
 from .config import Settings
 from .discovery import Discovery, PeerAdvert, default_interfaces
+from .errors import ConfigError
+from .keys import (
+    TrustStore,
+    derive_mesh_keypair,
+    key_from_hex,
+    key_to_hex,
+    load_mesh_secret,
+    load_or_create_node_keys,
+)
 from .protocol import FrameError, Kind
 
 log = logging.getLogger("meshd.node")
+
+
+_AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
 
 
 class PeerState(enum.StrEnum):
@@ -87,6 +101,7 @@ class Peer:
     routers: list[str] = field(default_factory=list)
     pubs: list[str] = field(default_factory=list)
     incarnation: str = ""
+    pubkey: str = ""
     source: str = "mdns"
     dealer: zmq.Socket[Any] | None = None
     monitor: zmq.Socket[Any] | None = None
@@ -99,6 +114,8 @@ class Peer:
     dir_version: int = -1
     agents: dict[str, dict[str, Any]] = field(default_factory=dict)
     last_sync_request: float = 0.0
+    redial_backoff: float = 0.0
+    redial_pending: bool = False
 
     def info(self, now: float) -> dict[str, Any]:
         return {
@@ -195,6 +212,13 @@ class Node:
         self._stopping = False
         self._logged_once: set[str] = set()
         self._max_frame = settings.max_payload_bytes + 64 * 1024
+        self.curve: transport.Curve | None = None
+        self.trust: TrustStore | None = None
+        self._zap: ZapHandler | None = None
+        self._check_uid = False  # keys mode: every peer message must come from the key it claims
+        self._untrusted_ads: dict[str, PeerAdvert] = {}
+        self._static_keys: dict[str, str] = {}
+        self._authenticated_key = ""
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -208,16 +232,18 @@ class Node:
         loop = asyncio.get_running_loop()
         self._ctx = zmq.Context()
         self._reactor = transport.Reactor(loop)
+        self._setup_security()
 
-        self.router = transport.mesh_router(self._ctx, self._max_frame)
+        self.router = transport.mesh_router(self._ctx, self._max_frame, self.curve)
         self.router_port = transport.bind_tcp(self.router, self.interfaces, s.port)
-        self.xpub = transport.mesh_xpub(self._ctx, self._max_frame)
+        self.xpub = transport.mesh_xpub(self._ctx, self._max_frame, self.curve)
         self.pub_port = transport.bind_tcp(self.xpub, self.interfaces, s.pub_port)
         self.agents_sock = transport.agent_router(self._ctx, max(s.inbox_cap, 1))
         self._bind_agent_socket()
         self.agents_monitor = self.agents_sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
-        self._reactor.add(self.router, self._on_mesh)
+        self._reactor.add(self.router, self._on_mesh_checked if self._check_uid else self._on_mesh,
+                          copy=not self._check_uid)
         self._reactor.add(self.xpub, self._on_xpub)
         self._reactor.add(self.agents_sock, self._on_agent)
         self._reactor.add(self.agents_monitor, self._on_agent_monitor)
@@ -228,18 +254,52 @@ class Node:
                 node_id=self.node_id, mesh=s.mesh, name=self.name, interfaces=self.interfaces,
                 router_port=self.router_port, pub_port=self.pub_port, proto=P.PROTOCOL_VERSION,
                 on_found=self._on_discovered, on_lost=self._on_discovery_lost,
+                pubkey=self.curve.public if self.curve else None,
             )
             await self._discovery.start()
         for endpoint in s.peers:
             self._dial_static(endpoint)
         self._timers.append(asyncio.create_task(self._heartbeat_loop(), name="meshd-heartbeat"))
         self._timers.append(asyncio.create_task(self._liveness_loop(), name="meshd-liveness"))
+        if self.trust is not None and self.trust.mode == "keys":
+            self._timers.append(asyncio.create_task(self._trust_loop(), name="meshd-trust"))
         log.info(
             "node %s (%s) mesh=%r router=%s pub=%s agents=%s%s", self.node_id, self.name, s.mesh,
             self.router_endpoints(), self.pub_endpoints(), self.socket_path,
             " INSECURE (plaintext mesh)" if s.insecure else "",
         )
         self.ready.set()
+
+    def _setup_security(self) -> None:
+        """CURVE keys, the trust store and the ZAP handler, before any server socket exists."""
+        s = self.settings
+        if s.insecure:
+            lan = [i for i in self.interfaces if not ipaddress.ip_address(i).is_loopback]
+            if lan and not s.allow_insecure_lan:
+                raise ConfigError("insecure", f"plaintext mode on a non-loopback interface "
+                                  f"({', '.join(lan)}) is refused; set allow_insecure_lan = true "
+                                  "if you really mean it")
+            return
+        assert self._ctx is not None and self._reactor is not None
+        if s.trust_mode == "secret":
+            assert s.mesh_secret_file is not None
+            pair = derive_mesh_keypair(load_mesh_secret(s.mesh_secret_file))
+            self.trust = TrustStore("secret", None, mesh_public=pair.public)
+        else:
+            pair = load_or_create_node_keys(s.state_dir)
+            self.trust = TrustStore("keys", s.resolved_authorized_keys())
+            self._check_uid = True
+        self.curve = transport.Curve(pair.public, pair.secret)
+        self._zap = ZapHandler(self._ctx, self.trust)
+        self._reactor.add(self._zap.sock, self._zap.handle)
+
+    def _server_key(self, claimed: Any) -> str | None:
+        """The key to pin when dialing a peer: its own (keys mode) or the mesh key (secret mode)."""
+        if self.trust is None:
+            return None
+        if self.trust.mode == "secret":
+            return self.trust.mesh_public
+        return claimed if isinstance(claimed, str) and self.trust.is_trusted(claimed) else None
 
     def _bind_agent_socket(self) -> None:
         path = self.socket_path
@@ -289,6 +349,8 @@ class Node:
                 log.exception("discovery stop failed")
         if self._reactor is not None:
             self._reactor.close()
+        if self._zap is not None:
+            self._zap.close()
         if self._ctx is not None:
             for peer in self.peers.values():
                 for sock in (peer.dealer, peer.sub, peer.monitor):
@@ -325,10 +387,10 @@ class Node:
     def pub_endpoints(self) -> list[str]:
         return [f"tcp://{a}:{self.pub_port}" for a in self.interfaces]
 
-    def _hello_body(self, reply: bool) -> bytes:
+    def _hello_body(self, reply: bool, via: str | None = None) -> bytes:
         now = time.monotonic()
         gossip = [
-            {"node": p.node_id, "routers": p.routers, "pubs": p.pubs}
+            {"node": p.node_id, "routers": p.routers, "pubs": p.pubs, "pk": p.pubkey}
             for p in self.peers.values()
             if p.state is PeerState.ONLINE and p.routers
         ]
@@ -338,9 +400,11 @@ class Node:
             "mesh": self.settings.mesh,
             "proto": P.PROTOCOL_VERSION,
             "incarnation": self.incarnation,
+            "pk": self.curve.public if self.curve else None,
             "routers": self.router_endpoints(),
             "pubs": self.pub_endpoints(),
             "reply": reply,
+            "via": via,  # the endpoint a static dial used; echoed back so the dial can be matched
             "uptime": round(now - self.started_at, 3),
             "peers": gossip,
             "dir": self._dir_body(),
@@ -366,6 +430,13 @@ class Node:
             self._log_once(f"proto:{ad.node_id}", "peer %s speaks protocol %s, not %s: ignored",
                            ad.node_id, ad.proto, P.PROTOCOL_VERSION)
             return
+        pubkey = self._server_key(ad.pubkey)
+        if self.curve is not None and pubkey is None:
+            self._untrusted_ads[ad.node_id] = ad  # dialed if its key is trusted later
+            self._log_once(f"untrusted:{ad.node_id}:{ad.pubkey}",
+                           "not dialing discovered node %s (%s): its key %s is not trusted",
+                           ad.node_id, ad.name, ad.pubkey)
+            return
         router = ad.router_endpoint(self.interfaces)
         pub = ad.pub_endpoint(self.interfaces)
         peer = self.peers.get(ad.node_id)
@@ -374,7 +445,7 @@ class Node:
             if peer.state is not PeerState.ONLINE:
                 self._send_hello(peer, reply=False)  # it may have restarted: greet again
             return
-        peer = self._ensure_peer(ad.node_id, [router], [pub], source="mdns")
+        peer = self._ensure_peer(ad.node_id, [router], [pub], source="mdns", pubkey=pubkey)
         peer.name = peer.name or ad.name
         self._send_hello(peer, reply=False)
 
@@ -386,21 +457,34 @@ class Node:
 
     def _dial_static(self, endpoint: str) -> None:
         """Connect to a configured peer whose node id we learn from its HELLO reply."""
+        endpoint, _, query = endpoint.partition("?")
         if endpoint in self.router_endpoints() or endpoint in self.pending_static:
             return
         assert self._ctx is not None
-        dealer = transport.peer_dealer(self._ctx, self.node_id)
+        key = key_from_hex(query.removeprefix("key=")) if query else None
+        server_key = self.trust.mesh_public if self.trust and self.trust.mode == "secret" else key
+        if self.curve is not None and server_key is None:
+            log.error("static peer %s has no key: in trust_mode keys write it as %s?key=<hex public key> "
+                      "(meshctl keys show prints it)", endpoint, endpoint)
+            return
+        if server_key:
+            self._static_keys[endpoint] = server_key
+        dealer = transport.peer_dealer(self._ctx, self.node_id, self.curve, server_key)
         dealer.connect(endpoint)
         self.pending_static[endpoint] = dealer
         dealer.send_multipart([P.SIGNATURE, P.pack({P.KIND: Kind.HELLO, P.FROM: self.node_id}),
-                               self._hello_body(reply=False)], zmq.NOBLOCK)
+                               self._hello_body(reply=False, via=endpoint)], zmq.NOBLOCK)
 
-    def _ensure_peer(self, node_id: str, routers: list[str], pubs: list[str], source: str) -> Peer:
+    def _ensure_peer(self, node_id: str, routers: list[str], pubs: list[str], source: str,
+                     pubkey: str | None = None) -> Peer:
         assert self._ctx is not None and self._reactor is not None
         peer = self.peers.get(node_id)
         if peer is None:
             peer = Peer(node_id=node_id, source=source)
             self.peers[node_id] = peer
+        if pubkey is not None and pubkey != peer.pubkey:
+            peer.pubkey = pubkey
+            peer.connected_router = peer.connected_pub = ""  # re-dial pinned to the new key
         if routers:
             peer.routers = list(routers)
         if pubs:
@@ -409,12 +493,13 @@ class Node:
         if router and router != peer.connected_router:
             self._close_peer_sockets(peer)
             adopted = self.pending_static.pop(router, None)
-            peer.dealer = adopted or transport.peer_dealer(self._ctx, self.node_id)
+            peer.dealer = adopted or transport.peer_dealer(self._ctx, self.node_id, self.curve,
+                                                           peer.pubkey or None)
             if adopted is None:
                 peer.dealer.connect(router)
             peer.connected_router = router
             peer.monitor = peer.dealer.get_monitor_socket(
-                zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
             )
             self._reactor.add(peer.monitor, functools.partial(self._on_peer_monitor, peer))
         pub = _prefer(peer.pubs, self.interfaces) if peer.pubs else ""
@@ -422,7 +507,7 @@ class Node:
             if peer.sub is not None:
                 self._reactor.remove(peer.sub)
                 peer.sub.close(0)
-            peer.sub = transport.peer_sub(self._ctx, self._max_frame)
+            peer.sub = transport.peer_sub(self._ctx, self._max_frame, self.curve, peer.pubkey or None)
             for key in self._local_topic_keys:
                 peer.sub.setsockopt(zmq.SUBSCRIBE, key)
             peer.sub.connect(pub)
@@ -454,8 +539,8 @@ class Node:
             self.stats["peer_send_failed"] += 1
             return False
 
-    def _send_hello(self, peer: Peer, reply: bool) -> None:
-        self._send_peer(peer, {P.KIND: Kind.HELLO, P.FROM: self.node_id}, self._hello_body(reply))
+    def _send_hello(self, peer: Peer, reply: bool, via: str | None = None) -> None:
+        self._send_peer(peer, {P.KIND: Kind.HELLO, P.FROM: self.node_id}, self._hello_body(reply, via))
 
     def _on_peer_monitor(self, peer: Peer, frames: list[bytes]) -> None:
         try:
@@ -466,9 +551,28 @@ class Node:
             # The connection dropped (killed daemon, reset): stale at once, offline by timer.
             log.info("peer %s (%s) connection dropped", peer.node_id, peer.name)
             self._set_peer_state(peer, PeerState.STALE)
-        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED and peer.state is not PeerState.ONLINE:
-            # Reconnected (restart or healed partition): greet so it re-admits us and resyncs.
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            # (Re)connected: a restart, a healed partition, or a peer that just started trusting
+            # us. Greet so it (re-)admits us and resyncs; what we queued before may be gone.
+            peer.redial_backoff = 0.0
             self._send_hello(peer, reply=False)
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH and not peer.redial_pending:
+            # The peer does not trust our key (yet). libzmq gives up on that connection; dial
+            # again with backoff, so a later `meshctl keys trust` on its side lets us in.
+            peer.redial_backoff = min(max(peer.redial_backoff * 2, 1.0), 30.0)
+            peer.redial_pending = True
+            self._log_once(f"authfail:{peer.node_id}", "peer %s (%s) refused our key; retrying",
+                           peer.node_id, peer.name)
+            asyncio.get_running_loop().call_later(peer.redial_backoff, self._redial, peer)
+
+    def _redial(self, peer: Peer) -> None:
+        """Recreate a peer's DEALER and SUB (same endpoints, same pinned key)."""
+        peer.redial_pending = False
+        if self._stopping or self.peers.get(peer.node_id) is not peer:
+            return
+        peer.connected_router = peer.connected_pub = ""
+        self._ensure_peer(peer.node_id, [], [], peer.source)
+        self._send_hello(peer, reply=False)
 
     def _set_peer_state(self, peer: Peer, state: PeerState) -> None:
         if peer.state is state:
@@ -524,6 +628,25 @@ class Node:
 
     # ----------------------------------------------------------------------------- mesh ingress
 
+    def _on_mesh_checked(self, frames: list[Any]) -> None:
+        """Keys mode: the ZAP User-Id (the authenticated key) must be the key the sender claims."""
+        try:
+            uid = frames[1].get("User-Id")
+        except zmq.ZMQError:
+            uid = ""
+        raw = [f.bytes for f in frames]
+        if self.trust is None or not self.trust.is_trusted(uid):
+            self.stats["dropped_untrusted"] += 1
+            return
+        peer = self.peers.get(raw[0].decode("ascii", "replace"))
+        if peer is not None and peer.greeted and peer.pubkey and peer.pubkey != uid:
+            self.stats["dropped_spoofed"] += 1
+            self._log_once(f"spoof:{peer.node_id}:{uid}", "dropped traffic claiming to be node %s "
+                           "from key %s (its key is %s)", peer.node_id, uid, peer.pubkey)
+            return
+        self._authenticated_key = uid
+        self._on_mesh(raw)
+
     def _on_mesh(self, frames: list[bytes]) -> None:
         """Everything peers send us: control, routed messages and batches."""
         rid = frames[0]
@@ -541,7 +664,7 @@ class Node:
             self._on_peer_control(rid, peer, kind, header, frames)
             return
         if peer is None or not peer.greeted:
-            self.stats["dropped_before_hello"] += 1
+            self._unknown_sender(peer)
             return
         peer.last_seen = time.monotonic()
         if peer.state is not PeerState.ONLINE:
@@ -551,13 +674,25 @@ class Node:
             self._reject(FrameError("no_destination", kind), frames, origin=f"peer {peer.node_id}",
                          header=header)
             return
-        name = to.partition("@")[0]
+        name, _, node = to.partition("@")
         agent = self.local.get(name)
-        if agent is None:
+        if agent is None or (node and node not in (self.node_id, self.name)):
             self._bounce(header, frames[1:], P.ErrorCode.NO_SUCH_AGENT,
-                         f"no agent named {name!r} on node {self.node_id}")
+                         f"no agent named {to!r} on node {self.node_id}")
+            return
+        if kind == Kind.BATCH and (len(frames) - 3) % 2:
+            self._reject(FrameError("batch_odd_frames", str(len(frames))), frames,
+                         origin=f"peer {peer.node_id}", header=header)
             return
         self._deliver_local(agent, header, frames[1:])
+
+    def _unknown_sender(self, peer: Peer | None) -> None:
+        """Traffic before HELLO is dropped; if we can reach the sender, ask it to greet us."""
+        self.stats["dropped_before_hello"] += 1
+        now = time.monotonic()
+        if peer is not None and peer.dealer is not None and now - peer.last_sync_request > 1.0:
+            peer.last_sync_request = now
+            self._send_hello(peer, reply=False)
 
     def _on_peer_control(self, rid: bytes, peer: Peer | None, kind: str, header: dict[str, Any],
                          frames: list[bytes]) -> None:
@@ -570,18 +705,18 @@ class Node:
                 self._reject(FrameError("bad_hello", str(exc)), frames, origin=f"peer {rid[:32]!r}")
             return
         if peer is None or not peer.greeted:
-            self.stats["dropped_before_hello"] += 1
+            self._unknown_sender(peer)
             return
         peer.last_seen = now
+        if kind != Kind.BYE and peer.state is not PeerState.ONLINE:
+            self._set_peer_state(peer, PeerState.ONLINE)
         if kind == Kind.HEARTBEAT:
-            if peer.state is not PeerState.ONLINE:
-                self._set_peer_state(peer, PeerState.ONLINE)
-            version = header.get("ver")
+            version = header.get(P.VER)
             if version != peer.dir_version and now - peer.last_sync_request > 0.5:
                 peer.last_sync_request = now
                 self._send_peer(peer, {P.KIND: Kind.SYNC, P.FROM: self.node_id})
         elif kind == Kind.SYNC:
-            self._send_peer(peer, {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, "ver": self.dir_version},
+            self._send_peer(peer, {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, P.VER: self.dir_version},
                             P.pack(self._dir_body()))
         elif kind == Kind.DIRECTORY:
             try:
@@ -611,9 +746,24 @@ class Node:
         routers = [str(r) for r in body.get("routers", [])]
         pubs = [str(p) for p in body.get("pubs", [])]
         existing = self.peers.get(node_id)
-        source = existing.source if existing else ("static" if any(
+        pubkey: str | None = None
+        if self.curve is not None:
+            claimed = body.get("pk")
+            if self._check_uid and claimed != self._authenticated_key:
+                raise ValueError(f"HELLO from {node_id} claims key {claimed!r} but authenticated "
+                                 f"as {self._authenticated_key!r}")
+            pubkey = self._server_key(claimed)
+            if pubkey is None:
+                raise ValueError(f"HELLO from {node_id} with untrusted key {claimed!r}")
+        via = body.get("via")
+        dialed = isinstance(via, str) and via in self.pending_static
+        source = existing.source if existing else ("static" if dialed or any(
             r in self.pending_static for r in routers) else "gossip")
-        peer = self._ensure_peer(node_id, routers, pubs, source=source)
+        peer = self._ensure_peer(node_id, routers, pubs, source=source, pubkey=pubkey)
+        if dialed and isinstance(via, str) and via in self.pending_static:
+            # We dialed it by an address it does not advertise (a host name, NAT): the answer
+            # matched the dial; its advertised endpoint is used from now on.
+            self.pending_static.pop(via).close(0)
         restarted = peer.incarnation and peer.incarnation != body.get("incarnation")
         if restarted:
             log.info("peer %s restarted", node_id)
@@ -625,14 +775,18 @@ class Node:
         self._set_peer_state(peer, PeerState.ONLINE)
         self._apply_directory(peer, body.get("dir"))
         if not body.get("reply"):
-            self._send_hello(peer, reply=True)
+            self._send_hello(peer, reply=True, via=via if isinstance(via, str) else None)
         for entry in body.get("peers", []):
             if not isinstance(entry, dict):
                 continue
             other = str(entry.get("node", ""))
             if other and other != self.node_id and other not in self.peers:
+                gossip_key = self._server_key(entry.get("pk"))
+                if self.curve is not None and gossip_key is None:
+                    continue  # we do not trust that node: nothing out
                 gossiped = self._ensure_peer(other, [str(r) for r in entry.get("routers", [])],
-                                             [str(p) for p in entry.get("pubs", [])], source="gossip")
+                                             [str(p) for p in entry.get("pubs", [])], source="gossip",
+                                             pubkey=gossip_key)
                 self._send_hello(gossiped, reply=False)
 
     # ----------------------------------------------------------------------------- agents
@@ -656,34 +810,58 @@ class Node:
         if kind in P.AGENT_CONTROL_KINDS:
             self._on_agent_control(rid, agent, kind, header, frames)
             return
+        if kind not in _AGENT_DATA_KINDS:
+            # hello, hb, dir, ok, ... are daemon business: an agent must not forge them.
+            self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
+                         f"agents may not send {kind!r} messages")
+            return
         if agent is None:
-            self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.NOT_REGISTERED,
-                                   "register a name before sending")
+            self._refuse(rid, header, frames, P.ErrorCode.NOT_REGISTERED, "register a name before sending")
             return
         if header.get(P.FROM) != agent.name:
+            self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
+                         f"'from' must be your registered name {agent.name!r}")
+            return
+        if kind == Kind.BATCH:
+            pairs, rest = divmod(len(frames) - 3, 2)
+            if rest or not 1 <= pairs <= P.MAX_BATCH:
+                self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.VALIDATION_FAILED,
+                                       f"a batch carries 1..{P.MAX_BATCH} header/payload pairs")
+                return
+        elif len(frames) != 4:
             self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.VALIDATION_FAILED,
-                                   f"'from' must be your registered name {agent.name!r}")
+                                   f"a {kind} message has exactly 3 frames")
             return
         limit = self.settings.max_payload_bytes
         for frame in frames[3:]:
             if len(frame) > limit:
-                self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.TOO_LARGE,
-                                       f"frame of {len(frame)} bytes exceeds max_payload_bytes={limit}")
+                self._refuse(rid, header, frames, P.ErrorCode.TOO_LARGE,
+                             f"frame of {len(frame)} bytes exceeds max_payload_bytes={limit}")
                 return
         topic = header.get(P.TOPIC)
         if kind == Kind.PUBLISH or (kind == Kind.BATCH and P.TO not in header):
             if not P.valid_topic(topic):
-                self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.VALIDATION_FAILED,
-                                       "publish needs a valid topic")
+                self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
+                             "publish needs a valid topic")
                 return
             self._publish(agent, str(topic), header, frames[1:])
             return
         to = header.get(P.TO)
         if not isinstance(to, str):
-            self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.VALIDATION_FAILED,
-                                   f"{kind} needs a 'to'")
+            self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"{kind} needs a 'to'")
             return
         self._route(to, header, frames[1:])
+
+    def _refuse(self, rid: bytes, header: dict[str, Any], frames: list[bytes], code: str,
+                message: str) -> None:
+        """Refuse an agent's message at the edge: one error per message, batches included."""
+        self.stats[f"refused_{code.lower()}"] += 1
+        ids: list[Any] = [header.get(P.ID)]
+        if header[P.KIND] == Kind.BATCH:
+            with contextlib.suppress(FrameError):
+                ids = [P.unpack_header(h).get(P.ID) for h, _ in P.split_batch(frames[1:])]
+        for msg_id in ids:
+            self._send_agent_error(rid, msg_id, code, message)
 
     def _route(self, to: str, header: dict[str, Any], msg: list[bytes]) -> None:
         """Deliver ``msg`` (signature, header, payload frames) to agent ``to`` wherever it is."""
@@ -761,6 +939,9 @@ class Node:
                           header: dict[str, Any], frames: list[bytes]) -> None:
         msg_id = header.get(P.ID)
         if kind == Kind.AGENT_HEARTBEAT:
+            if agent is None:  # we restarted and forgot it: tell it to register again
+                self._send_agent_error(rid, None, P.ErrorCode.NOT_REGISTERED, "not registered")
+                return
             if agent is not None:
                 with contextlib.suppress(FrameError):
                     telemetry = P.unpack_body(frames[3], 16 * 1024)
@@ -896,7 +1077,7 @@ class Node:
     def _directory_changed(self) -> None:
         self.dir_version += 1
         body = P.pack(self._dir_body())
-        header = {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, "ver": self.dir_version}
+        header = {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, P.VER: self.dir_version}
         for peer in self.peers.values():
             if peer.greeted and peer.state is not PeerState.OFFLINE:
                 self._send_peer(peer, header, body)
@@ -1001,8 +1182,9 @@ class Node:
 
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.heartbeat_interval
+        beats = 0
         while True:
-            header = {P.KIND: Kind.HEARTBEAT, P.FROM: self.node_id, "ver": self.dir_version}
+            header = {P.KIND: Kind.HEARTBEAT, P.FROM: self.node_id, P.VER: self.dir_version}
             packed = [P.SIGNATURE, P.pack(header), b""]
             for peer in list(self.peers.values()):
                 if peer.dealer is not None:
@@ -1010,13 +1192,55 @@ class Node:
                         peer.dealer.send_multipart(packed, zmq.NOBLOCK)
                     except zmq.ZMQError:
                         pass
+            beats += 1
             for endpoint, dealer in list(self.pending_static.items()):
+                if beats % 10 == 0:
+                    # No answer for a while (down, or it refused our key): dial afresh.
+                    dealer.close(0)
+                    del self.pending_static[endpoint]
+                    self._dial_static(endpoint + (f"?key={key_to_hex(self._static_keys[endpoint])}"
+                                                  if endpoint in self._static_keys else ""))
+                    continue
                 # A static peer that has not answered yet: greet it again (it may be starting).
                 with contextlib.suppress(zmq.ZMQError):
                     dealer.send_multipart([P.SIGNATURE, P.pack({P.KIND: Kind.HELLO, P.FROM: self.node_id}),
-                                           self._hello_body(reply=False)], zmq.NOBLOCK)
-                del endpoint
+                                           self._hello_body(reply=False, via=endpoint)], zmq.NOBLOCK)
             await asyncio.sleep(interval)
+
+    async def _trust_loop(self) -> None:
+        """Apply changes to the authorized-keys folder without a restart."""
+        assert self.trust is not None
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                changed = self.trust.reload()
+            except OSError as exc:
+                self._log_once(f"trust:{exc}", "cannot read authorized keys: %s", exc)
+                continue
+            if changed:
+                self.apply_trust_change()
+
+    def apply_trust_change(self) -> None:
+        """Cut off peers whose key is no longer trusted; dial discovered ones that now are."""
+        assert self.trust is not None
+        if self._zap is not None:
+            self._zap.forget_refusals()
+        for peer in list(self.peers.values()):
+            if peer.pubkey and not self.trust.is_trusted(peer.pubkey):
+                log.warning("peer %s (%s) is no longer trusted: disconnected", peer.node_id, peer.name)
+                self._set_peer_state(peer, PeerState.OFFLINE)
+                self._close_peer_sockets(peer)
+                if peer.sub is not None:
+                    assert self._reactor is not None
+                    self._reactor.remove(peer.sub)
+                    peer.sub.close(0)
+                    peer.sub = None
+                    peer.connected_pub = ""
+                del self.peers[peer.node_id]
+        for node_id, ad in list(self._untrusted_ads.items()):
+            if self._server_key(ad.pubkey) is not None:
+                del self._untrusted_ads[node_id]
+                self._on_discovered(ad)
 
     async def _liveness_loop(self) -> None:
         s = self.settings
@@ -1063,6 +1287,9 @@ class Node:
             "pubs": self.pub_endpoints(),
             "socket": str(self.socket_path),
             "insecure": self.settings.insecure,
+            "trust_mode": None if self.settings.insecure else self.settings.trust_mode,
+            "public_key": self.curve.public if self.curve else None,
+            "auth": dict(self._zap.stats) if self._zap else {},
             "uptime": round(time.monotonic() - self.started_at, 3),
             "agents": len(self.local),
             "peers": sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE),

@@ -40,6 +40,7 @@ ERROR: Final = "error"
 COUNT: Final = "count"
 WHAT: Final = "what"
 NODE: Final = "node"
+VER: Final = "ver"  # directory version, on daemon heartbeats and directory messages
 
 
 class Kind:

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from .client import Agent
+from .keys import load_or_create_node_keys, trust_key, untrust_key
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,
@@ -49,7 +50,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
 class MeshdProcess:
     """One real ``meshd run`` subprocess."""
 
-    def __init__(self, name: str, mesh: str, workdir: Path, args: list[str]) -> None:
+    def __init__(self, name: str, mesh: str, workdir: Path, args: list[str], secure: bool = False) -> None:
         self.name = name
         self.mesh = mesh
         self.dir = workdir / name
@@ -58,13 +59,27 @@ class MeshdProcess:
         self.socket = self.dir / "s.sock"
         self.log_path = self.dir / "meshd.log"
         self.args = args
+        self.secure = secure
         self.proc: subprocess.Popen[bytes] | None = None
         self._info: dict[str, Any] | None = None
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "meshd", "run", "--name", self.name, "--mesh", self.mesh,
-                "--state-dir", str(self.state_dir), "--socket", str(self.socket), "--insecure",
-                *self.args]
+                "--state-dir", str(self.state_dir), "--socket", str(self.socket),
+                *([] if self.secure else ["--insecure"]), *self.args]
+
+    @property
+    def public_key(self) -> str:
+        """This node's CURVE public key (the keypair is created now if the daemon has not yet)."""
+        return load_or_create_node_keys(self.state_dir).public
+
+    def trust(self, *others: MeshdProcess) -> None:
+        """Put the other nodes' public keys in this node's authorized-keys folder."""
+        for other in others:
+            trust_key(self.state_dir / "authorized_keys", other.name, other.public_key)
+
+    def untrust(self, other: MeshdProcess) -> None:
+        untrust_key(self.state_dir / "authorized_keys", other.name)
 
     def start(self, wait: bool = True) -> MeshdProcess:
         self._info = None
@@ -158,13 +173,13 @@ class MeshdFactory:
         self.procs: list[MeshdProcess] = []
 
     def spawn(self, name: str, *extra: str, mesh: str | None = None, fast: bool = True,
-              wait: bool = True) -> MeshdProcess:
+              wait: bool = True, secure: bool = False, start: bool = True) -> MeshdProcess:
         args = ["--interface", "127.0.0.1", *extra]
         if fast and "--offline-after" not in extra:
             args += ["--heartbeat-interval", "0.25", "--stale-after", "1", "--offline-after", "2"]
-        proc = MeshdProcess(name, mesh or self.mesh, self.workdir, args)
+        proc = MeshdProcess(name, mesh or self.mesh, self.workdir, args, secure=secure)
         self.procs.append(proc)
-        return proc.start(wait=wait)
+        return proc.start(wait=wait) if start else proc
 
     def wait_mesh(self, procs: list[MeshdProcess], timeout: float = 15.0) -> None:
         """Wait until every daemon sees every other one online."""

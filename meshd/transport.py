@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -31,7 +32,37 @@ MESH_HWM = 100_000
 DRAIN_BUDGET = 256
 """Messages handled per socket per loop iteration before yielding to timers and other sockets."""
 
-Handler = Callable[[list[bytes]], None]
+Handler = Callable[[list[Any]], None]
+
+
+@dataclass(frozen=True)
+class Curve:
+    """This node's CURVE keypair (z85). None everywhere means plaintext (--insecure)."""
+
+    public: str
+    secret: str
+
+
+def curve_server(sock: zmq.Socket[Any], curve: Curve | None) -> None:
+    """CURVE server with ZAP enforced: without a running authenticator, nobody gets in."""
+    if curve is None:
+        return
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.public.encode())
+    sock.setsockopt(zmq.CURVE_SECRETKEY, curve.secret.encode())
+    sock.setsockopt(zmq.ZAP_DOMAIN, b"meshd")
+    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
+
+
+def curve_client(sock: zmq.Socket[Any], curve: Curve | None, server_key: str | None) -> None:
+    """CURVE client pinned to the server's key: we only ever talk to the node we meant."""
+    if curve is None:
+        return
+    if not server_key:
+        raise ValueError("a CURVE client needs the server's public key")
+    sock.setsockopt(zmq.CURVE_SERVERKEY, server_key.encode())
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.public.encode())
+    sock.setsockopt(zmq.CURVE_SECRETKEY, curve.secret.encode())
 
 
 def _common(sock: zmq.Socket[Any]) -> None:
@@ -45,7 +76,7 @@ def _zmtp_heartbeats(sock: zmq.Socket[Any]) -> None:
     sock.setsockopt(zmq.HEARTBEAT_TTL, ZMTP_HEARTBEAT_TIMEOUT_MS * 2)
 
 
-def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
+def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = None) -> zmq.Socket[Any]:
     """The mesh inbound ROUTER: peers' DEALERs connect here."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
     _common(sock)
@@ -54,20 +85,23 @@ def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
     sock.setsockopt(zmq.RCVHWM, MESH_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     _zmtp_heartbeats(sock)
+    curve_server(sock, curve)
     return sock
 
 
-def mesh_xpub(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
+def mesh_xpub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = None) -> zmq.Socket[Any]:
     """The topic publisher; XPUB so subscriptions arrive as messages the node can read."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.XPUB)
     _common(sock)
     sock.setsockopt(zmq.SNDHWM, MESH_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     _zmtp_heartbeats(sock)
+    curve_server(sock, curve)
     return sock
 
 
-def peer_dealer(ctx: zmq.Context[Any], own_node_id: str) -> zmq.Socket[Any]:
+def peer_dealer(ctx: zmq.Context[Any], own_node_id: str, curve: Curve | None = None,
+                server_key: str | None = None) -> zmq.Socket[Any]:
     """One DEALER per peer; its routing id is our node id, which the peer checks against HELLO."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     _common(sock)
@@ -76,10 +110,12 @@ def peer_dealer(ctx: zmq.Context[Any], own_node_id: str) -> zmq.Socket[Any]:
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
     _zmtp_heartbeats(sock)
+    curve_client(sock, curve, server_key)
     return sock
 
 
-def peer_sub(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
+def peer_sub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = None,
+             server_key: str | None = None) -> zmq.Socket[Any]:
     """One SUB per peer, connected to the peer's XPUB."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.SUB)
     _common(sock)
@@ -88,6 +124,7 @@ def peer_sub(ctx: zmq.Context[Any], max_frame_bytes: int) -> zmq.Socket[Any]:
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
     _zmtp_heartbeats(sock)
+    curve_client(sock, curve, server_key)
     return sock
 
 
@@ -120,15 +157,21 @@ class Reactor:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._handlers: dict[zmq.Socket[Any], Handler] = {}
+        self._copy: dict[zmq.Socket[Any], bool] = {}
         self._fds: dict[zmq.Socket[Any], int] = {}
         self._kicked: set[zmq.Socket[Any]] = set()
         self._kick_scheduled = False
         self.handler_errors = 0
 
-    def add(self, sock: zmq.Socket[Any], handler: Handler) -> None:
-        """Call ``handler(frames)`` for every multipart message that arrives on ``sock``."""
+    def add(self, sock: zmq.Socket[Any], handler: Handler, copy: bool = True) -> None:
+        """Call ``handler(frames)`` for every multipart message that arrives on ``sock``.
+
+        With ``copy=False`` the handler gets ``zmq.Frame`` objects, whose metadata (the ZAP
+        ``User-Id``) it can read.
+        """
         fd = int(sock.getsockopt(zmq.FD))
         self._handlers[sock] = handler
+        self._copy[sock] = copy
         self._fds[sock] = fd
         self._loop.add_reader(fd, self._drain, sock)
         self.kick(sock)  # messages may already be waiting: the edge may have passed
@@ -136,6 +179,7 @@ class Reactor:
     def remove(self, sock: zmq.Socket[Any]) -> None:
         fd = self._fds.pop(sock, None)
         self._handlers.pop(sock, None)
+        self._copy.pop(sock, None)
         self._kicked.discard(sock)
         if fd is not None:
             self._loop.remove_reader(fd)
@@ -160,9 +204,10 @@ class Reactor:
         if handler is None or sock.closed:
             return
         recv = sock.recv_multipart
+        copy = self._copy.get(sock, True)
         for _ in range(DRAIN_BUDGET):
             try:
-                frames = recv(zmq.NOBLOCK)
+                frames = recv(zmq.NOBLOCK, copy=copy)
             except zmq.Again:
                 break
             except zmq.ZMQError as exc:

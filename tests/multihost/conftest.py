@@ -124,9 +124,12 @@ class MultiHost:
         return f"echo{i}"
 
     def start(self) -> None:
+        # --insecure is loopback-only unless the config allows it on a LAN (here: a private bridge).
+        config = self.workdir / "meshd.toml"
+        config.write_text("allow_insecure_lan = true\n")
         for i in range(1, HOSTS + 1):
             d = NetnsDaemon(self.lab.host(i), f"h{i}", self.mesh, self.workdir,
-                            ["--interface", self.address(i), *FAST])
+                            ["--config", str(config), "--interface", self.address(i), *FAST])
             self.daemons[i] = d
         self.started_at = time.monotonic()
         for d in self.daemons.values():

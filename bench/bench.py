@@ -1,0 +1,1397 @@
+"""meshd benchmark: the daemon path measured side by side with raw pyzmq, in one run.
+
+    .venv/bin/python bench/bench.py [--quick] [--json out.json]
+
+Scenarios (see bench/README.md):
+  (a) raw pyzmq DEALER->ROUTER over tcp 127.0.0.1: one-way msgs/s, and request/reply p50/p99
+  (b) meshd one way: Agent -> daemon A -> daemon B -> Agent
+  (c) meshd request/reply round trip through two daemons
+  (d) meshd publish to 4 subscribers on the other daemon
+  (e) as (b), but the sender is a raw DEALER sending pre-encoded batches in the local protocol
+  (f) as (e), and the receiver is a raw DEALER too (daemons only, both ends raw; informational)
+  discovery of a newly started daemon (both ways) and staleness of a SIGKILLed one.
+
+Every process is a separate OS process (2 daemons + helper processes that this file runs with
+``--role``). Helpers talk to the orchestrator with JSON lines on stdin/stdout. Every daemon binds
+127.0.0.1 only, in a mesh named uniquely for this run; every loop is bounded in count and time;
+every process started here is killed (by PID) in a finally block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import platform
+import queue
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import zmq
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+LOOPBACK = "127.0.0.1"
+HELPER_HARD_TIMEOUT = 90.0  # every helper exits by itself after this, whatever happens
+BODY = "x" * 252  # makes the encoded payload ~300 bytes
+
+
+_PID = f"{os.getpid():x}"
+
+
+def make_payload(i: int) -> dict[str, Any]:
+    """The benchmark payload: a map with a fresh id and timestamp per message (~300 bytes packed)."""
+    return {"id": f"{_PID}-{i:x}", "ts": time.time(), "seq": i, "body": BODY}
+
+
+def payload_size() -> int:
+    return len(msgpack.packb(make_payload(123456), use_bin_type=True))
+
+
+# ===================================================================================== helpers
+# Each helper prints {"event": "ready", ...}, follows commands read from stdin as JSON lines,
+# prints {"event": "result", ...} and exits. A closed stdin (orchestrator gone) stops it.
+
+
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def read_cmd_blocking(timeout: float) -> dict[str, Any]:
+    """Read one JSON command from stdin, at most ``timeout`` s (zmq.Poller watches the fd)."""
+    poller = zmq.Poller()
+    poller.register(sys.stdin.fileno(), zmq.POLLIN)
+    if not poller.poll(int(timeout * 1000)):
+        raise TimeoutError("no command from the orchestrator")
+    line = sys.stdin.readline()
+    if not line:
+        raise SystemExit(3)
+    return dict(json.loads(line))
+
+
+async def read_cmd_async(timeout: float = HELPER_HARD_TIMEOUT) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    line = await asyncio.wait_for(loop.run_in_executor(None, sys.stdin.readline), timeout)
+    if not line:
+        raise SystemExit(3)
+    return dict(json.loads(line))
+
+
+def percentiles(samples_ns: list[int]) -> dict[str, float]:
+    s = sorted(samples_ns)
+    n = len(s)
+
+    def pct(p: float) -> float:
+        return s[min(n - 1, int(round(p / 100 * (n - 1))))] / 1000.0
+
+    return {"n": n, "p50_us": pct(50), "p90_us": pct(90), "p99_us": pct(99),
+            "mean_us": statistics.fmean(s) / 1000.0, "max_us": s[-1] / 1000.0}
+
+
+# ---------------------------------------------------------------- raw pyzmq helpers (scenario a)
+
+def role_raw_sink(cfg: dict[str, Any]) -> None:
+    """ROUTER bound on 127.0.0.1; decodes every payload; counts."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
+    emit({"event": "ready", "endpoint": f"tcp://{LOOPBACK}:{port}"})
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(sys.stdin.fileno(), zmq.POLLIN)
+    unpackb = msgpack.unpackb
+    count = 0
+    first = last = 0.0
+    expected: int | None = None
+    hard = time.monotonic() + HELPER_HARD_TIMEOUT
+    tail_deadline = hard
+    while time.monotonic() < min(hard, tail_deadline):
+        if expected is not None and count >= expected:
+            break
+        for s, _ in poller.poll(100):
+            if s is sock:
+                for _ in range(4096):
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    unpackb(frames[1], raw=False)
+                    last = time.perf_counter()
+                    if not count:
+                        first = last
+                    count += 1
+            else:
+                line = sys.stdin.readline()
+                if not line:
+                    raise SystemExit(3)
+                cmd = json.loads(line)
+                expected = int(cmd["n"])
+                tail_deadline = time.monotonic() + float(cmd.get("tail", 5.0))
+    span = last - first
+    emit({"event": "result", "received": count, "span_s": span,
+          "rate": (count - 1) / span if span > 0 and count > 1 else 0.0})
+    sock.close(0)
+    ctx.term()
+
+
+def role_raw_source(cfg: dict[str, Any]) -> None:
+    """DEALER connected to the sink; msgpack-encodes a fresh payload per message."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 5000)
+    sock.setsockopt(zmq.SNDTIMEO, 5000)  # a stuck receiver ends the run instead of hanging it
+    sock.connect(cfg["endpoint"])
+    emit({"event": "ready"})
+    read_cmd_blocking(HELPER_HARD_TIMEOUT)
+    packb = msgpack.packb
+    send = sock.send
+    max_n = int(cfg["max_n"])
+    deadline = time.perf_counter() + float(cfg["duration"])
+    t0 = time.perf_counter()
+    i = 0
+    try:
+        while i < max_n:
+            send(packb(make_payload(i), use_bin_type=True))
+            i += 1
+            if not i & 1023 and time.perf_counter() > deadline:
+                break
+    except zmq.Again:
+        pass
+    elapsed = time.perf_counter() - t0
+    emit({"event": "result", "sent": i, "elapsed_s": elapsed, "rate": i / elapsed, "errors": 0})
+    sock.close()  # linger: what is queued still goes out
+    ctx.term()
+
+
+def role_raw_echo(cfg: dict[str, Any]) -> None:
+    """ROUTER that decodes each request and answers with the re-encoded payload."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port(f"tcp://{LOOPBACK}")
+    emit({"event": "ready", "endpoint": f"tcp://{LOOPBACK}:{port}"})
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(sys.stdin.fileno(), zmq.POLLIN)
+    hard = time.monotonic() + HELPER_HARD_TIMEOUT
+    answered = 0
+    while time.monotonic() < hard:
+        events = dict(poller.poll(100))
+        if sock in events:
+            while True:
+                try:
+                    rid, data = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                obj = msgpack.unpackb(data, raw=False)
+                sock.send_multipart([rid, msgpack.packb(obj, use_bin_type=True)])
+                answered += 1
+        if sys.stdin.fileno() in events:
+            break  # "stop" or EOF
+    emit({"event": "result", "answered": answered})
+    sock.close(0)
+    ctx.term()
+
+
+def role_raw_echo_dealer(cfg: dict[str, Any]) -> None:
+    """DEALER connected to a relay: decodes each request and sends the re-encoded payload back."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(cfg["endpoint"])
+    sock.send(b"hello")  # the relay learns our routing id from the first message
+    emit({"event": "ready"})
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(sys.stdin.fileno(), zmq.POLLIN)
+    hard = time.monotonic() + HELPER_HARD_TIMEOUT
+    while time.monotonic() < hard:
+        events = dict(poller.poll(100))
+        if sock in events:
+            while True:
+                try:
+                    data = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                sock.send(msgpack.packb(msgpack.unpackb(data, raw=False), use_bin_type=True))
+        if sys.stdin.fileno() in events:
+            break
+    emit({"event": "result"})
+    sock.close(0)
+    ctx.term()
+
+
+def role_raw_rtt(cfg: dict[str, Any]) -> None:
+    """DEALER that sends sequential requests (encode, send, recv, decode) and times each."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.setsockopt(zmq.SNDTIMEO, 5000)
+    sock.connect(cfg["endpoint"])
+    emit({"event": "ready"})
+    read_cmd_blocking(HELPER_HARD_TIMEOUT)
+    samples: list[int] = []
+    deadline = time.monotonic() + float(cfg["max_time"])
+    warm = int(cfg["warmup"])
+    try:
+        for i in range(warm + int(cfg["n"])):
+            t = time.perf_counter_ns()
+            sock.send(msgpack.packb(make_payload(i), use_bin_type=True))
+            msgpack.unpackb(sock.recv(), raw=False)
+            if i >= warm:
+                samples.append(time.perf_counter_ns() - t)
+            if time.monotonic() > deadline:
+                break
+    except zmq.Again:
+        pass
+    emit({"event": "result", **percentiles(samples or [0])})
+    sock.close(0)
+    ctx.term()
+
+
+# ---------------------------------------------------------------- meshd Agent helpers (b, c, d)
+
+def _agent(cfg: dict[str, Any]) -> Any:
+    from meshd.client import Agent
+
+    return Agent(cfg["name"], socket=cfg["socket"])
+
+
+async def _wait_known(me: Any, name: str, timeout: float = 15.0) -> None:
+    """Wait until the local daemon's directory lists ``name`` (learned from the other daemon)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if any(a.get("name") == name for a in await me.agents()):
+            return
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"agent {name!r} never appeared in the directory")
+
+
+async def _mesh_counter(cfg: dict[str, Any]) -> None:
+    """An Agent that counts the payloads it receives on a topic (direct or subscribed)."""
+    state = {"count": 0, "first": 0.0, "last": 0.0, "warm": 0}
+    async with _agent(cfg) as me:
+        topic = cfg["topic"]
+
+        @me.on(topic)
+        def on_msg(msg: Any) -> None:
+            if msg.payload.get("warm"):
+                state["warm"] += 1
+                return
+            t = time.perf_counter()
+            if not state["count"]:
+                state["first"] = t
+            state["last"] = t
+            state["count"] += 1
+
+        if cfg.get("subscribe"):
+            await me.subscribe(topic)
+        emit({"event": "ready"})
+        cmd = await read_cmd_async()
+        expected = int(cmd["n"])
+        end = time.monotonic() + float(cmd.get("tail", 5.0))
+        while state["count"] < expected and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+        span = state["last"] - state["first"]
+        emit({"event": "result", "received": state["count"], "span_s": span, "warm": state["warm"],
+              "rate": (state["count"] - 1) / span if span > 0 and state["count"] > 1 else 0.0,
+              "errors": me.errors_received})
+
+
+def role_mesh_recv(cfg: dict[str, Any]) -> None:
+    asyncio.run(asyncio.wait_for(_mesh_counter(cfg), HELPER_HARD_TIMEOUT))
+
+
+async def _mesh_send(cfg: dict[str, Any]) -> None:
+    errors: dict[str, int] = {}
+
+    def on_error(err: Any, corr: Any) -> None:
+        errors[err.code] = errors.get(err.code, 0) + 1
+
+    async with _agent(cfg) as me:
+        me.on_error = on_error
+        await _wait_known(me, cfg["to"])
+        emit({"event": "ready"})
+        await read_cmd_async()
+        to = cfg["to"]
+        send = me.send
+        max_n = int(cfg["max_n"])
+        deadline = time.perf_counter() + float(cfg["duration"])
+        t0 = time.perf_counter()
+        i = 0
+        while i < max_n:
+            await send(to, "bench", make_payload(i))
+            i += 1
+            if not i & 1023 and time.perf_counter() > deadline:
+                break
+        elapsed = time.perf_counter() - t0
+        # Let the client's queue drain before we report (closing early would drop the tail).
+        end = time.monotonic() + 10
+        await asyncio.sleep(0)
+        while (me._sendq or me._out) and time.monotonic() < end:
+            await asyncio.sleep(0.005)
+        drained = time.perf_counter() - t0
+        emit({"event": "sent", "sent": i, "elapsed_s": elapsed, "rate": i / elapsed,
+              "drained_s": drained})
+        await read_cmd_async()  # "stop": receivers are done, bounces (if any) have arrived
+        emit({"event": "result", "sent": i, "elapsed_s": elapsed, "rate": i / elapsed,
+              "errors": sum(errors.values()), "error_codes": errors})
+
+
+def role_mesh_send(cfg: dict[str, Any]) -> None:
+    asyncio.run(asyncio.wait_for(_mesh_send(cfg), HELPER_HARD_TIMEOUT))
+
+
+async def _mesh_echo(cfg: dict[str, Any]) -> None:
+    async with _agent(cfg) as me:
+        @me.on("rr")
+        def echo(msg: Any) -> Any:
+            return msg.payload
+
+        emit({"event": "ready"})
+        await read_cmd_async()
+        emit({"event": "result"})
+
+
+def role_mesh_echo(cfg: dict[str, Any]) -> None:
+    asyncio.run(asyncio.wait_for(_mesh_echo(cfg), HELPER_HARD_TIMEOUT))
+
+
+async def _mesh_rtt(cfg: dict[str, Any]) -> None:
+    async with _agent(cfg) as me:
+        await _wait_known(me, cfg["to"])
+        emit({"event": "ready"})
+        await read_cmd_async()
+        to = cfg["to"]
+        samples: list[int] = []
+        warm = int(cfg["warmup"])
+        deadline = time.monotonic() + float(cfg["max_time"])
+        for i in range(warm + int(cfg["n"])):
+            t = time.perf_counter_ns()
+            await me.request(to, "rr", make_payload(i), timeout=5)
+            if i >= warm:
+                samples.append(time.perf_counter_ns() - t)
+            if time.monotonic() > deadline:
+                break
+        emit({"event": "result", **percentiles(samples or [0])})
+
+
+def role_mesh_rtt(cfg: dict[str, Any]) -> None:
+    asyncio.run(asyncio.wait_for(_mesh_rtt(cfg), HELPER_HARD_TIMEOUT))
+
+
+async def _mesh_pub(cfg: dict[str, Any]) -> None:
+    topic = cfg["topic"]
+    n_subs = int(cfg["subscribers"])
+    async with _agent(cfg) as me:
+        # Warm up until the publisher's daemon counts every subscriber and the SUB sockets have
+        # had time to pass their subscriptions to its XPUB (counted separately by subscribers).
+        end = time.monotonic() + 15
+        reached = 0
+        while time.monotonic() < end:
+            reached = await me.publish(topic, {"warm": 1})
+            if reached >= n_subs:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)
+        for _ in range(20):
+            await me.publish(topic, {"warm": 1})
+        emit({"event": "ready", "reached": reached})
+        await read_cmd_async()
+        window = int(cfg["window"])
+        max_n = int(cfg["max_n"])
+        deadline = time.perf_counter() + float(cfg["duration"])
+        t0 = time.perf_counter()
+        i = 0
+        counts: dict[int, int] = {}
+        failures = 0
+        while i < max_n and time.perf_counter() < deadline:
+            k = min(window, max_n - i)
+            results = await asyncio.gather(
+                *(me.publish(topic, make_payload(i + j)) for j in range(k)), return_exceptions=True
+            )
+            for r in results:
+                if isinstance(r, BaseException):
+                    failures += 1
+                else:
+                    counts[r] = counts.get(r, 0) + 1
+            i += k
+        elapsed = time.perf_counter() - t0
+        emit({"event": "sent", "sent": i, "elapsed_s": elapsed, "rate": i / elapsed,
+              "reached_hist": {str(k): v for k, v in counts.items()}, "failures": failures})
+        await read_cmd_async()
+        emit({"event": "result", "sent": i, "errors": me.errors_received + failures})
+
+
+def role_mesh_pub(cfg: dict[str, Any]) -> None:
+    asyncio.run(asyncio.wait_for(_mesh_pub(cfg), HELPER_HARD_TIMEOUT))
+
+
+# ---------------------------------------------------------------- raw local-protocol helpers (e, f)
+
+SIG = b"MSH\x01"  # meshd.protocol.SIGNATURE (checked against the module at start-up)
+
+
+def _wire_connect(cfg: dict[str, Any]) -> tuple[zmq.Context[Any], zmq.Socket[Any]]:
+    """A DEALER on the daemon's ipc socket, registered under cfg['name'] (REGISTER kind)."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 5000)
+    sock.setsockopt(zmq.SNDHWM, 10_000)
+    sock.setsockopt(zmq.RCVHWM, 10_000)
+    sock.setsockopt(zmq.SNDTIMEO, 5000)
+    sock.connect(f"ipc://{cfg['socket']}")
+    _wire_call(sock, {"kind": "register"}, {"name": cfg["name"], "capabilities": [], "metadata": {}})
+    return ctx, sock
+
+
+_wire_seq = iter(range(1, 1 << 62))
+
+
+def _wire_call(sock: zmq.Socket[Any], header: dict[str, Any], body: Any = None) -> Any:
+    """A daemon-addressed control call: send, wait (bounded) for the ok; returns its body."""
+    return _wire_call_h(sock, header, body)[1]
+
+
+def _wire_call_h(sock: zmq.Socket[Any], header: dict[str, Any], body: Any = None) -> tuple[dict[str, Any], Any]:
+    """As _wire_call, returning (ok header, decoded body)."""
+    msg_id = f"w{os.getpid():x}-{next(_wire_seq)}"
+    header = dict(header, id=msg_id)
+    sock.send_multipart([SIG, msgpack.packb(header), msgpack.packb(body) if body is not None else b""])
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        if not sock.poll(100):
+            continue
+        frames = sock.recv_multipart()
+        h = msgpack.unpackb(frames[1], raw=False)
+        if h.get("corr") != msg_id:
+            continue
+        if h.get("kind") == "error":
+            raise RuntimeError(f"daemon refused {header['kind']}: {h.get('error')}")
+        return h, (msgpack.unpackb(frames[2], raw=False) if frames[2] else None)
+    raise TimeoutError(f"no answer to {header['kind']}")
+
+
+def _wire_heartbeat(sock: zmq.Socket[Any]) -> None:
+    with contextlib.suppress(zmq.Again):
+        sock.send_multipart([SIG, msgpack.packb({"kind": "agent_hb"}), msgpack.packb({})], zmq.NOBLOCK)
+
+
+def role_wire_send(cfg: dict[str, Any]) -> None:
+    """Raw DEALER speaking the local protocol: pre-encoded batches [SIG, batch-hdr, h1, p1, ...]."""
+    ctx, sock = _wire_connect(cfg)
+    to, me, batch = cfg.get("to"), cfg["name"], int(cfg["batch"])
+    topic = cfg.get("topic")
+    end = time.monotonic() + 15
+    reached = 0
+    while time.monotonic() < end:
+        if topic is None:
+            if any(a.get("name") == to for a in _wire_call(sock, {"kind": "query", "what": "agents"})):
+                break
+        else:  # publish mode: wait until the daemon counts every subscriber
+            h, _ = _wire_call_h(sock, {"kind": "publish", "topic": topic, "from": me}, {"warm": 1})
+            reached = int(h.get("count", 0))
+            if reached >= int(cfg["subscribers"]):
+                time.sleep(0.3)  # SUB subscriptions travel to the XPUB on their own
+                for _ in range(20):
+                    _wire_call_h(sock, {"kind": "publish", "topic": topic, "from": me}, {"warm": 1})
+                break
+        time.sleep(0.02)
+    # Pre-encode 8 distinct batches (fresh ids and payloads inside each), then cycle through them.
+    dest = {"to": to} if topic is None else {"topic": topic}
+    inner = {"kind": "send", "topic": "bench"} if topic is None else {"kind": "publish"}
+    batches = []
+    for b in range(8):
+        frames = [SIG, msgpack.packb({"kind": "batch", "id": f"b{b}", "from": me, **dest, "count": batch})]
+        for j in range(batch):
+            i = b * batch + j
+            frames.append(msgpack.packb({**inner, "id": f"m{i}"}))
+            frames.append(msgpack.packb(make_payload(i), use_bin_type=True))
+        batches.append(frames)
+    emit({"event": "ready", "reached": reached})
+    read_cmd_blocking(HELPER_HARD_TIMEOUT)
+    errors: dict[str, int] = {}
+    acks: dict[int, int] = {}
+
+    def drain_errors() -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            h = msgpack.unpackb(frames[1], raw=False)
+            if h.get("kind") == "error":
+                code = (h.get("error") or {}).get("code", "?")
+                errors[code] = errors.get(code, 0) + 1
+            elif h.get("kind") == "ok" and "count" in h:
+                acks[h["count"]] = acks.get(h["count"], 0) + 1
+
+    max_batches = int(cfg["max_n"]) // batch
+    deadline = time.perf_counter() + float(cfg["duration"])
+    t0 = time.perf_counter()
+    last_hb = time.monotonic()
+    n = 0
+    try:
+        while n < max_batches:
+            sock.send_multipart(batches[n & 7])
+            n += 1
+            if not n & 63:
+                if time.perf_counter() > deadline:
+                    break
+                drain_errors()
+                if time.monotonic() - last_hb > 0.5:
+                    _wire_heartbeat(sock)
+                    last_hb = time.monotonic()
+    except zmq.Again:
+        pass
+    elapsed = time.perf_counter() - t0
+    sent = n * batch
+    emit({"event": "sent", "sent": sent, "elapsed_s": elapsed, "rate": sent / elapsed})
+    # Wait for "stop", heartbeating and collecting any bounces meanwhile.
+    poller = zmq.Poller()
+    poller.register(sys.stdin.fileno(), zmq.POLLIN)
+    hard = time.monotonic() + 30
+    while time.monotonic() < hard and not poller.poll(200):
+        drain_errors()
+        _wire_heartbeat(sock)
+    drain_errors()
+    emit({"event": "result", "sent": sent, "elapsed_s": elapsed, "rate": sent / elapsed,
+          "errors": sum(errors.values()), "error_codes": errors,
+          "acks": {str(k): v for k, v in acks.items()}})
+    sock.close()
+    ctx.term()
+
+
+def role_wire_recv(cfg: dict[str, Any]) -> None:
+    """Raw DEALER registered as an agent: decodes each payload (like raw_sink), counts."""
+    ctx, sock = _wire_connect(cfg)
+    emit({"event": "ready"})
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(sys.stdin.fileno(), zmq.POLLIN)
+    unpackb = msgpack.unpackb
+    count = first_k = 0
+    first = last = 0.0
+    expected: int | None = None
+    hard = time.monotonic() + HELPER_HARD_TIMEOUT
+    tail_deadline = hard
+    last_hb = time.monotonic()
+    while time.monotonic() < min(hard, tail_deadline):
+        if expected is not None and count >= expected:
+            break
+        if time.monotonic() - last_hb > 0.5:
+            _wire_heartbeat(sock)
+            last_hb = time.monotonic()
+        for s, _ in poller.poll(100):
+            if s is sock:
+                for _ in range(4096):
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    h = unpackb(frames[1], raw=False)
+                    kind = h.get("kind")
+                    if kind == "batch":
+                        for p in frames[3::2]:
+                            unpackb(p, raw=False)
+                        k = (len(frames) - 2) // 2
+                    elif kind == "send":
+                        unpackb(frames[2], raw=False)
+                        k = 1
+                    else:
+                        continue
+                    last = time.perf_counter()
+                    if not count:
+                        first, first_k = last, k
+                    count += k
+            else:
+                line = sys.stdin.readline()
+                if not line:
+                    raise SystemExit(3)
+                cmd = json.loads(line)
+                expected = int(cmd["n"])
+                tail_deadline = time.monotonic() + float(cmd.get("tail", 5.0))
+    span = last - first
+    emit({"event": "result", "received": count, "span_s": span,
+          "rate": (count - first_k) / span if span > 0 else 0.0})
+    sock.close(0)
+    ctx.term()
+
+
+def role_wire_echo(cfg: dict[str, Any]) -> None:
+    """Raw DEALER registered as an agent that answers each request with a reply (local protocol)."""
+    ctx, sock = _wire_connect(cfg)
+    me = cfg["name"]
+    emit({"event": "ready"})
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(sys.stdin.fileno(), zmq.POLLIN)
+    hard = time.monotonic() + HELPER_HARD_TIMEOUT
+    last_hb = time.monotonic()
+    answered = 0
+    n = 0
+    while time.monotonic() < hard:
+        events = dict(poller.poll(100))
+        if sock in events:
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                h = msgpack.unpackb(frames[1], raw=False)
+                if h.get("kind") != "request":
+                    continue
+                obj = msgpack.unpackb(frames[2], raw=False)
+                n += 1
+                reply = {"kind": "reply", "id": f"r{n}", "corr": h["id"], "topic": h.get("topic"),
+                         "from": me, "to": h["from"]}
+                sock.send_multipart([SIG, msgpack.packb(reply), msgpack.packb(obj, use_bin_type=True)])
+                answered += 1
+        if sys.stdin.fileno() in events:
+            break
+        if time.monotonic() - last_hb > 0.5:
+            _wire_heartbeat(sock)
+            last_hb = time.monotonic()
+    emit({"event": "result", "answered": answered})
+    sock.close(0)
+    ctx.term()
+
+
+def role_wire_rtt(cfg: dict[str, Any]) -> None:
+    """Raw DEALER requester in the local protocol: encode header+payload, send, wait for the reply."""
+    ctx, sock = _wire_connect(cfg)
+    to, me = cfg["to"], cfg["name"]
+    end = time.monotonic() + 15
+    while time.monotonic() < end:
+        if any(a.get("name") == to for a in _wire_call(sock, {"kind": "query", "what": "agents"})):
+            break
+        time.sleep(0.02)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    emit({"event": "ready"})
+    read_cmd_blocking(HELPER_HARD_TIMEOUT)
+    samples: list[int] = []
+    warm = int(cfg["warmup"])
+    deadline = time.monotonic() + float(cfg["max_time"])
+    last_hb = time.monotonic()
+    try:
+        for i in range(warm + int(cfg["n"])):
+            t = time.perf_counter_ns()
+            msg_id = f"q{i}"
+            header = {"kind": "request", "id": msg_id, "topic": "rr", "from": me, "to": to,
+                      "deadline": time.time() + 5}
+            sock.send_multipart([SIG, msgpack.packb(header), msgpack.packb(make_payload(i), use_bin_type=True)])
+            while True:
+                frames = sock.recv_multipart()
+                h = msgpack.unpackb(frames[1], raw=False)
+                if h.get("corr") == msg_id:
+                    msgpack.unpackb(frames[2], raw=False)
+                    break
+            if i >= warm:
+                samples.append(time.perf_counter_ns() - t)
+            if time.monotonic() > deadline:
+                break
+            if time.monotonic() - last_hb > 0.5:
+                _wire_heartbeat(sock)
+                last_hb = time.monotonic()
+    except zmq.Again:
+        pass
+    emit({"event": "result", **percentiles(samples or [0])})
+    sock.close(0)
+    ctx.term()
+
+
+def role_raw_relay(cfg: dict[str, Any]) -> None:
+    """A minimal pyzmq 'daemon' with meshd's socket layout, in a plain zmq.Poller loop.
+
+    Local ROUTER on ipc (agents' DEALERs connect), mesh ROUTER on tcp 127.0.0.1 (the peer's
+    DEALER connects), one DEALER to the peer's mesh ROUTER. Whatever the local agent sends goes to
+    the peer; whatever the peer sends goes to the (single) local agent. No header decoding: this
+    is the floor a Python daemon with this topology can reach on this machine.
+    """
+    ctx = zmq.Context()
+    local = ctx.socket(zmq.ROUTER)
+    local.setsockopt(zmq.LINGER, 0)
+    local.bind(f"ipc://{cfg['ipc']}")
+    mesh = ctx.socket(zmq.ROUTER)
+    mesh.setsockopt(zmq.LINGER, 0)
+    port = mesh.bind_to_random_port(f"tcp://{LOOPBACK}")
+    emit({"event": "ready", "endpoint": f"tcp://{LOOPBACK}:{port}"})
+    cmd = read_cmd_blocking(30)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(cmd["peer"])
+    poller = zmq.Poller()
+    poller.register(local, zmq.POLLIN)
+    poller.register(mesh, zmq.POLLIN)
+    poller.register(sys.stdin.fileno(), zmq.POLLIN)
+    agent_rid = None
+    hard = time.monotonic() + HELPER_HARD_TIMEOUT
+    while time.monotonic() < hard:
+        events = dict(poller.poll(100))
+        if local in events:
+            while True:
+                try:
+                    frames = local.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                agent_rid = frames[0]
+                dealer.send_multipart(frames[1:])
+        if mesh in events:
+            while True:
+                try:
+                    frames = mesh.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if agent_rid is not None:
+                    local.send_multipart([agent_rid, *frames[1:]])
+        if sys.stdin.fileno() in events:
+            break
+    emit({"event": "result"})
+    for sk in (local, mesh, dealer):
+        sk.close(0)
+    ctx.term()
+
+
+ROLES = {
+    "raw_sink": role_raw_sink, "raw_source": role_raw_source, "raw_echo": role_raw_echo,
+    "raw_rtt": role_raw_rtt, "mesh_recv": role_mesh_recv, "mesh_send": role_mesh_send,
+    "mesh_echo": role_mesh_echo, "mesh_rtt": role_mesh_rtt, "mesh_pub": role_mesh_pub,
+    "wire_send": role_wire_send, "wire_recv": role_wire_recv, "wire_echo": role_wire_echo,
+    "wire_rtt": role_wire_rtt, "raw_relay": role_raw_relay,
+    "raw_echo_dealer": role_raw_echo_dealer,
+}
+
+
+# ===================================================================================== orchestrator
+
+class Helper:
+    """One helper process; JSON lines out (read by a thread), JSON lines in."""
+
+    def __init__(self, role: str, cfg: dict[str, Any], logdir: Path, tag: str) -> None:
+        self.role = role
+        self.tag = tag
+        self.log_path = logdir / f"{tag}.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(HERE), "--role", role, "--cfg", json.dumps(cfg)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=str(REPO),
+            )
+        self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.seen: dict[str, dict[str, Any]] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            try:
+                self.lines.put(json.loads(raw))
+            except json.JSONDecodeError:
+                continue
+        self.lines.put(None)
+
+    def wait(self, event: str, timeout: float) -> dict[str, Any]:
+        """The helper's ``event`` message (remembered: asking twice returns the same one)."""
+        if event in self.seen:
+            return self.seen[event]
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.tag}: no {event!r} within {timeout:g} s\n{self.stderr()}")
+            try:
+                msg = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if msg is None:
+                raise RuntimeError(f"{self.tag} exited before {event!r}:\n{self.stderr()}")
+            self.seen[str(msg.get("event"))] = msg
+            if msg.get("event") == event:
+                return msg
+
+    def send(self, **cmd: Any) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    def stderr(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-3000:]
+        except FileNotFoundError:
+            return ""
+
+    def finish(self, timeout: float = 5.0) -> None:
+        """Close stdin (the helper's stop signal), wait, and kill it by PID if it lingers."""
+        with contextlib.suppress(Exception):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(d: Daemon) -> float:
+    """User+system CPU seconds a daemon has used so far (from /proc; 0 if it is gone)."""
+    if d.proc is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{d.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+class Daemon:
+    """One ``meshd run`` subprocess bound to 127.0.0.1, with a pre-made node id."""
+
+    def __init__(self, name: str, mesh: str, workdir: Path) -> None:
+        self.name = name
+        self.dir = workdir / name
+        self.state_dir = self.dir / "state"
+        self.state_dir.mkdir(parents=True, mode=0o700)
+        self.node_id = os.urandom(8).hex()
+        (self.state_dir / "node_id").write_text(self.node_id + "\n")
+        self.socket = self.dir / "s.sock"
+        self.log_path = self.dir / "meshd.log"
+        self.cmd = [sys.executable, "-m", "meshd", "run", "--name", name, "--mesh", mesh,
+                    "--interface", LOOPBACK, "--state-dir", str(self.state_dir),
+                    "--socket", str(self.socket), "--insecure"]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.spawned_at = 0.0
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.spawned_at = time.monotonic()
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, cwd=str(REPO))
+
+    def wait_ready(self, timeout: float = 15.0) -> float:
+        end = time.monotonic() + timeout
+        while not self.socket.exists():
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"meshd {self.name} exited {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > end:
+                raise TimeoutError(f"meshd {self.name} not ready after {timeout:g} s:\n{self.log()}")
+            time.sleep(0.005)
+        return time.monotonic() - self.spawned_at
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def stop(self) -> None:
+        """SIGTERM (clean shutdown), SIGKILL if it does not exit in time."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(8)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except FileNotFoundError:
+            return ""
+
+
+class Bench:
+    def __init__(self, quick: bool) -> None:
+        self.quick = quick
+        self.duration = 1.5 if quick else 3.0
+        self.reps = 1 if quick else 2
+        self.rtt_n = 1000 if quick else 2000
+        # Raw-wire senders outrun the daemons: what is queued sits in zmq buffers, so bound it.
+        self.wire_max_n = 1_000_000
+        self.workdir = Path(tempfile.mkdtemp(prefix="mshb-", dir="/tmp"))
+        self.logdir = self.workdir / "logs"
+        self.logdir.mkdir()
+        self.mesh = f"bench{uuid.uuid4().hex[:10]}"
+        self.daemons: list[Daemon] = []
+        self.helpers: list[Helper] = []
+        self.results: dict[str, Any] = {}
+        self._n = 0
+
+    # ----------------------------------------------------------------- process bookkeeping
+
+    def helper(self, role: str, **cfg: Any) -> Helper:
+        self._n += 1
+        h = Helper(role, cfg, self.logdir, f"{self._n:02d}-{role}")
+        self.helpers.append(h)
+        return h
+
+    def daemon(self, name: str) -> Daemon:
+        d = Daemon(name, self.mesh, self.workdir)
+        self.daemons.append(d)
+        return d
+
+    def cleanup(self) -> None:
+        for h in self.helpers:
+            if h.proc.poll() is None:
+                with contextlib.suppress(Exception):
+                    h.proc.kill()
+                    h.proc.wait(5)
+        for d in self.daemons:
+            with contextlib.suppress(Exception):
+                d.stop()
+        if os.environ.get("BENCH_KEEP"):
+            print(f"logs kept in {self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # ----------------------------------------------------------------- generic one-way run
+
+    def one_way(self, label: str, receivers: list[Helper], sender: Helper,
+                tail: float = 8.0, daemons: tuple[Daemon, ...] = ()) -> dict[str, Any]:
+        for r in receivers:
+            r.wait("ready", 30)
+        sender.wait("ready", 30)
+        cpu0 = {d.name: cpu_seconds(d) for d in daemons}
+        sender.send(cmd="go")
+        sent_ev = sender.wait("sent", self.duration + 30) if sender.role != "raw_source" else None
+        res_ev = sender.wait("result", self.duration + 30) if sent_ev is None else sent_ev
+        sent = int(res_ev["sent"])
+        got = []
+        for r in receivers:
+            r.send(cmd="expect", n=sent, tail=tail)
+        for r in receivers:
+            got.append(r.wait("result", tail + 10))
+        cpu = {d.name: cpu_seconds(d) - cpu0[d.name] for d in daemons}
+        if sent_ev is not None:
+            sender.send(cmd="stop")
+            final = sender.wait("result", 15)
+        else:
+            final = res_ev
+        for h in [sender, *receivers]:
+            h.finish()
+        out = {
+            "sent": sent, "send_rate": res_ev["rate"], "send_elapsed_s": res_ev["elapsed_s"],
+            "received": [g["received"] for g in got], "rates": [g["rate"] for g in got],
+            "lost": [sent - g["received"] for g in got],
+            "sender_errors": final.get("errors", 0), "error_codes": final.get("error_codes", {}),
+        }
+        out["rate"] = min(out["rates"])
+        out["lost_total"] = sum(out["lost"])
+        out["daemon_cpu_s"] = cpu
+        out["daemon_cpu_us_per_msg"] = {k: v * 1e6 / sent for k, v in cpu.items()} if sent else {}
+        per = ", ".join(f"{k} {v:.1f}" for k, v in out["daemon_cpu_us_per_msg"].items())
+        print(f"  {label}: {out['rate']:,.0f} msgs/s at the receiver (sender {out['send_rate']:,.0f}), "
+              f"sent {sent:,}, lost {out['lost_total']:,}, sender errors {out['sender_errors']}"
+              + (f"; daemon CPU us/msg: {per}" if per else ""), flush=True)
+        return out
+
+    def best(self, runs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Best of the repetitions by rate; losses summed over all of them."""
+        top = dict(max(runs, key=lambda r: r["rate"]))
+        top["all_rates"] = [r["rate"] for r in runs]
+        top["lost_all_runs"] = sum(r["lost_total"] for r in runs)
+        top["sender_errors_all_runs"] = sum(r["sender_errors"] for r in runs)
+        return top
+
+    # ----------------------------------------------------------------- scenarios
+
+    def raw_throughput(self) -> dict[str, Any]:
+        sink = self.helper("raw_sink")
+        ep = sink.wait("ready", 30)["endpoint"]
+        src = self.helper("raw_source", endpoint=ep, max_n=3_000_000, duration=self.duration)
+        return self.one_way("(a) raw pyzmq one-way", [sink], src)
+
+    def raw_rtt(self) -> dict[str, Any]:
+        echo = self.helper("raw_echo")
+        ep = echo.wait("ready", 30)["endpoint"]
+        rtt = self.helper("raw_rtt", endpoint=ep, n=self.rtt_n, warmup=200, max_time=20)
+        rtt.wait("ready", 30)
+        rtt.send(cmd="go")
+        res = rtt.wait("result", 40)
+        echo.send(cmd="stop")
+        rtt.finish()
+        echo.finish()
+        print(f"  (a) raw pyzmq rtt: p50 {res['p50_us']:.0f} us, p99 {res['p99_us']:.0f} us", flush=True)
+        return res
+
+    def relay_rtt(self) -> dict[str, Any]:
+        """Request/reply through two minimal pyzmq relays (same 6 hops as meshd)."""
+        ra = self.helper("raw_relay", ipc=str(self.workdir / "ra.sock"))
+        rb = self.helper("raw_relay", ipc=str(self.workdir / "rb.sock"))
+        ea, eb = ra.wait("ready", 30)["endpoint"], rb.wait("ready", 30)["endpoint"]
+        ra.send(peer=eb)
+        rb.send(peer=ea)
+        echo = self.helper("raw_echo_dealer", endpoint=f"ipc://{self.workdir / 'rb.sock'}")
+        echo.wait("ready", 30)
+        rtt = self.helper("raw_rtt", endpoint=f"ipc://{self.workdir / 'ra.sock'}", n=self.rtt_n,
+                          warmup=200, max_time=20)
+        rtt.wait("ready", 30)
+        rtt.send(cmd="go")
+        res = rtt.wait("result", 40)
+        for h in (echo, ra, rb):
+            h.send(cmd="stop")
+        for h in (rtt, echo, ra, rb):
+            h.finish()
+        print(f"  (c'') raw pyzmq 2-relay rtt: p50 {res['p50_us']:.0f} us, p99 {res['p99_us']:.0f} us",
+              flush=True)
+        return res
+
+    def mesh_throughput(self, a: Daemon, b: Daemon, tag: str) -> dict[str, Any]:
+        name = f"recv-{tag}"
+        recv = self.helper("mesh_recv", name=name, socket=str(b.socket), topic="bench")
+        recv.wait("ready", 30)
+        snd = self.helper("mesh_send", name=f"send-{tag}", socket=str(a.socket), to=name,
+                          max_n=3_000_000, duration=self.duration)
+        return self.one_way("(b) meshd one-way", [recv], snd, daemons=(a, b))
+
+    def wire_throughput(self, a: Daemon, b: Daemon, tag: str, raw_receiver: bool) -> dict[str, Any]:
+        name = f"wrecv-{tag}"
+        if raw_receiver:
+            recv = self.helper("wire_recv", name=name, socket=str(b.socket))
+        else:
+            recv = self.helper("mesh_recv", name=name, socket=str(b.socket), topic="bench")
+        recv.wait("ready", 30)
+        snd = self.helper("wire_send", name=f"wsend-{tag}", socket=str(a.socket), to=name,
+                          max_n=self.wire_max_n, duration=self.duration, batch=64)
+        label = "(f) raw wire both ends" if raw_receiver else "(e) raw wire sender -> Agent"
+        return self.one_way(label, [recv], snd, daemons=(a, b))
+
+    def mesh_rtt(self, a: Daemon, b: Daemon, wire: bool = False) -> dict[str, Any]:
+        kind = "wire" if wire else "mesh"
+        echo = self.helper(f"{kind}_echo", name=f"echo-{kind}", socket=str(b.socket))
+        echo.wait("ready", 30)
+        rtt = self.helper(f"{kind}_rtt", name=f"asker-{kind}", socket=str(a.socket), to=f"echo-{kind}",
+                          n=self.rtt_n, warmup=200, max_time=20)
+        rtt.wait("ready", 30)
+        cpu0 = {d.name: cpu_seconds(d) for d in (a, b)}
+        rtt.send(cmd="go")
+        res = rtt.wait("result", 40)
+        res["daemon_cpu_s"] = {d.name: cpu_seconds(d) - cpu0[d.name] for d in (a, b)}
+        echo.send(cmd="stop")
+        echo.wait("result", 10)
+        rtt.finish()
+        echo.finish()
+        label = "(c') raw wire rtt" if wire else "(c) meshd rtt"
+        print(f"  {label}: p50 {res['p50_us']:.0f} us, p99 {res['p99_us']:.0f} us", flush=True)
+        return res
+
+    def wire_publish(self, a: Daemon, b: Daemon, tag: str, n_subs: int = 4) -> dict[str, Any]:
+        """(d') as (d), the publisher a raw DEALER sending pre-encoded publish batches."""
+        topic = f"wpub-{tag}"
+        subs = [self.helper("mesh_recv", name=f"wsub{k}-{tag}", socket=str(b.socket), topic=topic,
+                            subscribe=True) for k in range(n_subs)]
+        for sub in subs:
+            sub.wait("ready", 30)
+        pub = self.helper("wire_send", name=f"wpub-{tag}", socket=str(a.socket), topic=topic,
+                          subscribers=n_subs, max_n=self.wire_max_n, duration=self.duration, batch=64)
+        out = self.one_way("(d') raw wire publisher -> 4 Agents", subs, pub, daemons=(a, b))
+        out["daemon_b_stats"] = self._daemon_stats(b)
+        return out
+
+    def mesh_publish(self, a: Daemon, b: Daemon, tag: str, n_subs: int = 4) -> dict[str, Any]:
+        topic = f"pub-{tag}"
+        subs = [self.helper("mesh_recv", name=f"sub{k}-{tag}", socket=str(b.socket), topic=topic,
+                            subscribe=True) for k in range(n_subs)]
+        for s in subs:
+            s.wait("ready", 30)
+        pub = self.helper("mesh_pub", name=f"pub-{tag}", socket=str(a.socket), topic=topic,
+                          subscribers=n_subs, window=256, max_n=3_000_000, duration=self.duration)
+        ready = pub.wait("ready", 40)
+        cpu0 = {d.name: cpu_seconds(d) for d in (a, b)}
+        pub.send(cmd="go")
+        sent_ev = pub.wait("sent", self.duration + 30)
+        sent = int(sent_ev["sent"])
+        tail = 8.0
+        for s in subs:
+            s.send(cmd="expect", n=sent, tail=tail)
+        got = [s.wait("result", tail + 10) for s in subs]
+        cpu = {d.name: cpu_seconds(d) - cpu0[d.name] for d in (a, b)}
+        pub.send(cmd="stop")
+        final = pub.wait("result", 10)
+        for h in [pub, *subs]:
+            h.finish()
+        out = {
+            "sent": sent, "publish_rate": sent_ev["rate"], "reached_at_warmup": ready["reached"],
+            "reached_hist": sent_ev["reached_hist"], "publisher_errors": final["errors"],
+            "received": [g["received"] for g in got], "rates": [g["rate"] for g in got],
+            "lost": [sent - g["received"] for g in got],
+        }
+        out["rate"] = min(out["rates"])
+        out["lost_total"] = sum(out["lost"])
+        out["sender_errors"] = final["errors"]
+        out["daemon_cpu_s"] = cpu
+        out["daemon_cpu_us_per_msg"] = {k: v * 1e6 / sent for k, v in cpu.items()} if sent else {}
+        print(f"  (d) meshd publish: {out['publish_rate']:,.0f} publishes/s, per subscriber "
+              f"{', '.join(f'{r:,.0f}' for r in out['rates'])} msgs/s, lost {out['lost']}, "
+              f"reached {out['reached_hist']}", flush=True)
+        return out
+
+    # ----------------------------------------------------------------- discovery and liveness
+
+    async def _probe(self, d: Daemon, name: str) -> Any:
+        from meshd.client import Agent
+
+        agent = Agent(name, socket=str(d.socket))
+        await agent.connect()
+        return agent
+
+    async def _sees_online(self, agent: Any, node_id: str) -> bool:
+        return any(p["node"] == node_id and p["state"] == "online" for p in await agent.peers())
+
+    async def discovery(self, old: Daemon, new: Daemon, timeout: float = 10.0) -> dict[str, Any]:
+        """Start ``new``; time until old lists new online, and new lists old online."""
+        pa = await self._probe(old, f"probe-{new.name}-old")
+        out: dict[str, Any] = {}
+        try:
+            new.start()
+            t0 = new.spawned_at
+
+            async def old_side() -> None:
+                end = t0 + timeout
+                while time.monotonic() < end:
+                    if await self._sees_online(pa, new.node_id):
+                        out["old_sees_new_ms"] = (time.monotonic() - t0) * 1000
+                        return
+                    await asyncio.sleep(0.005)
+
+            async def new_side() -> None:
+                end = t0 + timeout
+                while not new.socket.exists() and time.monotonic() < end:
+                    await asyncio.sleep(0.002)
+                out["new_ready_ms"] = (time.monotonic() - t0) * 1000
+                pb = await self._probe(new, f"probe-{new.name}-new")
+                try:
+                    while time.monotonic() < end:
+                        if await self._sees_online(pb, old.node_id):
+                            out["new_sees_old_ms"] = (time.monotonic() - t0) * 1000
+                            return
+                        await asyncio.sleep(0.005)
+                finally:
+                    await pb.close()
+
+            await asyncio.wait_for(asyncio.gather(old_side(), new_side()), timeout + 5)
+        finally:
+            await pa.close()
+        out["both_ways_ms"] = max(out.get("old_sees_new_ms", float("inf")),
+                                  out.get("new_sees_old_ms", float("inf")))
+        out["after_ready_ms"] = out["both_ways_ms"] - out.get("new_ready_ms", 0.0)
+        print(f"  discovery {old.name}<->{new.name}: new daemon ready (socket bound) after "
+              f"{out.get('new_ready_ms', float('nan')):.0f} ms; {old.name} sees it online at "
+              f"{out.get('old_sees_new_ms', float('inf')):.0f} ms, it sees {old.name} at "
+              f"{out.get('new_sees_old_ms', float('inf')):.0f} ms (from process start)", flush=True)
+        return out
+
+    async def stale_after_kill(self, observer: Daemon, victim: Daemon, timeout: float = 15.0) -> dict[str, Any]:
+        pa = await self._probe(observer, f"probe-kill-{victim.name}")
+        out: dict[str, Any] = {}
+        try:
+            assert await self._sees_online(pa, victim.node_id), "victim not online before the kill"
+            assert victim.proc is not None
+            t0 = time.monotonic()
+            victim.proc.send_signal(signal.SIGKILL)
+            end = t0 + timeout
+            while time.monotonic() < end:
+                states = {p["node"]: p["state"] for p in await pa.peers()}
+                state = states.get(victim.node_id)
+                if state != "online":
+                    out["stale_ms"] = (time.monotonic() - t0) * 1000
+                    out["state"] = state
+                    break
+                await asyncio.sleep(0.005)
+            victim.proc.wait(5)
+        finally:
+            await pa.close()
+        print(f"  SIGKILL {victim.name}: {observer.name} sees it {out.get('state')} after "
+              f"{out.get('stale_ms', float('inf')):.0f} ms", flush=True)
+        return out
+
+    # ----------------------------------------------------------------- the run
+
+    def run(self) -> dict[str, Any]:
+        r = self.results
+        r["meta"] = {
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cores",
+            "python": platform.python_version(), "pyzmq": zmq.__version__,
+            "libzmq": zmq.zmq_version(), "msgpack": ".".join(map(str, msgpack.version)),
+            "payload_bytes": payload_size(), "quick": self.quick, "duration_s": self.duration,
+            "reps": self.reps, "mesh": self.mesh, "loadavg_at_start": os.getloadavg(),
+        }
+        print(f"meshd bench: payload {r['meta']['payload_bytes']} bytes, {self.duration:g} s per "
+              f"throughput run, best of {self.reps}; mesh {self.mesh}", flush=True)
+
+        from meshd import protocol as P
+        if P.SIGNATURE != SIG:
+            raise RuntimeError(f"bench SIG {SIG!r} != meshd.protocol.SIGNATURE {P.SIGNATURE!r}")
+
+        a = self.daemon("A")
+        a.start()
+        r["daemon_a_ready_ms"] = a.wait_ready() * 1000
+        b = self.daemon("B")
+        disc = [asyncio.run(self.discovery(a, b))]
+
+        print("raw pyzmq:", flush=True)
+        raw_tp = [self.raw_throughput() for _ in range(self.reps)]
+        r["raw_rtt"] = self.raw_rtt()
+        r["relay_rtt"] = self.relay_rtt()
+        print("meshd:", flush=True)
+        mesh_tp = [self.mesh_throughput(a, b, f"b{k}") for k in range(self.reps)]
+        r["mesh_rtt"] = self.mesh_rtt(a, b)
+        r["wire_rtt"] = self.mesh_rtt(a, b, wire=True)
+        pubs = [self.mesh_publish(a, b, f"d{k}") for k in range(self.reps)]
+        wpubs = [self.wire_publish(a, b, f"dw{k}") for k in range(self.reps)]
+        wire_tp = [self.wire_throughput(a, b, f"e{k}", raw_receiver=False) for k in range(self.reps)]
+        wire_raw = [self.wire_throughput(a, b, f"f{k}", raw_receiver=True) for k in range(self.reps)]
+        raw_tp.append(self.raw_throughput())  # raw again, after the meshd runs (noise check)
+        r["raw_tp"], r["mesh_tp"], r["publish"] = self.best(raw_tp), self.best(mesh_tp), self.best(pubs)
+        r["wire_tp"], r["wire_raw_tp"] = self.best(wire_tp), self.best(wire_raw)
+        r["wire_publish"] = self.best(wpubs)
+
+        print("discovery and liveness:", flush=True)
+        kills = [asyncio.run(self.stale_after_kill(a, b))]
+        for k in range(1 if self.quick else 2):
+            c = self.daemon(f"C{k}")
+            disc.append(asyncio.run(self.discovery(a, c)))
+            kills.append(asyncio.run(self.stale_after_kill(a, c)))
+        r["discovery"], r["stale"] = disc, kills
+        r["daemon_stats"] = self._daemon_stats(a)
+        r["meta"]["loadavg_at_end"] = os.getloadavg()
+        return r
+
+    def _daemon_stats(self, d: Daemon) -> dict[str, Any]:
+        async def ask() -> Any:
+            agent = await self._probe(d, "probe-stats")
+            try:
+                return (await agent.node_info()).get("stats", {})
+            finally:
+                await agent.close()
+        try:
+            return dict(asyncio.run(ask()))
+        except Exception as exc:  # informational only
+            return {"error": str(exc)}
+
+
+# ===================================================================================== report
+
+def build_table(r: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+
+    def fmt_rate(x: float) -> str:
+        return f"{x:,.0f}"
+
+    def add(scn: str, metric: str, mesh: str, raw: str, ratio: str, goal: str, met: bool | None) -> None:
+        rows.append([scn, metric, mesh, raw, ratio, goal, "-" if met is None else ("yes" if met else "NO")])
+
+    raw, mesh, wire, wraw, pub = r["raw_tp"], r["mesh_tp"], r["wire_tp"], r["wire_raw_tp"], r["publish"]
+    add("(a) raw pyzmq", "one-way msgs/s", "", fmt_rate(raw["rate"]), "", "", None)
+    add("(a) raw pyzmq", "rtt p50 / p99 us", "", f"{r['raw_rtt']['p50_us']:.0f} / {r['raw_rtt']['p99_us']:.0f}",
+        "", "", None)
+    add("(b) one-way A->B", "msgs/s at receiver", fmt_rate(mesh["rate"]), fmt_rate(raw["rate"]),
+        f"{mesh['rate'] / raw['rate']:.2f}", ">= 60,000", mesh["rate"] >= 60_000)
+    add("(b) one-way A->B", "lost (all runs)", str(mesh["lost_all_runs"]), str(raw["lost_all_runs"]), "",
+        "0", mesh["lost_all_runs"] == 0)
+    rt, rr = r["mesh_rtt"], r["raw_rtt"]
+    add("(c) request/reply", "rtt p50 us", f"{rt['p50_us']:.0f}", f"{rr['p50_us']:.0f}",
+        f"{rt['p50_us'] / rr['p50_us']:.1f}x", "< 450", rt["p50_us"] < 450)
+    add("(c) request/reply", "rtt p99 us", f"{rt['p99_us']:.0f}", f"{rr['p99_us']:.0f}",
+        f"{rt['p99_us'] / rr['p99_us']:.1f}x", "", None)
+    wt = r["wire_rtt"]
+    add("(c') raw wire req/rep", "rtt p50 / p99 us", f"{wt['p50_us']:.0f} / {wt['p99_us']:.0f}",
+        f"{rr['p50_us']:.0f} / {rr['p99_us']:.0f}", f"{wt['p50_us'] / rr['p50_us']:.1f}x", "(info)", None)
+    lr = r["relay_rtt"]
+    add("(c'') 2 pyzmq relays", "rtt p50 / p99 us", f"{rt['p50_us']:.0f} / {rt['p99_us']:.0f}",
+        f"{lr['p50_us']:.0f} / {lr['p99_us']:.0f}", f"{rt['p50_us'] / lr['p50_us']:.1f}x", "(info)", None)
+    add("(d) publish x4 subs", "msgs/s per sub (min)", fmt_rate(pub["rate"]), fmt_rate(raw["rate"]),
+        f"{pub['rate'] / raw['rate']:.2f}", ">= 25,000", pub["rate"] >= 25_000)
+    add("(d) publish x4 subs", "lost (all runs, all subs)", str(pub["lost_all_runs"]), "", "", "0",
+        pub["lost_all_runs"] == 0)
+    wp = r["wire_publish"]
+    add("(d') raw publisher x4", "msgs/s per sub (min)", fmt_rate(wp["rate"]), fmt_rate(raw["rate"]),
+        f"{wp['rate'] / raw['rate']:.2f}", "(info)", None)
+    add("(d') raw publisher x4", "lost (all runs, all subs)", str(wp["lost_all_runs"]), "", "", "0",
+        wp["lost_all_runs"] == 0)
+    ratio_e = wire["rate"] / raw["rate"]
+    add("(e) raw sender->Agent", "msgs/s at receiver", fmt_rate(wire["rate"]), fmt_rate(raw["rate"]),
+        f"{ratio_e:.2f}", ">= 0.40 of (a)", ratio_e >= 0.4)
+    add("(e) raw sender->Agent", "lost (all runs)", str(wire["lost_all_runs"]), "", "", "0",
+        wire["lost_all_runs"] == 0)
+    add("(f) raw both ends", "msgs/s at receiver", fmt_rate(wraw["rate"]), fmt_rate(raw["rate"]),
+        f"{wraw['rate'] / raw['rate']:.2f}", "(info)", None)
+    add("(f) raw both ends", "lost (all runs)", str(wraw["lost_all_runs"]), "", "", "0",
+        wraw["lost_all_runs"] == 0)
+    disc = r["discovery"]
+    worst = max(d["both_ways_ms"] for d in disc)
+    add("discovery", "both ways, ms from spawn (worst)", f"{worst:.0f}", "", "", "<= 500", worst <= 500)
+    add("discovery", "  of which start-up to socket", f"{max(d.get('new_ready_ms', 0) for d in disc):.0f}",
+        "", "", "", None)
+    add("discovery", "  after socket bound (worst)", f"{max(d['after_ready_ms'] for d in disc):.0f}",
+        "", "", "", None)
+    stale = [k.get("stale_ms", float("inf")) for k in r["stale"]]
+    add("SIGKILL", "seen stale, ms (worst)", f"{max(stale):.0f}", "", "", "<= 1000", max(stale) <= 1000)
+    return rows
+
+
+def print_table(rows: list[list[str]]) -> None:
+    head = ["scenario", "metric", "meshd", "raw pyzmq", "ratio", "goal", "met?"]
+    widths = [max(len(head[i]), *(len(row[i]) for row in rows)) for i in range(len(head))]
+    line = " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))
+    print()
+    print(line)
+    print("-+-".join("-" * w for w in widths))
+    for row in rows:
+        print(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    print("ratio = meshd / raw pyzmq (throughput: fraction of raw; latency: times slower)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="shorter runs, one repetition (~40 s)")
+    ap.add_argument("--json", type=Path, help="write every measurement to this JSON file")
+    ap.add_argument("--role", help=argparse.SUPPRESS)
+    ap.add_argument("--cfg", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.role:
+        ROLES[args.role](json.loads(args.cfg or "{}"))
+        return 0
+    t0 = time.monotonic()
+    bench = Bench(args.quick)
+    try:
+        results = bench.run()
+    finally:
+        bench.cleanup()
+    rows = build_table(results)
+    results["table"] = rows
+    results["total_s"] = time.monotonic() - t0
+    print_table(rows)
+    print(f"total {results['total_s']:.0f} s; {results['meta']['date']}; {results['meta']['machine']}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

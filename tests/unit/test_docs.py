@@ -1,0 +1,148 @@
+"""docs/PROTOCOL.md must describe the protocol the code speaks: fail when the two drift apart.
+
+Each check reads the constants from meshd.protocol, so adding a kind, an error code, a header key
+or a limit without documenting it fails here; so does documenting a kind or code that no longer
+exists. No sockets.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from meshd import protocol as P
+
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "PROTOCOL.md"
+
+HEADER_KEY_NAMES = ("KIND", "ID", "FROM", "TO", "TOPIC", "CORR", "HOPS", "DEADLINE", "QOS", "HEADERS",
+                    "ERROR", "COUNT", "WHAT", "NODE")
+# Header keys the code uses as literals rather than constants; documented in the same table.
+EXTRA_HEADER_KEYS = frozenset({"ver"})
+
+
+def _constants(cls: type) -> dict[str, str]:
+    return {name: value for name, value in vars(cls).items() if name.isupper() and isinstance(value, str)}
+
+
+KINDS = _constants(P.Kind)
+ERROR_CODES = _constants(P.ErrorCode)
+LIMITS = {name: value for name, value in vars(P).items()
+          if re.fullmatch(r"(DEFAULT_)?MAX_[A-Z_]+", name) and isinstance(value, int)}
+
+
+@pytest.fixture(scope="module")
+def doc() -> str:
+    assert DOC_PATH.is_file(), f"{DOC_PATH} is missing"
+    return DOC_PATH.read_text(encoding="utf-8")
+
+
+def _table_rows(doc: str, marker: str) -> list[list[str]]:
+    """The cells of each body row of the table right after ``<!-- table:marker -->``."""
+    start = doc.find(f"<!-- table:{marker} -->")
+    assert start >= 0, f"table marker {marker!r} missing from {DOC_PATH.name}"
+    rows: list[list[str]] = []
+    in_table = False
+    for line in doc[start:].splitlines()[1:]:
+        if not line.startswith("|"):
+            if in_table:
+                break
+            continue
+        in_table = True
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    body = rows[2:]  # skip the heading row and the |---| rule
+    assert body, f"table {marker!r} has no rows"
+    return body
+
+
+def _backticked(cell: str) -> str | None:
+    match = re.fullmatch(r"`([^`]+)`", cell)
+    return match.group(1) if match else None
+
+
+def _table_first_column(doc: str, marker: str) -> list[str]:
+    """The backticked values in the first column of the table after ``<!-- table:marker -->``."""
+    values = [_backticked(row[0]) for row in _table_rows(doc, marker)]
+    assert None not in values, f"table {marker!r} has a first cell that is not a `value`"
+    return [v for v in values if v is not None]
+
+
+def test_constants_found() -> None:
+    # Guard the introspection itself: an empty set would make every test below pass vacuously.
+    assert len(KINDS) >= 19 and len(ERROR_CODES) >= 10
+    assert {"MAX_HEADER_BYTES", "DEFAULT_MAX_PAYLOAD_BYTES", "MAX_BATCH", "MAX_NAME_LEN",
+            "MAX_TOPIC_LEN"} <= set(LIMITS)
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_every_kind_documented(doc: str, name: str) -> None:
+    value = KINDS[name]
+    assert f"`{value}`" in doc, f"Kind.{name} = {value!r} is not in {DOC_PATH.name}"
+
+
+def test_kinds_table_matches_code(doc: str) -> None:
+    documented = _table_first_column(doc, "kinds")
+    assert sorted(documented) == sorted(KINDS.values())
+    assert set(documented) == P.KNOWN_KINDS
+
+
+@pytest.mark.parametrize("name", sorted(ERROR_CODES))
+def test_every_error_code_documented(doc: str, name: str) -> None:
+    value = ERROR_CODES[name]
+    assert f"`{value}`" in doc, f"ErrorCode.{name} = {value!r} is not in {DOC_PATH.name}"
+
+
+def test_error_code_table_matches_code(doc: str) -> None:
+    assert sorted(_table_first_column(doc, "error-codes")) == sorted(ERROR_CODES.values())
+
+
+@pytest.mark.parametrize("name", HEADER_KEY_NAMES)
+def test_every_header_key_documented(doc: str, name: str) -> None:
+    value = getattr(P, name)
+    assert f"`{value}`" in doc, f"header key {name} = {value!r} is not in {DOC_PATH.name}"
+    assert f"`{name}`" in doc, f"constant name {name} is not in {DOC_PATH.name}"
+
+
+def test_header_key_table_matches_code(doc: str) -> None:
+    documented = _table_first_column(doc, "header-keys")
+    expected = {getattr(P, name) for name in HEADER_KEY_NAMES} | EXTRA_HEADER_KEYS
+    assert sorted(documented) == sorted(expected)
+
+
+def test_signature_documented(doc: str) -> None:
+    assert P.SIGNATURE[:3] == b"MSH" and P.SIGNATURE[3] == P.PROTOCOL_VERSION
+    assert "`MSH`" in doc or '"MSH"' in doc
+    assert " ".join(f"{b:02x}" for b in P.SIGNATURE) in doc, "signature hex dump missing"
+    assert f"`PROTOCOL_VERSION` = {P.PROTOCOL_VERSION}" in doc
+    assert re.search(rf"protocol,? version {P.PROTOCOL_VERSION}\b", doc, re.IGNORECASE)
+
+
+@pytest.mark.parametrize("name", sorted(LIMITS))
+def test_every_limit_documented_with_its_value(doc: str, name: str) -> None:
+    value = LIMITS[name]
+    lines = [line for line in doc.splitlines() if f"`{name}`" in line]
+    assert lines, f"limit {name} is not in {DOC_PATH.name}"
+    assert any(re.search(rf"(?<![\d.]){value}(?![\d.])", line) for line in lines), (
+        f"no line of {DOC_PATH.name} gives {name} with its value {value}"
+    )
+
+
+def test_limit_table_matches_code(doc: str) -> None:
+    rows = {_backticked(row[1]): row[2] for row in _table_rows(doc, "limits") if _backticked(row[1])}
+    assert set(rows) == set(LIMITS), "the limits table and the MAX_* constants differ"
+    for name, value_cell in rows.items():
+        assert re.match(rf"{LIMITS[name]}(?![\d.])", value_cell), (
+            f"limits table gives {name} as {value_cell!r}, the code says {LIMITS[name]}"
+        )
+    named = set(re.findall(r"`((?:DEFAULT_)?MAX_[A-Z_]+)`", doc))
+    assert named == set(LIMITS), "docs name MAX_* constants that meshd.protocol does not define"
+
+
+def test_topic_envelope_documented(doc: str) -> None:
+    assert P.topic_key("news") == b"news\x00"
+    assert '`topic + "\\x00"`' in doc
+
+
+def test_routed_payloads_never_decoded_stated(doc: str) -> None:
+    assert "Daemons never decode the payload of a routed message" in doc
