@@ -11,8 +11,13 @@ from meshd import protocol as P
 from meshd.errors import ERRORS_BY_CODE, MeshError, NoSuchAgent, error_from_wire
 from meshd.protocol import FrameError, Kind
 
-header_values = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=False),
-                          st.text(max_size=40), st.binary(max_size=40))
+header_values = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1),
+                          st.floats(allow_nan=False), st.text(max_size=40), st.binary(max_size=40))
+nested_values = st.recursive(
+    header_values,
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+    max_leaves=20,
+)
 
 
 @given(
@@ -41,8 +46,7 @@ def test_garbage_header_is_a_frame_error(data: bytes) -> None:
         assert isinstance(header, dict) and header[P.KIND] in P.KNOWN_KINDS
 
 
-@given(st.recursive(header_values, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c,
-                                                                                       max_size=4), max_leaves=20))
+@given(nested_values)
 def test_any_msgpack_value_never_crashes_the_decoder(value: object) -> None:
     data = msgpack.packb(value, use_bin_type=True)
     try:
