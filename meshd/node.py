@@ -52,6 +52,7 @@ from .keys import (
     load_or_create_node_keys,
 )
 from .protocol import FrameError, Kind
+from .sdnotify import Notifier
 
 log = logging.getLogger("meshd.node")
 
@@ -219,6 +220,7 @@ class Node:
         self._untrusted_ads: dict[str, PeerAdvert] = {}
         self._static_keys: dict[str, str] = {}
         self._authenticated_key = ""
+        self.notifier = Notifier()
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -269,6 +271,8 @@ class Node:
             " INSECURE (plaintext mesh)" if s.insecure else "",
         )
         self.ready.set()
+        self.notifier.ready(self.status_line())
+        self._timers.append(asyncio.create_task(self._status_loop(), name="meshd-status"))
 
     def _setup_security(self) -> None:
         """CURVE keys, the trust store and the ZAP handler, before any server socket exists."""
@@ -334,6 +338,7 @@ class Node:
         if self._stopping:
             return
         self._stopping = True
+        self.notifier.stopping(f"stopping: {self.status_line()}")
         for task in self._timers:
             task.cancel()
         for task in self._timers:
@@ -366,6 +371,7 @@ class Node:
             self._ctx.term()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
+        self.notifier.close()
         log.info("node %s stopped", self.node_id)
 
     async def serve(self, shutdown_trigger: asyncio.Future[Any] | asyncio.Event) -> None:
@@ -1206,6 +1212,31 @@ class Node:
                     dealer.send_multipart([P.SIGNATURE, P.pack({P.KIND: Kind.HELLO, P.FROM: self.node_id}),
                                            self._hello_body(reply=False, via=endpoint)], zmq.NOBLOCK)
             await asyncio.sleep(interval)
+
+    def status_line(self) -> str:
+        """One line for systemd's STATUS= and logs: peers and agents counted."""
+        online = sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE)
+        remote = sum(len(p.agents) for p in self.peers.values() if p.state is not PeerState.OFFLINE)
+        return (f"{online}/{len(self.peers)} peers online, {len(self.local)} local agents, "
+                f"{remote} remote agents, mesh {self.settings.mesh!r}")
+
+    async def _status_loop(self) -> None:
+        """STATUS= when it changes (checked every second) and WATCHDOG=1 at half of WatchdogSec."""
+        watchdog = self.notifier.watchdog_interval()
+        tick = min(1.0, watchdog) if watchdog else 1.0
+        last_status = ""
+        last_ping = 0.0
+        while True:
+            line = self.status_line()
+            if line != last_status:
+                self.notifier.status(line)
+                last_status = line
+            now = time.monotonic()
+            if watchdog and now - last_ping >= watchdog:
+                # The loop turning is the health signal: a wedged routing loop stops the pings.
+                self.notifier.watchdog()
+                last_ping = now
+            await asyncio.sleep(tick)
 
     async def _trust_loop(self) -> None:
         """Apply changes to the authorized-keys folder without a restart."""
