@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -50,7 +51,8 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
 class MeshdProcess:
     """One real ``meshd run`` subprocess."""
 
-    def __init__(self, name: str, mesh: str, workdir: Path, args: list[str], secure: bool = False) -> None:
+    def __init__(self, name: str, mesh: str, workdir: Path, args: list[str], secure: bool = False,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.mesh = mesh
         self.dir = workdir / name
@@ -60,6 +62,7 @@ class MeshdProcess:
         self.log_path = self.dir / "meshd.log"
         self.args = args
         self.secure = secure
+        self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self._info: dict[str, Any] | None = None
 
@@ -84,8 +87,9 @@ class MeshdProcess:
     def start(self, wait: bool = True) -> MeshdProcess:
         self._info = None
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        env = {**os.environ, **self.env} if self.env else None
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, env=env)
         log.close()
         if wait:
             self.wait_ready()
@@ -173,11 +177,12 @@ class MeshdFactory:
         self.procs: list[MeshdProcess] = []
 
     def spawn(self, name: str, *extra: str, mesh: str | None = None, fast: bool = True,
-              wait: bool = True, secure: bool = False, start: bool = True) -> MeshdProcess:
+              wait: bool = True, secure: bool = False, start: bool = True,
+              env: dict[str, str] | None = None) -> MeshdProcess:
         args = ["--interface", "127.0.0.1", *extra]
         if fast and "--offline-after" not in extra:
             args += ["--heartbeat-interval", "0.25", "--stale-after", "1", "--offline-after", "2"]
-        proc = MeshdProcess(name, mesh or self.mesh, self.workdir, args, secure=secure)
+        proc = MeshdProcess(name, mesh or self.mesh, self.workdir, args, secure=secure, env=env)
         self.procs.append(proc)
         return proc.start(wait=wait) if start else proc
 

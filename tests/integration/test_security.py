@@ -192,3 +192,75 @@ def test_meshctl_keys_round_trip(tmp_path: Path) -> None:
     assert other not in ctl("list", "--json").stdout
     bad = ctl("trust", "peer-2", "not-a-key")
     assert bad.returncode == 2 and "not a CURVE public key" in bad.stderr
+
+
+def test_oversized_payload_refused_at_the_client_and_peer_frames_disconnect_only_that_peer(
+        meshd_factory: MeshdFactory) -> None:
+    from meshd import TooLarge
+
+    env = {"MESHD_MAX_PAYLOAD_BYTES": "65536"}
+    a = meshd_factory.spawn("a", env=env)
+    b = meshd_factory.spawn("b", env=env)
+    meshd_factory.wait_mesh([a, b])
+
+    async def client_side() -> None:
+        async with Agent("big", socket=a.socket, max_payload_bytes=65536) as big:
+            try:
+                await big.send("anyone", "x", b"x" * 70000)
+            except TooLarge as exc:
+                assert "65536" in str(exc)
+            else:
+                raise AssertionError("oversized payload was not refused")
+    asyncio.run(client_side())
+
+    # a raw peer that sends a frame over the daemon's limit is cut off; the mesh goes on
+    ctx = zmq.Context()
+    rogue = ctx.socket(zmq.DEALER)
+    rogue.setsockopt(zmq.LINGER, 0)
+    monitor = rogue.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECTED)
+    rogue.connect(a.router)
+    try:
+        from zmq.utils.monitor import recv_monitor_message
+        assert monitor.poll(5000)
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_CONNECTED
+        rogue.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "hb"}), b"x" * (65536 + 128 * 1024)])
+        assert monitor.poll(5000), "the daemon kept a peer that sent an oversized frame"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+        assert a.alive() and b.node_id in online(a)
+        assert request_across(b, a) == {"secret": "payload"}
+    finally:
+        rogue.disable_monitor()
+        monitor.close(0)
+        rogue.close(0)
+        ctx.term()
+
+
+def test_agent_socket_refuses_other_users(meshd_factory: MeshdFactory) -> None:
+    import pwd
+    import shutil
+    import stat as st
+
+    a = meshd_factory.spawn("a")
+    mode = st.S_IMODE(a.socket.stat().st_mode)
+    assert mode == 0o660, oct(mode)
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return  # the mode check above is what can be verified without root
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        return
+    # open the folders on the way (not the socket) so only the socket's own mode decides
+    os.chmod(meshd_factory.workdir, 0o755)
+    os.chmod(a.dir, 0o755)
+    code = ("import asyncio, sys\n"
+            "from meshd import Agent, DaemonUnreachable\n"
+            "async def main():\n"
+            f"    async with Agent('intruder', socket={str(a.socket)!r}):\n"
+            "        pass\n"
+            "try:\n    asyncio.run(main())\nexcept (DaemonUnreachable, PermissionError) as e:\n"
+            "    print('refused', type(e).__name__); sys.exit(3)\n")
+    r = subprocess.run(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+                        sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    assert "intruder" not in {x["name"] for x in a.query("agents")}
