@@ -175,6 +175,28 @@ class Settings(BaseModel):
     hop_limit: int = Field(
         default=5, ge=1, le=64, description="How many times a message may be forwarded (1..64)."
     )
+    # delivery
+    qos1_attempts: int = Field(
+        default=3, ge=1, le=100,
+        description="Deliveries of a qos-1 message that go unacknowledged before it becomes a dead letter.",
+    )
+    qos1_ack_timeout: float = Field(
+        default=5.0, gt=0,
+        description="Seconds to wait for a qos-1 ack (the handler finished) before trying again; "
+        "doubles after each attempt.",
+    )
+    qos1_ttl: float = Field(
+        default=3600.0, gt=0,
+        description="Seconds a qos-1 message may wait in the outbox (receiver absent, inbox full, "
+        "peer unreachable) before it becomes a dead letter.",
+    )
+    dead_letter_capacity: int = Field(
+        default=1024, ge=1, description="Dead letters kept in memory (oldest evicted first)."
+    )
+    dead_letter_jsonl: bool = Field(
+        default=False,
+        description="Also append every dead letter to <state_dir>/deadletters.jsonl (built-in sink).",
+    )
     # logging
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Log level: debug, info, warning or error."
