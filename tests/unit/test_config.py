@@ -22,7 +22,7 @@ from meshd.config import (
 from meshd.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "conf" / "meshd.toml"
-SETTING_LINE = re.compile(r"^#\s?([a-z_]+)\s*=\s*(.*)$")
+SETTING_LINE = re.compile(r"^#\s?([a-z_][a-z0-9_]*)\s*=\s*(.*)$")
 
 
 def write(tmp_path: Path, text: str) -> Path:
