@@ -99,7 +99,7 @@ def percentiles(samples_ns: list[int]) -> dict[str, float]:
     n = len(s)
 
     def pct(p: float) -> float:
-        return s[min(n - 1, int(round(p / 100 * (n - 1))))] / 1000.0
+        return s[min(n - 1, round(p / 100 * (n - 1)))] / 1000.0
 
     return {"n": n, "p50_us": pct(50), "p90_us": pct(90), "p99_us": pct(99),
             "mean_us": statistics.fmean(s) / 1000.0, "max_us": s[-1] / 1000.0}
@@ -309,7 +309,7 @@ async def _mesh_counter(cfg: dict[str, Any]) -> None:
         cmd = await read_cmd_async()
         expected = int(cmd["n"])
         end = time.monotonic() + float(cmd.get("tail", 5.0))
-        while state["count"] < expected and time.monotonic() < end:
+        while state["count"] < expected and time.monotonic() < end:  # noqa: ASYNC110 (bounded poll)
             await asyncio.sleep(0.01)
         span = state["last"] - state["first"]
         emit({"event": "result", "received": state["count"], "span_s": span, "warm": state["warm"],
@@ -347,7 +347,7 @@ async def _mesh_send(cfg: dict[str, Any]) -> None:
         # Let the client's queue drain before we report (closing early would drop the tail).
         end = time.monotonic() + 10
         await asyncio.sleep(0)
-        while (me._sendq or me._out) and time.monotonic() < end:
+        while (me._sendq or me._out) and time.monotonic() < end:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
         drained = time.perf_counter() - t0
         emit({"event": "sent", "sent": i, "elapsed_s": elapsed, "rate": i / elapsed,
@@ -472,7 +472,8 @@ def _wire_call(sock: zmq.Socket[Any], header: dict[str, Any], body: Any = None) 
     return _wire_call_h(sock, header, body)[1]
 
 
-def _wire_call_h(sock: zmq.Socket[Any], header: dict[str, Any], body: Any = None) -> tuple[dict[str, Any], Any]:
+def _wire_call_h(sock: zmq.Socket[Any], header: dict[str, Any],
+                 body: Any = None) -> tuple[dict[str, Any], Any]:
     """As _wire_call, returning (ok header, decoded body)."""
     msg_id = f"w{os.getpid():x}-{next(_wire_seq)}"
     header = dict(header, id=msg_id)
@@ -698,7 +699,8 @@ def role_wire_rtt(cfg: dict[str, Any]) -> None:
             msg_id = f"q{i}"
             header = {"kind": "request", "id": msg_id, "topic": "rr", "from": me, "to": to,
                       "deadline": time.time() + 5}
-            sock.send_multipart([SIG, msgpack.packb(header), msgpack.packb(make_payload(i), use_bin_type=True)])
+            payload = msgpack.packb(make_payload(i), use_bin_type=True)
+            sock.send_multipart([SIG, msgpack.packb(header), payload])
             while True:
                 frames = sock.recv_multipart()
                 h = msgpack.unpackb(frames[1], raw=False)
@@ -1012,6 +1014,7 @@ class Bench:
         """Best of the repetitions by rate; losses summed over all of them."""
         top = dict(max(runs, key=lambda r: r["rate"]))
         top["all_rates"] = [r["rate"] for r in runs]
+        top["runs"] = [{k: v for k, v in r.items() if k != "runs"} for r in runs]
         top["lost_all_runs"] = sum(r["lost_total"] for r in runs)
         top["sender_errors_all_runs"] = sum(r["sender_errors"] for r in runs)
         return top
@@ -1179,7 +1182,7 @@ class Bench:
 
             async def new_side() -> None:
                 end = t0 + timeout
-                while not new.socket.exists() and time.monotonic() < end:
+                while not new.socket.exists() and time.monotonic() < end:  # noqa: ASYNC110
                     await asyncio.sleep(0.002)
                 out["new_ready_ms"] = (time.monotonic() - t0) * 1000
                 pb = await self._probe(new, f"probe-{new.name}-new")
@@ -1204,7 +1207,8 @@ class Bench:
               f"{out.get('new_sees_old_ms', float('inf')):.0f} ms (from process start)", flush=True)
         return out
 
-    async def stale_after_kill(self, observer: Daemon, victim: Daemon, timeout: float = 15.0) -> dict[str, Any]:
+    async def stale_after_kill(self, observer: Daemon, victim: Daemon,
+                               timeout: float = 15.0) -> dict[str, Any]:
         pa = await self._probe(observer, f"probe-kill-{victim.name}")
         out: dict[str, Any] = {}
         try:
@@ -1230,6 +1234,21 @@ class Bench:
 
     # ----------------------------------------------------------------- the run
 
+    def guarded(self, key: str, fn: Any, *args: Any) -> Any:
+        """Run one scenario; a failure is recorded (and shown as ERROR) instead of ending the run."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            print(f"  {key}: FAILED: {type(exc).__name__}: {str(exc)[:600]}", flush=True)
+            self.results.setdefault("errors", {})[key] = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def repeat(self, key: str, fn: Any, *args: Any, reps: int | None = None) -> None:
+        runs = [self.guarded(key, fn, *args, f"{key}{k}") for k in range(reps or self.reps)]
+        runs = [x for x in runs if x is not None]
+        if runs:
+            self.results[key] = self.best(runs)
+
     def run(self) -> dict[str, Any]:
         r = self.results
         r["meta"] = {
@@ -1252,32 +1271,38 @@ class Bench:
         r["daemon_a_ready_ms"] = a.wait_ready() * 1000
         b = self.daemon("B")
         disc = [asyncio.run(self.discovery(a, b))]
+        if "new_sees_old_ms" not in disc[0] or "old_sees_new_ms" not in disc[0]:
+            raise RuntimeError(f"daemons A and B never saw each other:\n{a.log()}\n{b.log()}")
 
         print("raw pyzmq:", flush=True)
-        raw_tp = [self.raw_throughput() for _ in range(self.reps)]
-        r["raw_rtt"] = self.raw_rtt()
-        r["relay_rtt"] = self.relay_rtt()
+        raw_tp = [x for x in (self.guarded("raw_tp", self.raw_throughput) for _ in range(self.reps)) if x]
+        r["raw_rtt"] = self.guarded("raw_rtt", self.raw_rtt)
+        r["relay_rtt"] = self.guarded("relay_rtt", self.relay_rtt)
         print("meshd:", flush=True)
-        mesh_tp = [self.mesh_throughput(a, b, f"b{k}") for k in range(self.reps)]
-        r["mesh_rtt"] = self.mesh_rtt(a, b)
-        r["wire_rtt"] = self.mesh_rtt(a, b, wire=True)
-        pubs = [self.mesh_publish(a, b, f"d{k}") for k in range(self.reps)]
-        wpubs = [self.wire_publish(a, b, f"dw{k}") for k in range(self.reps)]
-        wire_tp = [self.wire_throughput(a, b, f"e{k}", raw_receiver=False) for k in range(self.reps)]
-        wire_raw = [self.wire_throughput(a, b, f"f{k}", raw_receiver=True) for k in range(self.reps)]
-        raw_tp.append(self.raw_throughput())  # raw again, after the meshd runs (noise check)
-        r["raw_tp"], r["mesh_tp"], r["publish"] = self.best(raw_tp), self.best(mesh_tp), self.best(pubs)
-        r["wire_tp"], r["wire_raw_tp"] = self.best(wire_tp), self.best(wire_raw)
-        r["wire_publish"] = self.best(wpubs)
+        self.repeat("mesh_tp", self.mesh_throughput, a, b)
+        r["mesh_rtt"] = self.guarded("mesh_rtt", self.mesh_rtt, a, b)
+        r["wire_rtt"] = self.guarded("wire_rtt", self.mesh_rtt, a, b, True)
+        self.repeat("publish", self.mesh_publish, a, b)
+        self.repeat("wire_publish", self.wire_publish, a, b)
+        self.repeat("wire_tp", lambda a, b, tag: self.wire_throughput(a, b, tag, False), a, b)
+        self.repeat("wire_raw_tp", lambda a, b, tag: self.wire_throughput(a, b, tag, True), a, b)
+        again = self.guarded("raw_tp", self.raw_throughput)  # raw again after meshd (noise check)
+        raw_tp += [again] if again else []
+        if raw_tp:
+            r["raw_tp"] = self.best(raw_tp)
+
+        # Counters after the load runs, before the kill tests (a peer seen stale here is spurious).
+        r["daemon_stats_after_load"] = {d.name: self._daemon_stats(d) for d in (a, b)}
 
         print("discovery and liveness:", flush=True)
-        kills = [asyncio.run(self.stale_after_kill(a, b))]
+        kills = [self.guarded("stale", lambda: asyncio.run(self.stale_after_kill(a, b)))]
         for k in range(1 if self.quick else 2):
             c = self.daemon(f"C{k}")
-            disc.append(asyncio.run(self.discovery(a, c)))
-            kills.append(asyncio.run(self.stale_after_kill(a, c)))
-        r["discovery"], r["stale"] = disc, kills
-        r["daemon_stats"] = self._daemon_stats(a)
+            disc.append(self.guarded("discovery", lambda c=c: asyncio.run(self.discovery(a, c))))
+            kills.append(self.guarded("stale", lambda c=c: asyncio.run(self.stale_after_kill(a, c))))
+        r["discovery"] = [d for d in disc if d]
+        r["stale"] = [k for k in kills if k]
+        r["daemon_a_stats"] = self._daemon_stats(a)
         r["meta"]["loadavg_at_end"] = os.getloadavg()
         return r
 
@@ -1297,60 +1322,83 @@ class Bench:
 # ===================================================================================== report
 
 def build_table(r: dict[str, Any]) -> list[list[str]]:
+    """Rows: scenario | metric | meshd | raw pyzmq | ratio | goal | met?  (ERROR if it failed)."""
     rows: list[list[str]] = []
 
-    def fmt_rate(x: float) -> str:
-        return f"{x:,.0f}"
-
-    def add(scn: str, metric: str, mesh: str, raw: str, ratio: str, goal: str, met: bool | None) -> None:
+    def add(scn: str, metric: str, fn: Any, goal: str = "") -> None:
+        try:
+            mesh, raw, ratio, met = fn()
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            rows.append([scn, metric, "ERROR", "", "", goal, "NO" if goal else "-"])
+            return
         rows.append([scn, metric, mesh, raw, ratio, goal, "-" if met is None else ("yes" if met else "NO")])
 
-    raw, mesh, wire, wraw, pub = r["raw_tp"], r["mesh_tp"], r["wire_tp"], r["wire_raw_tp"], r["publish"]
-    add("(a) raw pyzmq", "one-way msgs/s", "", fmt_rate(raw["rate"]), "", "", None)
-    add("(a) raw pyzmq", "rtt p50 / p99 us", "", f"{r['raw_rtt']['p50_us']:.0f} / {r['raw_rtt']['p99_us']:.0f}",
-        "", "", None)
-    add("(b) one-way A->B", "msgs/s at receiver", fmt_rate(mesh["rate"]), fmt_rate(raw["rate"]),
-        f"{mesh['rate'] / raw['rate']:.2f}", ">= 60,000", mesh["rate"] >= 60_000)
-    add("(b) one-way A->B", "lost (all runs)", str(mesh["lost_all_runs"]), str(raw["lost_all_runs"]), "",
-        "0", mesh["lost_all_runs"] == 0)
-    rt, rr = r["mesh_rtt"], r["raw_rtt"]
-    add("(c) request/reply", "rtt p50 us", f"{rt['p50_us']:.0f}", f"{rr['p50_us']:.0f}",
-        f"{rt['p50_us'] / rr['p50_us']:.1f}x", "< 450", rt["p50_us"] < 450)
-    add("(c) request/reply", "rtt p99 us", f"{rt['p99_us']:.0f}", f"{rr['p99_us']:.0f}",
-        f"{rt['p99_us'] / rr['p99_us']:.1f}x", "", None)
-    wt = r["wire_rtt"]
-    add("(c') raw wire req/rep", "rtt p50 / p99 us", f"{wt['p50_us']:.0f} / {wt['p99_us']:.0f}",
-        f"{rr['p50_us']:.0f} / {rr['p99_us']:.0f}", f"{wt['p50_us'] / rr['p50_us']:.1f}x", "(info)", None)
-    lr = r["relay_rtt"]
-    add("(c'') 2 pyzmq relays", "rtt p50 / p99 us", f"{rt['p50_us']:.0f} / {rt['p99_us']:.0f}",
-        f"{lr['p50_us']:.0f} / {lr['p99_us']:.0f}", f"{rt['p50_us'] / lr['p50_us']:.1f}x", "(info)", None)
-    add("(d) publish x4 subs", "msgs/s per sub (min)", fmt_rate(pub["rate"]), fmt_rate(raw["rate"]),
-        f"{pub['rate'] / raw['rate']:.2f}", ">= 25,000", pub["rate"] >= 25_000)
-    add("(d) publish x4 subs", "lost (all runs, all subs)", str(pub["lost_all_runs"]), "", "", "0",
-        pub["lost_all_runs"] == 0)
-    wp = r["wire_publish"]
-    add("(d') raw publisher x4", "msgs/s per sub (min)", fmt_rate(wp["rate"]), fmt_rate(raw["rate"]),
-        f"{wp['rate'] / raw['rate']:.2f}", "(info)", None)
-    add("(d') raw publisher x4", "lost (all runs, all subs)", str(wp["lost_all_runs"]), "", "", "0",
-        wp["lost_all_runs"] == 0)
-    ratio_e = wire["rate"] / raw["rate"]
-    add("(e) raw sender->Agent", "msgs/s at receiver", fmt_rate(wire["rate"]), fmt_rate(raw["rate"]),
-        f"{ratio_e:.2f}", ">= 0.40 of (a)", ratio_e >= 0.4)
-    add("(e) raw sender->Agent", "lost (all runs)", str(wire["lost_all_runs"]), "", "", "0",
-        wire["lost_all_runs"] == 0)
-    add("(f) raw both ends", "msgs/s at receiver", fmt_rate(wraw["rate"]), fmt_rate(raw["rate"]),
-        f"{wraw['rate'] / raw['rate']:.2f}", "(info)", None)
-    add("(f) raw both ends", "lost (all runs)", str(wraw["lost_all_runs"]), "", "", "0",
-        wraw["lost_all_runs"] == 0)
-    disc = r["discovery"]
-    worst = max(d["both_ways_ms"] for d in disc)
-    add("discovery", "both ways, ms from spawn (worst)", f"{worst:.0f}", "", "", "<= 500", worst <= 500)
-    add("discovery", "  of which start-up to socket", f"{max(d.get('new_ready_ms', 0) for d in disc):.0f}",
-        "", "", "", None)
-    add("discovery", "  after socket bound (worst)", f"{max(d['after_ready_ms'] for d in disc):.0f}",
-        "", "", "", None)
-    stale = [k.get("stale_ms", float("inf")) for k in r["stale"]]
-    add("SIGKILL", "seen stale, ms (worst)", f"{max(stale):.0f}", "", "", "<= 1000", max(stale) <= 1000)
+    def rate(x: float) -> str:
+        return f"{x:,.0f}"
+
+    def tp(key: str, goal_rate: float | None = None, goal_ratio: float | None = None) -> Any:
+        def f() -> Any:
+            m, raw = r[key]["rate"], r["raw_tp"]["rate"]
+            met = (m >= goal_rate) if goal_rate else (m / raw >= goal_ratio) if goal_ratio else None
+            return rate(m), rate(raw), f"{m / raw:.2f}", met
+        return f
+
+    def lost(key: str) -> Any:
+        return lambda: (str(r[key]["lost_all_runs"]), "", "", r[key]["lost_all_runs"] == 0)
+
+    def lat(key: str, base: str, goal_p50: float | None = None) -> Any:
+        def f() -> Any:
+            m, b = r[key], r[base]
+            return (f"{m['p50_us']:.0f} / {m['p99_us']:.0f}", f"{b['p50_us']:.0f} / {b['p99_us']:.0f}",
+                    f"{m['p50_us'] / b['p50_us']:.1f}x / {m['p99_us'] / b['p99_us']:.1f}x",
+                    (m["p50_us"] < goal_p50) if goal_p50 else None)
+        return f
+
+    add("(a) raw pyzmq", "one-way msgs/s", lambda: ("", rate(r["raw_tp"]["rate"]), "", None))
+    add("(a) raw pyzmq", "lost", lambda: ("", str(r["raw_tp"]["lost_all_runs"]), "", None))
+    add("(a) raw pyzmq", "rtt p50 / p99 us", lambda: ("", f"{r['raw_rtt']['p50_us']:.0f} / "
+                                                          f"{r['raw_rtt']['p99_us']:.0f}", "", None))
+    add("(b) one-way A->B", "msgs/s at receiver", tp("mesh_tp", goal_rate=60_000), ">= 60,000")
+    add("(b) one-way A->B", "lost (all runs)", lost("mesh_tp"), "0")
+    add("(c) request/reply", "rtt p50 / p99 us", lat("mesh_rtt", "raw_rtt", 450), "p50 < 450")
+    add("(c') raw-wire req/rep", "rtt p50 / p99 us", lat("wire_rtt", "raw_rtt"), "(info)")
+    add("(c'') (c) vs 2 relays", "rtt p50 / p99 us", lat("mesh_rtt", "relay_rtt"), "(info)")
+    add("(d) publish, 4 subs", "msgs/s per sub (min)", tp("publish", goal_rate=25_000), ">= 25,000")
+    add("(d) publish, 4 subs", "lost (all runs, subs)", lost("publish"), "0")
+    add("(d') raw-wire publisher", "msgs/s per sub (min)", tp("wire_publish"), "(info)")
+    add("(d') raw-wire publisher", "lost (all runs, subs)", lost("wire_publish"), "0")
+    add("(e) raw-wire sender", "msgs/s at receiver", tp("wire_tp", goal_ratio=0.4), ">= 0.40 of (a)")
+    add("(e) raw-wire sender", "lost (all runs)", lost("wire_tp"), "0")
+    add("(f) raw wire both ends", "msgs/s at receiver", tp("wire_raw_tp"), "(info)")
+    add("(f) raw wire both ends", "lost (all runs)", lost("wire_raw_tp"), "0")
+
+    def flips() -> Any:
+        st = r["daemon_stats_after_load"]
+        return " / ".join(str(st[n].get("peer_stale", 0)) for n in ("A", "B")), "", "", None
+
+    def drops() -> Any:
+        st = r["daemon_stats_after_load"]
+        keys = ("publish_local_dropped", "publish_remote_dropped", "topic_dropped", "malformed")
+        return " / ".join(str(sum(st[n].get(k, 0) for k in keys)) for n in ("A", "B")), "", "", None
+
+    add("under load", "peers flipped stale, A / B", flips, "(info)")
+    add("under load", "batches dropped in daemons, A / B", drops, "(info)")
+
+    def disc() -> Any:
+        worst = max(d["both_ways_ms"] for d in r["discovery"])
+        return f"{worst:.0f}", "", "", worst <= 500
+
+    add("discovery", "both ways, ms from spawn (worst)", disc, "<= 500")
+    add("discovery", "  spawn -> socket bound", lambda: (
+        f"{max(d['new_ready_ms'] for d in r['discovery']):.0f}", "", "", None))
+    add("discovery", "  socket bound -> both online", lambda: (
+        f"{max(d['after_ready_ms'] for d in r['discovery']):.0f}", "", "", None))
+
+    def stale() -> Any:
+        worst = max(k["stale_ms"] for k in r["stale"])
+        return f"{worst:.0f}", "", "", worst <= 1000
+
+    add("SIGKILL", "seen stale by peer, ms (worst)", stale, "<= 1000")
     return rows
 
 
@@ -1377,11 +1425,18 @@ def main(argv: list[str] | None = None) -> int:
         ROLES[args.role](json.loads(args.cfg or "{}"))
         return 0
     t0 = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally below still cleans up
     bench = Bench(args.quick)
+    status = 0
     try:
         results = bench.run()
+    except Exception as exc:
+        print(f"bench aborted: {type(exc).__name__}: {exc}", flush=True)
+        results, status = bench.results, 1
     finally:
         bench.cleanup()
+    if "meta" not in results:
+        return 1
     rows = build_table(results)
     results["table"] = rows
     results["total_s"] = time.monotonic() - t0
@@ -1390,7 +1445,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
         print(f"wrote {args.json}")
-    return 0
+    if results.get("errors"):
+        print(f"scenarios that failed: {', '.join(results['errors'])}")
+    return status
 
 
 if __name__ == "__main__":

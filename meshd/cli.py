@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import zmq
+
 from . import __version__
 from .config import Settings, default_socket_path, ensure_dirs, load_settings
 from .errors import ConfigError, MeshError
@@ -87,6 +89,9 @@ def _run_parser(sub: Any) -> None:
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
     env = dict(os.environ if environ is None else environ)
     config = args.config or (Path(env["MESHD_CONFIG"]) if env.get("MESHD_CONFIG") else None)
+    if config is None and env.get("CONFIGURATION_DIRECTORY"):
+        candidate = Path(env["CONFIGURATION_DIRECTORY"].split(":")[0]) / "meshd.toml"
+        config = candidate if candidate.exists() else None  # systemd's ConfigurationDirectory=
     keys = ("name", "mesh", "interfaces", "port", "pub_port", "peers", "discovery", "state_dir",
             "socket", "insecure", "heartbeat_interval", "stale_after", "offline_after",
             "log_level", "log_format", "allow_insecure_lan", "trust_mode", "authorized_keys_dir",
@@ -138,7 +143,7 @@ def meshd_main(argv: list[str] | None = None) -> int:
     except KeyFileError as exc:
         print(f"meshd: key error: {exc}", file=sys.stderr)
         return 2
-    except (RuntimeError, OSError) as exc:
+    except (RuntimeError, OSError, zmq.ZMQError) as exc:
         log.error("cannot start: %s", exc)
         return 1
 

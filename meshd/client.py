@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import threading
@@ -49,9 +50,22 @@ ANY_TOPIC = "*"
 T = TypeVar("T")
 
 
+class _Deferred:
+    def __repr__(self) -> str:
+        return "meshd.DEFER"
+
+
+DEFER: Any = _Deferred()
+"""Return this from a request handler to answer later with ``Agent.reply`` (or ``fail``)."""
+
+
 @dataclass(slots=True)
 class Message:
-    """A message as a handler sees it."""
+    """A message as a handler sees it.
+
+    For a request, ``reply_to`` and ``correlation_id`` say where the answer goes: the original
+    requester and its id, even when the request was delegated along the way.
+    """
 
     id: str
     kind: str
@@ -62,10 +76,33 @@ class Message:
     correlation_id: str | None = None
     deadline: float | None = None
     headers: dict[str, Any] = field(default_factory=dict)
+    reply_to: str = ""
+    hops: int = 0
+    qos: int = 0
+    _agent: Agent | None = None
+    _answered: bool = False
+    _cancelled: asyncio.Event | None = None
+
+    @property
+    def cancelled(self) -> asyncio.Event:
+        """Set when the requester cancels; the handler's task is cancelled too."""
+        if self._cancelled is None:
+            self._cancelled = asyncio.Event()
+        return self._cancelled
 
     @property
     def is_request(self) -> bool:
         return self.kind == Kind.REQUEST
+
+    @property
+    def time_left(self) -> float | None:
+        """Seconds until the requester gives up (None if it set no deadline)."""
+        return None if self.deadline is None else self.deadline - time.time()
+
+    async def progress(self, note: str = "working") -> None:
+        """Tell the requester the handler is still working (its ``on_progress`` sees ``note``)."""
+        if self._agent is not None and self.is_request:
+            self._agent._progress(self, note)
 
 
 Handler = Callable[[Message], Any]
@@ -92,6 +129,15 @@ def decode_payload(data: bytes) -> Any:
     if not data:
         return None
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+@dataclass(frozen=True)
+class HandoffResult:
+    """The receiver's verdict on a handoff."""
+
+    accepted: bool
+    reason: str | None = None
+    data: Any = None
 
 
 class Agent:
@@ -137,6 +183,11 @@ class Agent:
         self._topics: set[str] = set()
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._batch_members: dict[str, list[str]] = {}
+        self._progress_cbs: dict[str, Callable[[str], Any]] = {}
+        self._running: dict[str, tuple[asyncio.Task[Any], Message]] = {}
+        self._unit_left: dict[str, int] = {}
+        self._acks: list[str] = []
+        self._ack_scheduled = False
         self._out: dict[tuple[str, str], list[tuple[dict[str, Any], bytes]]] = {}
         self._flush_scheduled = False
         self._sendq: deque[list[bytes]] = deque()
@@ -229,19 +280,45 @@ class Agent:
 
     # ----------------------------------------------------------------------------- primitives
 
-    async def send(self, to: str, topic: str, payload: Any = None, *,
+    async def send(self, to: str, topic: str, payload: Any = None, *, qos: int = 0,
                    headers: dict[str, Any] | None = None) -> None:
-        """Fire-and-forget. Delivery failures arrive later through ``on_error``."""
-        header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: P.new_id(), P.TOPIC: topic}
+        """Send without waiting for an answer.
+
+        qos 0 (default): at most once; failures arrive later through ``on_error``.
+        qos 1: at least once, and the handler sees it once. Returns when the local daemon has
+        the message on disk; it retries until the receiver's handler has finished.
+        """
+        if qos not in (0, 1):
+            raise ValidationFailed("qos must be 0 or 1")
+        msg_id = P.new_id()
+        header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic}
         if headers:
             header[P.HEADERS] = headers
-        self._enqueue(("to", to), header, self._payload(payload))
-        await self._backpressure()
+        data = self._payload(payload)
+        if qos == 0:
+            self._enqueue(("to", to), header, data)
+            await self._backpressure()
+            return
+        loop = self._require_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending[msg_id] = fut
+        timer = loop.call_later(CONTROL_TIMEOUT * 2, self._expire_control, msg_id)
+        try:
+            self._enqueue(("to1", to), header, data)
+            await fut
+        finally:
+            timer.cancel()
+            self._pending.pop(msg_id, None)
 
     async def request(self, to: str, topic: str, payload: Any = None, *,
                       timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                      headers: dict[str, Any] | None = None) -> Any:
-        """Send a request and return the reply's payload; never waits longer than ``timeout``."""
+                      headers: dict[str, Any] | None = None,
+                      on_progress: Callable[[str], Any] | None = None) -> Any:
+        """Send a request and return the reply's payload; never waits longer than ``timeout``.
+
+        ``on_progress(note)`` is called when the handler reports progress. Cancelling the
+        awaiting task (or the timeout passing) tells the handler it may stop.
+        """
         if not timeout or timeout <= 0:
             raise ValidationFailed("timeout must be a positive number of seconds")
         loop = self._require_loop()
@@ -251,15 +328,74 @@ class Agent:
         if headers:
             header[P.HEADERS] = headers
         data = self._payload(payload)
+        return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
+                                       lambda: self._enqueue(("to", to), header, data))
+
+    async def _await_reply(self, loop: asyncio.AbstractEventLoop, msg_id: str, to: str, topic: str,
+                           timeout: float, on_progress: Callable[[str], Any] | None,
+                           send: Callable[[], None]) -> Any:
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
+        if on_progress is not None:
+            self._progress_cbs[msg_id] = on_progress
         timer = loop.call_later(timeout, self._expire, msg_id, to, topic, timeout)
         try:
-            self._enqueue(("to", to), header, data)
+            send()
             return await fut
+        except (asyncio.CancelledError, RequestTimeout):
+            self._send_cancel(to, msg_id)
+            raise
         finally:
             timer.cancel()
             self._pending.pop(msg_id, None)
+            self._progress_cbs.pop(msg_id, None)
+
+    async def reply(self, msg: Message, payload: Any = None, *, status: str | None = None) -> None:
+        """Answer a request later (its handler returned ``DEFER``); goes to the original requester."""
+        if not msg.is_request:
+            raise ValidationFailed("only requests can be replied to")
+        self._reply(msg, payload, status=status)
+
+    async def fail(self, msg: Message, error: BaseException | str, *, code: str = "HANDLER_ERROR") -> None:
+        """Answer a request later with an error (HANDLER_ERROR unless ``code`` says otherwise)."""
+        text = str(error) or type(error).__name__
+        remote_type = type(error).__name__ if isinstance(error, BaseException) else None
+        self._reply_error(msg, code, text, remote_type=remote_type)
+
+    async def delegate(self, msg: Message, to: str, *, topic: str | None = None,
+                       payload: Any = DEFER) -> None:
+        """Forward a request to ``to``; its reply goes straight to the original requester.
+
+        Keeps the original correlation id and requester, counts one more hop (the daemon stops it
+        past the hop limit with HOP_LIMIT), and passes on only the time the requester has left.
+        """
+        if not msg.is_request:
+            raise ValidationFailed("only requests can be delegated")
+        if msg.deadline is not None and msg.deadline <= time.time():
+            raise RequestTimeout("the request's deadline has passed; not delegating it")
+        header: dict[str, Any] = {
+            P.KIND: Kind.REQUEST, P.ID: P.new_id(), P.FROM: self.name, P.TO: to,
+            P.TOPIC: topic or msg.topic, P.CORR: msg.correlation_id or msg.id,
+            P.ORIGIN: msg.reply_to or msg.sender, P.HOPS: msg.hops + 1,
+        }
+        if msg.deadline is not None:
+            header[P.DEADLINE] = msg.deadline
+        if msg.headers:
+            header[P.HEADERS] = msg.headers
+        data = self._payload(msg.payload if payload is DEFER else payload)
+        msg._answered = True  # the delegate answers; this handler's return value is ignored
+        self._flush()
+        self._push([P.SIGNATURE, P.pack(header), data])  # never batched: the daemon checks its hops
+
+    async def handoff(self, to: str, task_id: str, context: Any = None, artifacts: Any = None, *,
+                      timeout: float = DEFAULT_REQUEST_TIMEOUT) -> HandoffResult:
+        """Hand a task to another agent (topic ``handoff-task``); returns its accept or reject."""
+        reply = await self.request(to, P.HANDOFF_TOPIC,
+                                   {"task_id": task_id, "context": context, "artifacts": artifacts},
+                                   timeout=timeout)
+        if isinstance(reply, dict) and "accepted" in reply:
+            return HandoffResult(bool(reply["accepted"]), reply.get("reason"), reply.get("data"))
+        return HandoffResult(bool(reply))
 
     async def publish(self, topic: str, payload: Any = None, *,
                       headers: dict[str, Any] | None = None) -> int:
@@ -372,26 +508,32 @@ class Agent:
         if not items:
             return
         field_name, dest = key
-        dest_key = P.TO if field_name == "to" else P.TOPIC
+        dest_key = P.TOPIC if field_name == "topic" else P.TO
+        qos = 1 if field_name == "to1" else 0
         for start in range(0, len(items), self.batch_max):
             chunk = items[start:start + self.batch_max]
             if len(chunk) == 1:
                 header, payload = chunk[0]
                 header[P.FROM] = self.name
                 header[dest_key] = dest
+                if qos:
+                    header[P.QOS] = 1
                 self._push([P.SIGNATURE, P.pack(header), payload])
                 continue
             batch_id = P.new_id()
-            frames = [P.SIGNATURE, P.pack({P.KIND: Kind.BATCH, P.ID: batch_id, P.FROM: self.name,
-                                           dest_key: dest, P.COUNT: len(chunk)})]
-            publish_ids = []
+            batch_header: dict[str, Any] = {P.KIND: Kind.BATCH, P.ID: batch_id, P.FROM: self.name,
+                                            dest_key: dest, P.COUNT: len(chunk)}
+            if qos:
+                batch_header[P.QOS] = 1
+            frames = [P.SIGNATURE, P.pack(batch_header)]
+            awaited = []
             for header, payload in chunk:
                 frames.append(P.pack(header))
                 frames.append(payload)
-                if header[P.KIND] == Kind.PUBLISH:
-                    publish_ids.append(header[P.ID])
-            if publish_ids:
-                self._batch_members[batch_id] = publish_ids
+                if header[P.KIND] == Kind.PUBLISH or qos:
+                    awaited.append(header[P.ID])  # resolved by the daemon's one answer for the batch
+            if awaited:
+                self._batch_members[batch_id] = awaited
             self._push(frames)
 
     def _push(self, frames: list[bytes]) -> None:
@@ -454,23 +596,34 @@ class Agent:
         P.check_signature(frames[0])
         header = P.unpack_header(frames[1])
         kind = header[P.KIND]
+        unit = str(header[P.ID]) if header.get(P.QOS) == 1 and header.get(P.ID) else None
         if kind == Kind.BATCH:
             sender = header.get(P.FROM)
             to = header.get(P.TO)
             topic = header.get(P.TOPIC)
-            for raw_header, payload in P.split_batch(frames):
+            pairs = P.split_batch(frames)
+            if unit is not None:
+                self._unit_left[unit] = len(pairs)
+            for raw_header, payload in pairs:
                 inner = P.unpack_header(raw_header)
                 inner.setdefault(P.FROM, sender)
                 if to is not None:
                     inner.setdefault(P.TO, to)
                 if topic is not None:
                     inner.setdefault(P.TOPIC, topic)
-                self._on_message(inner, payload)
+                self._on_message(inner, payload, unit)
             return
-        self._on_message(header, frames[2])
+        if unit is not None:
+            self._unit_left[unit] = 1
+        self._on_message(header, frames[2], unit)
 
-    def _on_message(self, header: dict[str, Any], payload: bytes) -> None:
+    def _on_message(self, header: dict[str, Any], payload: bytes, unit: str | None = None) -> None:
         kind = header[P.KIND]
+        if kind in (Kind.SEND, Kind.REQUEST, Kind.PUBLISH):
+            self._dispatch(header, payload, unit)
+            return
+        if unit is not None:
+            self._unit_done(unit)
         if kind == Kind.OK:
             self._resolve(header.get(P.CORR), header, payload)
         elif kind == Kind.REPLY:
@@ -479,8 +632,21 @@ class Agent:
                 fut.set_result(decode_payload(payload))
         elif kind == Kind.ERROR:
             self._on_error(header)
-        elif kind in (Kind.SEND, Kind.REQUEST, Kind.PUBLISH):
-            self._dispatch(header, payload)
+        elif kind == Kind.PROGRESS:
+            cb = self._progress_cbs.get(str(header.get(P.CORR)))
+            if cb is not None:
+                try:
+                    result = cb(str(header.get(P.NOTE, "working")))
+                    if inspect.iscoroutine(result):
+                        self._spawn(result)
+                except Exception:
+                    log.exception("agent %s: on_progress callback raised", self.name)
+        elif kind == Kind.CANCEL:
+            running = self._running.get(str(header.get(P.CORR)))
+            if running is not None and running[1].sender == header.get(P.FROM):
+                task, msg = running
+                msg.cancelled.set()
+                task.cancel()
 
     def _resolve(self, corr: Any, header: dict[str, Any], payload: bytes) -> None:
         members = self._batch_members.pop(str(corr), None)
@@ -531,51 +697,134 @@ class Agent:
         finally:
             self._reregistering = False
 
-    def _dispatch(self, header: dict[str, Any], payload: bytes) -> None:
+    def _dispatch(self, header: dict[str, Any], payload: bytes, unit: str | None = None) -> None:
+        try:
+            self._run_handler(header, payload, unit)
+        except BaseException:
+            if unit is not None:
+                self._unit_done(unit)
+            raise
+
+    def _run_handler(self, header: dict[str, Any], payload: bytes, unit: str | None) -> None:
         topic = str(header.get(P.TOPIC, ""))
         handler = self._handlers.get(topic) or self._handlers.get(ANY_TOPIC)
+        kind = header[P.KIND]
+        msg_id = str(header.get(P.ID, ""))
+        corr = header.get(P.CORR)
+        sender = str(header.get(P.FROM, ""))
+        hops = header.get(P.HOPS, 0)
         msg = Message(
-            id=str(header.get(P.ID, "")),
-            kind=header[P.KIND],
+            id=msg_id,
+            kind=kind,
             topic=topic,
-            sender=str(header.get(P.FROM, "")),
+            sender=sender,
             to=header.get(P.TO),
             payload=None,
-            correlation_id=header.get(P.CORR),
+            correlation_id=(str(corr) if corr else msg_id) if kind == Kind.REQUEST else corr,
             deadline=header.get(P.DEADLINE),
             headers=header.get(P.HEADERS) or {},
+            reply_to=str(header.get(P.ORIGIN) or sender),
+            hops=hops if isinstance(hops, int) else 0,
+            qos=1 if unit is not None else 0,
+            _agent=self,
         )
         try:
             msg.payload = decode_payload(payload)
         except Exception as exc:
             if msg.is_request:
                 self._reply_error(msg, P.ErrorCode.VALIDATION_FAILED, f"payload undecodable: {exc}")
+            self._unit_done(unit)
             return
         if handler is None:
             if msg.is_request:
                 self._reply_error(msg, P.ErrorCode.HANDLER_ERROR,
                                   f"agent {self.name!r} has no handler for topic {topic!r}")
+            self._unit_done(unit)
+            return
+        if msg.is_request and msg.deadline is not None and msg.deadline < time.time():
+            # The requester has given up already: do not start work nobody waits for.
+            self._reply_error(msg, P.ErrorCode.TIMEOUT, "the deadline passed before the handler started")
             return
         try:
             result = handler(msg)
         except Exception as exc:
             self._handler_failed(msg, exc)
+            self._unit_done(unit)
             return
         if inspect.isawaitable(result):
-            self._spawn(self._finish(msg, result))
-        elif msg.is_request:
-            self._reply(msg, result)
+            task = asyncio.ensure_future(self._finish(msg, result, unit))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            if msg.is_request and msg.correlation_id:
+                key = msg.correlation_id
+                self._running[key] = (task, msg)
+                task.add_done_callback(functools.partial(self._forget_running, key))
+            return
+        if msg.is_request:
+            self._answer(msg, result)
+        self._unit_done(unit)
 
-    async def _finish(self, msg: Message, result: Awaitable[Any]) -> None:
+    async def _finish(self, msg: Message, result: Awaitable[Any], unit: str | None) -> None:
         try:
             value = await result
         except asyncio.CancelledError:
+            if msg.cancelled.is_set():
+                self._reply_error(msg, P.ErrorCode.CANCELLED, "cancelled by the requester")
+                self._unit_done(unit)
+                return
             raise
         except Exception as exc:
             self._handler_failed(msg, exc)
+            self._unit_done(unit)
             return
         if msg.is_request:
-            self._reply(msg, value)
+            self._answer(msg, value)
+        self._unit_done(unit)
+
+    def _forget_running(self, key: str, _task: asyncio.Task[Any]) -> None:
+        self._running.pop(key, None)
+
+    def _answer(self, msg: Message, value: Any) -> None:
+        if msg._answered or value is DEFER:
+            return
+        status = None
+        if msg.topic == P.HANDOFF_TOPIC:
+            accepted = bool(value.get("accepted")) if isinstance(value, dict) else bool(value)
+            status = "accepted" if accepted else "rejected"
+            if not isinstance(value, dict):
+                value = {"accepted": accepted}
+        self._reply(msg, value, status=status)
+
+    def _unit_done(self, unit: str | None) -> None:
+        """One message of a qos-1 unit finished; when all have, ack the unit to the daemon."""
+        if unit is None:
+            return
+        left = self._unit_left.get(unit, 1) - 1
+        if left > 0:
+            self._unit_left[unit] = left
+            return
+        self._unit_left.pop(unit, None)
+        self._acks.append(unit)
+        if not self._ack_scheduled and self._loop is not None:
+            self._ack_scheduled = True
+            self._loop.call_soon(self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        self._ack_scheduled = False
+        acks, self._acks = self._acks, []
+        if acks and not self._closed:
+            self._push([P.SIGNATURE, P.pack({P.KIND: Kind.ACK, P.IDS: acks}), b""])
+
+    def _progress(self, msg: Message, note: str) -> None:
+        header = {P.KIND: Kind.PROGRESS, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id,
+                  P.NOTE: note[:200]}
+        self._enqueue(("to", msg.reply_to or msg.sender), header, b"")
+
+    def _send_cancel(self, to: str, msg_id: str) -> None:
+        if self._closed:
+            return
+        with contextlib.suppress(MeshError):
+            self._enqueue(("to", to), {P.KIND: Kind.CANCEL, P.ID: P.new_id(), P.CORR: msg_id}, b"")
 
     def _handler_failed(self, msg: Message, exc: Exception) -> None:
         log.warning("agent %s: handler for %r raised %s: %s", self.name, msg.topic, type(exc).__name__, exc)
@@ -583,25 +832,30 @@ class Agent:
             self._reply_error(msg, P.ErrorCode.HANDLER_ERROR, str(exc) or type(exc).__name__,
                               remote_type=type(exc).__name__)
 
-    def _reply(self, msg: Message, value: Any) -> None:
+    def _reply(self, msg: Message, value: Any, status: str | None = None) -> None:
         if self._closed:
             return
+        msg._answered = True
         try:
             data = self._payload(value)
         except MeshError as exc:
             self._reply_error(msg, exc.code, f"reply refused: {exc.message}")
             return
-        header = {P.KIND: Kind.REPLY, P.ID: P.new_id(), P.CORR: msg.id, P.TOPIC: msg.topic}
-        self._enqueue(("to", msg.sender), header, data)
+        header = {P.KIND: Kind.REPLY, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id,
+                  P.TOPIC: msg.topic}
+        if status is not None:
+            header[P.STATUS] = status
+        self._enqueue(("to", msg.reply_to or msg.sender), header, data)
 
     def _reply_error(self, msg: Message, code: str, message: str, remote_type: str | None = None) -> None:
-        if self._closed or not msg.sender:
+        if self._closed or not msg.sender or msg._answered:
             return
+        msg._answered = True
         err: dict[str, Any] = {"code": code, "message": message, "retry": False}
         if remote_type:
             err["type"] = remote_type
-        header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.id, P.ERROR: err}
-        self._enqueue(("to", msg.sender), header, b"")
+        header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id, P.ERROR: err}
+        self._enqueue(("to", msg.reply_to or msg.sender), header, b"")
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coro)

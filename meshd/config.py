@@ -69,7 +69,13 @@ def default_runtime_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def default_socket_path(environ: Mapping[str, str] | None = None) -> Path:
-    """The local agent socket path used by the daemon, the client library and meshctl alike."""
+    """The local agent socket path used by the daemon, the client library and meshctl alike.
+
+    ``$MESHD_SOCKET`` wins when set, so agents find a daemon started with ``--socket`` too.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("MESHD_SOCKET"):
+        return Path(env["MESHD_SOCKET"]).expanduser()
     return default_runtime_dir(environ) / "meshd.sock"
 
 

@@ -102,6 +102,18 @@ class NotRegistered(MeshError):
     code = "NOT_REGISTERED"
 
 
+class Cancelled(MeshError):
+    """The requester cancelled the request; the handler was told."""
+
+    code = "CANCELLED"
+
+
+class Undeliverable(MeshError):
+    """A qos-1 message could not be delivered within its attempts or time to live."""
+
+    code = "UNDELIVERABLE"
+
+
 class DaemonUnreachable(MeshError, ConnectionError):
     """The local meshd daemon did not answer on its agent socket."""
 
@@ -133,6 +145,8 @@ ERRORS_BY_CODE: dict[str, type[MeshError]] = {
         TooLarge,
         NotRegistered,
         DaemonUnreachable,
+        Cancelled,
+        Undeliverable,
     )
 }
 

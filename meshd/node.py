@@ -28,7 +28,7 @@ import logging
 import os
 import stat
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +41,7 @@ from . import protocol as P
 from . import transport
 from .auth import ZapHandler
 from .config import Settings
+from .delivery import DeadLetters, DeliveryStore, OutboxEntry, Qos1
 from .discovery import Discovery, PeerAdvert, default_interfaces
 from .errors import ConfigError
 from .keys import (
@@ -58,6 +59,7 @@ log = logging.getLogger("meshd.node")
 
 
 _AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
+_REPLAYABLE = frozenset({Kind.SEND, Kind.REQUEST, Kind.BATCH})
 
 
 class PeerState(enum.StrEnum):
@@ -131,27 +133,14 @@ class Peer:
         }
 
 
-class DeadLetters:
-    """Bounded FIFO of messages that could not be delivered (oldest evicted)."""
-
-    def __init__(self, capacity: int = 1024) -> None:
-        self._items: deque[dict[str, Any]] = deque(maxlen=capacity)
-        self.total = 0
-
-    def add(self, reason: str, detail: str, frames: list[bytes] | None = None,
-            header: dict[str, Any] | None = None) -> None:
-        self.total += 1
-        self._items.append({
-            "seq": self.total,
-            "at": time.time(),
-            "reason": reason,
-            "detail": detail[:500],
-            "header": header,
-            "frames": [f[:4096] for f in frames] if frames else [],
-        })
-
-    def list(self) -> list[dict[str, Any]]:
-        return list(self._items)
+def _letter_summary(letter: dict[str, Any]) -> dict[str, Any]:
+    header = letter.get("header") or {}
+    return {
+        "seq": letter["seq"], "at": letter["at"], "reason": letter["reason"], "detail": letter["detail"],
+        "attempts": letter.get("attempts", 0), "header": header,
+        "kind": header.get(P.KIND), "from": header.get(P.FROM), "to": header.get(P.TO),
+        "topic": header.get(P.TOPIC), "bytes": sum(len(f) for f in letter["frames"]),
+    }
 
 
 def load_node_id(state_dir: Path) -> str:
@@ -190,7 +179,9 @@ class Node:
         self.incarnation = os.urandom(4).hex()
         self.name = settings.name
         self.stats: Counter[str] = Counter()
-        self.dead_letters = DeadLetters()
+        self.dead_letters = DeadLetters(settings.dead_letter_capacity)
+        self.store: DeliveryStore | None = None
+        self._flush_scheduled = False
         self.peers: dict[str, Peer] = {}
         self.pending_static: dict[str, zmq.Socket[Any]] = {}
         self.local: dict[str, LocalAgent] = {}
@@ -235,6 +226,12 @@ class Node:
         self._ctx = zmq.Context()
         self._reactor = transport.Reactor(loop)
         self._setup_security()
+        self.store = DeliveryStore(s.state_dir / "delivery.db", seen_ttl=max(24 * 3600.0, 2 * s.qos1_ttl))
+        self.qos = Qos1(
+            self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout, ttl=s.qos1_ttl,
+            attempt=self._qos_attempt, confirm=self._qos_confirm, send_acks=self._qos_send_acks,
+            acked=self._qos_acked, give_up=self._qos_give_up, schedule_flush=self._schedule_flush,
+        )
 
         self.router = transport.mesh_router(self._ctx, self._max_frame, self.curve)
         self.router_port = transport.bind_tcp(self.router, self.interfaces, s.port)
@@ -263,6 +260,7 @@ class Node:
             self._dial_static(endpoint)
         self._timers.append(asyncio.create_task(self._heartbeat_loop(), name="meshd-heartbeat"))
         self._timers.append(asyncio.create_task(self._liveness_loop(), name="meshd-liveness"))
+        self._timers.append(asyncio.create_task(self._qos_loop(), name="meshd-qos1"))
         if self.trust is not None and self.trust.mode == "keys":
             self._timers.append(asyncio.create_task(self._trust_loop(), name="meshd-trust"))
         log.info(
@@ -354,6 +352,11 @@ class Node:
                 log.exception("discovery stop failed")
         if self._reactor is not None:
             self._reactor.close()
+        if self.store is not None:
+            try:
+                self.store.close()
+            except Exception:
+                log.exception("closing the delivery store failed")
         if self._zap is not None:
             self._zap.close()
         if self._ctx is not None:
@@ -376,7 +379,11 @@ class Node:
 
     async def serve(self, shutdown_trigger: asyncio.Future[Any] | asyncio.Event) -> None:
         """Start, run until the trigger fires, stop. Tests stop a node without signals."""
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()  # release what a half-finished start bound (socket file, context)
+            raise
         try:
             if isinstance(shutdown_trigger, asyncio.Event):
                 await shutdown_trigger.wait()
@@ -680,6 +687,10 @@ class Node:
             self._reject(FrameError("no_destination", kind), frames, origin=f"peer {peer.node_id}",
                          header=header)
             return
+        if kind == Kind.ERROR and header.get(P.CORR) in self.qos.store.outbox:
+            err = header.get(P.ERROR)
+            self.qos.bounced(str(header[P.CORR]), str(err.get("code")) if isinstance(err, dict) else "ERROR")
+            return
         name, _, node = to.partition("@")
         agent = self.local.get(name)
         if agent is None or (node and node not in (self.node_id, self.name)):
@@ -690,7 +701,7 @@ class Node:
             self._reject(FrameError("batch_odd_frames", str(len(frames))), frames,
                          origin=f"peer {peer.node_id}", header=header)
             return
-        self._deliver_local(agent, header, frames[1:])
+        self._deliver_local(agent, header, frames[1:], peer.node_id)
 
     def _unknown_sender(self, peer: Peer | None) -> None:
         """Traffic before HELLO is dropped; if we can reach the sender, ask it to greet us."""
@@ -729,6 +740,10 @@ class Node:
                 self._apply_directory(peer, P.unpack_body(frames[3]))
             except FrameError as exc:
                 self._reject(exc, frames, origin=f"peer {peer.node_id}")
+        elif kind == Kind.ACK:
+            ids = header.get(P.IDS)
+            if isinstance(ids, list):
+                self.qos.acks_arrived([i for i in ids if isinstance(i, str)])
         elif kind == Kind.BYE:
             log.info("peer %s (%s) left", peer.node_id, peer.name)
             self._set_peer_state(peer, PeerState.OFFLINE)
@@ -856,6 +871,25 @@ class Node:
         if not isinstance(to, str):
             self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"{kind} needs a 'to'")
             return
+        if header.get(P.QOS) == 1:
+            unit_id = header.get(P.ID)
+            if kind not in (Kind.SEND, Kind.BATCH) or not isinstance(unit_id, str):
+                self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
+                             "qos 1 applies to send (single or batched) with a string id")
+                return
+            self.qos.accept(rid, agent.name, unit_id, to, frames[1:])
+            return
+        if kind == Kind.REQUEST:
+            hops = header.get(P.HOPS, 0)
+            if isinstance(hops, int) and hops > self.settings.hop_limit:
+                self._bounce(header, frames[1:], P.ErrorCode.HOP_LIMIT,
+                             f"forwarded {hops} times; the hop limit is {self.settings.hop_limit}")
+                return
+            deadline = header.get(P.DEADLINE)
+            if isinstance(deadline, (int, float)) and deadline < time.time():
+                self._bounce(header, frames[1:], P.ErrorCode.TIMEOUT,
+                             "the request's deadline passed before it was delivered")
+                return
         self._route(to, header, frames[1:])
 
     def _refuse(self, rid: bytes, header: dict[str, Any], frames: list[bytes], code: str,
@@ -874,7 +908,7 @@ class Node:
         name, _, node = to.partition("@")
         agent = self.local.get(name)
         if agent is not None and (not node or node in (self.node_id, self.name)):
-            self._deliver_local(agent, header, msg)
+            self._deliver_local(agent, header, msg, self.node_id)
             return
         peer = self.remote.get(name)
         if peer is None or (node and node not in (peer.node_id, peer.name)):
@@ -891,14 +925,22 @@ class Node:
             self._bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
                          f"node {peer.node_id} is not accepting messages", retry=True)
 
-    def _deliver_local(self, agent: LocalAgent, header: dict[str, Any], msg: list[bytes]) -> None:
+    def _deliver_local(self, agent: LocalAgent, header: dict[str, Any], msg: list[bytes],
+                       origin: str) -> None:
+        unit_id = header.get(P.ID) if header.get(P.QOS) == 1 else None
+        if unit_id is not None and not self.qos.admit(str(unit_id), origin, agent.rid, self._rid_alive):
+            return
         try:
             self.agents_sock.send_multipart([agent.rid, *msg], zmq.NOBLOCK)
             self.stats["delivered"] += 1
         except zmq.Again:
+            if unit_id is not None:
+                self.qos.not_delivered(str(unit_id))
             self._bounce(header, msg, P.ErrorCode.INBOX_FULL, f"inbox of {agent.name!r} is full",
                          retry=True, retry_after=0.1)
         except zmq.ZMQError:
+            if unit_id is not None:
+                self.qos.not_delivered(str(unit_id))
             self._remove_local(agent, "connection gone")
             self._bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"agent {agent.name!r} disconnected")
         assert self._reactor is not None
@@ -906,25 +948,166 @@ class Node:
 
     def _bounce(self, header: dict[str, Any], msg: list[bytes], code: str, message: str, *,
                 retry: bool = False, retry_after: float | None = None) -> None:
-        """Tell the sender of an undeliverable message why, as an error envelope per message."""
+        """Tell the sender of an undeliverable message why, as an error envelope per message.
+
+        A qos-1 unit of ours does not bounce: it waits in the outbox for another try. A delegated
+        request's error goes to its origin (the original requester), with its correlation id.
+        """
         self.stats[f"undeliverable_{code.lower()}"] += 1
-        self.dead_letters.add(code, message, msg, header)
-        sender = header.get(P.FROM)
+        if header.get(P.QOS) == 1 and self.qos.bounced(str(header.get(P.ID)), code):
+            return
+        self._dead_letter(code, message, msg, header)
+        sender = header.get(P.ORIGIN) or header.get(P.FROM)
         if not isinstance(sender, str):
             return
         if header[P.KIND] == Kind.BATCH:
             inner: list[tuple[Any, Any]] = []
             with contextlib.suppress(FrameError):
                 inner = [(P.unpack_header(h), p) for h, p in P.split_batch(msg)]
-            ids = [h.get(P.ID) for h, _ in inner if h.get(P.KIND) in (Kind.SEND, Kind.REQUEST)]
+            ids = [h.get(P.CORR) or h.get(P.ID) for h, _ in inner
+                   if h.get(P.KIND) in (Kind.SEND, Kind.REQUEST)]
         elif header[P.KIND] in (Kind.SEND, Kind.REQUEST):
-            ids = [header.get(P.ID)]
+            ids = [header.get(P.CORR) or header.get(P.ID)]
         else:
             return  # replies and errors never bounce: no loops
         for msg_id in ids:
             err = P.error_header(sender, msg_id if isinstance(msg_id, str) else None, code, message,
                                  retry=retry, retry_after=retry_after, sender=f"meshd@{self.node_id}")
             self._route(sender, err, [P.SIGNATURE, P.pack(err), b""])
+
+    # ----------------------------------------------------------------------------- qos 1
+
+    def _rid_alive(self, rid: bytes) -> bool:
+        agent = self.local_by_rid.get(rid)
+        return agent is not None and self._agent_alive(agent)
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and not self._stopping:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_delivery)
+
+    def _flush_delivery(self) -> None:
+        self._flush_scheduled = False
+        try:
+            self.qos.flush()
+        except Exception:
+            # The disk failed us: nothing staged is confirmed; clients time out and may retry.
+            log.exception("qos-1 commit failed")
+            self.stats["qos1_commit_failed"] += 1
+
+    def _qos_attempt(self, entry: OutboxEntry) -> None:
+        try:
+            header = P.unpack_header(entry.frames[1])
+        except FrameError:
+            self.qos.store.remove(entry.id)
+            return
+        self._route(entry.dest, header, entry.frames)
+
+    def _qos_confirm(self, rid: bytes, unit_id: str) -> None:
+        self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: unit_id, P.QOS: 1})
+
+    def _qos_send_acks(self, origin: str, ids: list[str]) -> None:
+        if origin == self.node_id:
+            self.qos.acks_arrived(ids)
+            return
+        peer = self.peers.get(origin)
+        if peer is not None:
+            self._send_peer(peer, {P.KIND: Kind.ACK, P.FROM: self.node_id, P.IDS: ids})
+
+    def _qos_acked(self, entry: OutboxEntry) -> None:
+        self.stats["qos1_delivered"] += 1
+
+    def _qos_give_up(self, entry: OutboxEntry, why: str) -> None:
+        header: dict[str, Any] | None = None
+        with contextlib.suppress(FrameError):
+            header = P.unpack_header(entry.frames[1])
+        self._dead_letter(P.ErrorCode.UNDELIVERABLE, f"to {entry.dest!r}: {why}", entry.frames, header,
+                          attempts=entry.attempts)
+        sender = self.local.get(entry.sender)
+        if sender is not None:
+            self._send_agent(sender.rid, P.error_header(
+                sender.name, entry.id, P.ErrorCode.UNDELIVERABLE, f"qos-1 message to {entry.dest!r}: {why}",
+                sender=f"meshd@{self.node_id}"))
+
+    async def _qos_loop(self) -> None:
+        ticks = 0
+        while True:
+            await asyncio.sleep(0.05)
+            self.qos.tick()
+            ticks += 1
+            if ticks % 1200 == 0:  # every minute
+                self.qos.forget_delivering(older_than=max(600.0, 4 * self.settings.qos1_ack_timeout))
+                self.qos.store.prune_seen()
+
+    def _dead_letter(self, reason: str, detail: str, frames: list[bytes], header: dict[str, Any] | None,
+                     attempts: int = 0) -> None:
+        self.dead_letters.add(reason, detail, frames, header, attempts)
+
+    # ----------------------------------------------------------------------------- admin
+
+    def _admin(self, rid: bytes, msg_id: Any, header: dict[str, Any], frames: list[bytes]) -> None:
+        """meshctl's operations on this daemon (dead letters)."""
+        op = header.get(P.OP)
+        try:
+            args = P.unpack_body(frames[3], 64 * 1024) if frames[3] else {}
+        except FrameError as exc:
+            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, str(exc))
+            return
+        if not isinstance(args, dict):
+            args = {}
+        result: Any
+        if op == "deadletters.list":
+            result = [_letter_summary(d) for d in self.dead_letters.list()]
+        elif op == "deadletters.show":
+            letter = self.dead_letters.get(int(args.get("seq", -1)))
+            if letter is None:
+                self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                       f"no dead letter {args.get('seq')!r}")
+                return
+            result = _letter_summary(letter) | {"frames": letter["frames"]}
+        elif op == "deadletters.replay":
+            result = self._replay(args)
+        elif op == "deadletters.purge":
+            result = {"purged": self.dead_letters.purge()}
+        else:
+            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"unknown admin op {op!r}")
+            return
+        self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack(result))
+
+    def _replay(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Send dead letters again (one by seq, or all matching a reason / destination)."""
+        seq = args.get("seq")
+        reason = args.get("reason")
+        to = args.get("to")
+        chosen = []
+        for letter in self.dead_letters.list():
+            if seq is not None and letter["seq"] != seq:
+                continue
+            if reason and letter["reason"] != reason:
+                continue
+            header = letter["header"]
+            if not isinstance(header, dict) or header.get(P.KIND) not in _REPLAYABLE:
+                continue  # malformed input and control traffic cannot be replayed
+            if to and header.get(P.TO) != to:
+                continue
+            chosen.append(letter)
+        replayed = 0
+        for letter in chosen:
+            self.dead_letters.pop(letter["seq"])
+            header = dict(letter["header"])
+            header[P.ID] = P.new_id()  # a fresh unit: the receiver may have seen the old id
+            frames = [P.SIGNATURE, P.pack(header), *letter["frames"][2:]]
+            dest = header.get(P.TO)
+            if not isinstance(dest, str):
+                continue
+            if header.get(P.QOS) == 1:
+                sender = self.local.get(str(header.get(P.FROM)))
+                self.qos.accept(sender.rid if sender else b"", str(header.get(P.FROM)), header[P.ID], dest,
+                                frames)
+            else:
+                self._route(dest, header, frames)
+            replayed += 1
+        return {"replayed": replayed}
 
     def _send_agent_error(self, rid: bytes, corr: Any, code: str, message: str) -> None:
         err = P.error_header(None, corr if isinstance(corr, str) else None, code, message,
@@ -958,6 +1141,14 @@ class Node:
             return
         if kind == Kind.REGISTER:
             self._register(rid, agent, msg_id, frames)
+            return
+        if kind == Kind.ACK:
+            ids = header.get(P.IDS)
+            if isinstance(ids, list):
+                self.qos.agent_acked([i for i in ids if isinstance(i, str)])
+            return
+        if kind == Kind.ADMIN:
+            self._admin(rid, msg_id, header, frames)
             return
         if kind == Kind.QUERY:
             what = header.get(P.WHAT)
@@ -1180,7 +1371,7 @@ class Node:
         """A malformed frame set: count it, keep it as a dead letter, log once per reason."""
         self.stats["malformed"] += 1
         self.stats[f"malformed_{exc.reason}"] += 1
-        self.dead_letters.add(f"malformed:{exc.reason}", f"from {origin}: {exc}", frames[1:], header)
+        self._dead_letter(f"malformed:{exc.reason}", f"from {origin}: {exc}", frames[1:], header)
         self._log_once(f"malformed:{exc.reason}:{origin}", "dropped malformed message from %s: %s",
                        origin, exc)
 

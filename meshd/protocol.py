@@ -41,6 +41,11 @@ COUNT: Final = "count"
 WHAT: Final = "what"
 NODE: Final = "node"
 VER: Final = "ver"  # directory version, on daemon heartbeats and directory messages
+ORIGIN: Final = "origin"  # a delegated request's original requester (the reply goes there)
+IDS: Final = "ids"  # an ack's list of acknowledged qos-1 unit ids
+STATUS: Final = "status"  # a handoff reply's verdict: "accepted" or "rejected"
+NOTE: Final = "note"  # a progress report's short text
+OP: Final = "op"  # an admin call's operation
 
 
 class Kind:
@@ -55,11 +60,15 @@ class Kind:
     AGENT_HEARTBEAT: Final = "agent_hb"
     OK: Final = "ok"
     PING: Final = "ping"
+    ACK: Final = "ack"
+    ADMIN: Final = "admin"
     # routed between agents
     SEND: Final = "send"
     REQUEST: Final = "request"
     REPLY: Final = "reply"
     ERROR: Final = "error"
+    PROGRESS: Final = "progress"
+    CANCEL: Final = "cancel"
     PUBLISH: Final = "publish"
     BATCH: Final = "batch"
     # daemon <-> daemon control
@@ -70,12 +79,15 @@ class Kind:
     BYE: Final = "bye"
 
 
-ROUTED_KINDS: Final = frozenset({Kind.SEND, Kind.REQUEST, Kind.REPLY, Kind.ERROR})
+ROUTED_KINDS: Final = frozenset(
+    {Kind.SEND, Kind.REQUEST, Kind.REPLY, Kind.ERROR, Kind.PROGRESS, Kind.CANCEL}
+)
 AGENT_CONTROL_KINDS: Final = frozenset(
-    {Kind.REGISTER, Kind.UNREGISTER, Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.QUERY, Kind.AGENT_HEARTBEAT}
+    {Kind.REGISTER, Kind.UNREGISTER, Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.QUERY, Kind.AGENT_HEARTBEAT,
+     Kind.ACK, Kind.ADMIN}
 )
 PEER_CONTROL_KINDS: Final = frozenset(
-    {Kind.HELLO, Kind.HEARTBEAT, Kind.DIRECTORY, Kind.SYNC, Kind.BYE}
+    {Kind.HELLO, Kind.HEARTBEAT, Kind.DIRECTORY, Kind.SYNC, Kind.BYE, Kind.ACK}
 )
 KNOWN_KINDS: Final = (
     ROUTED_KINDS
@@ -98,7 +110,12 @@ class ErrorCode:
     VALIDATION_FAILED: Final = "VALIDATION_FAILED"
     TOO_LARGE: Final = "TOO_LARGE"
     NOT_REGISTERED: Final = "NOT_REGISTERED"
+    CANCELLED: Final = "CANCELLED"
+    UNDELIVERABLE: Final = "UNDELIVERABLE"
 
+
+HANDOFF_TOPIC: Final = "handoff-task"
+"""The topic of handoff requests; the reply header's ``status`` says accepted or rejected."""
 
 # Limits. Sizes are checked before anything is decoded.
 MAX_HEADER_BYTES: Final = 8 * 1024
