@@ -49,6 +49,8 @@ if str(REPO) not in sys.path:
 
 LOOPBACK = "127.0.0.1"
 HELPER_HARD_TIMEOUT = 90.0  # every helper exits by itself after this, whatever happens
+TAIL_IDLE_S = 2.0  # after the sender is done, a receiver gives up when nothing arrived for this long
+TAIL_CAP_S = 30.0  # ... and in any case after this long (late messages are not lost messages)
 BODY = "x" * 252  # makes the encoded payload ~300 bytes
 
 
@@ -122,10 +124,13 @@ def role_raw_sink(cfg: dict[str, Any]) -> None:
     first = last = 0.0
     expected: int | None = None
     hard = time.monotonic() + HELPER_HARD_TIMEOUT
-    tail_deadline = hard
-    while time.monotonic() < min(hard, tail_deadline):
-        if expected is not None and count >= expected:
+    cap_deadline = hard
+    idle = 2.0
+    progress_at = time.monotonic()  # last time the count moved (or the "expect" command came)
+    while time.monotonic() < min(hard, cap_deadline):
+        if expected is not None and (count >= expected or time.monotonic() - progress_at > idle):
             break
+        before = count
         for s, _ in poller.poll(100):
             if s is sock:
                 for _ in range(4096):
@@ -144,7 +149,11 @@ def role_raw_sink(cfg: dict[str, Any]) -> None:
                     raise SystemExit(3)
                 cmd = json.loads(line)
                 expected = int(cmd["n"])
-                tail_deadline = time.monotonic() + float(cmd.get("tail", 5.0))
+                idle = float(cmd.get("idle", 2.0))
+                cap_deadline = time.monotonic() + float(cmd.get("cap", 30.0))
+                progress_at = time.monotonic()
+        if count != before:
+            progress_at = time.monotonic()
     span = last - first
     emit({"event": "result", "received": count, "span_s": span,
           "rate": (count - 1) / span if span > 0 and count > 1 else 0.0})
@@ -308,8 +317,15 @@ async def _mesh_counter(cfg: dict[str, Any]) -> None:
         emit({"event": "ready"})
         cmd = await read_cmd_async()
         expected = int(cmd["n"])
-        end = time.monotonic() + float(cmd.get("tail", 5.0))
-        while state["count"] < expected and time.monotonic() < end:  # noqa: ASYNC110 (bounded poll)
+        # Wait for the tail: until everything arrived, nothing arrived for `idle` s, or `cap` s.
+        end = time.monotonic() + float(cmd.get("cap", 30.0))
+        idle = float(cmd.get("idle", 2.0))
+        seen, progress_at = state["count"], time.monotonic()
+        while state["count"] < expected and time.monotonic() < end:
+            if state["count"] != seen:
+                seen, progress_at = state["count"], time.monotonic()
+            elif time.monotonic() - progress_at > idle:
+                break
             await asyncio.sleep(0.01)
         span = state["last"] - state["first"]
         emit({"event": "result", "received": state["count"], "span_s": span, "warm": state["warm"],
@@ -594,11 +610,14 @@ def role_wire_recv(cfg: dict[str, Any]) -> None:
     first = last = 0.0
     expected: int | None = None
     hard = time.monotonic() + HELPER_HARD_TIMEOUT
-    tail_deadline = hard
+    cap_deadline = hard
+    idle = 2.0
+    progress_at = time.monotonic()
     last_hb = time.monotonic()
-    while time.monotonic() < min(hard, tail_deadline):
-        if expected is not None and count >= expected:
+    while time.monotonic() < min(hard, cap_deadline):
+        if expected is not None and (count >= expected or time.monotonic() - progress_at > idle):
             break
+        before = count
         if time.monotonic() - last_hb > 0.5:
             _wire_heartbeat(sock)
             last_hb = time.monotonic()
@@ -630,7 +649,11 @@ def role_wire_recv(cfg: dict[str, Any]) -> None:
                     raise SystemExit(3)
                 cmd = json.loads(line)
                 expected = int(cmd["n"])
-                tail_deadline = time.monotonic() + float(cmd.get("tail", 5.0))
+                idle = float(cmd.get("idle", 2.0))
+                cap_deadline = time.monotonic() + float(cmd.get("cap", 30.0))
+                progress_at = time.monotonic()
+        if count != before:
+            progress_at = time.monotonic()
     span = last - first
     emit({"event": "result", "received": count, "span_s": span,
           "rate": (count - first_k) / span if span > 0 else 0.0})
@@ -972,7 +995,7 @@ class Bench:
     # ----------------------------------------------------------------- generic one-way run
 
     def one_way(self, label: str, receivers: list[Helper], sender: Helper,
-                tail: float = 8.0, daemons: tuple[Daemon, ...] = ()) -> dict[str, Any]:
+                daemons: tuple[Daemon, ...] = ()) -> dict[str, Any]:
         for r in receivers:
             r.wait("ready", 30)
         sender.wait("ready", 30)
@@ -983,9 +1006,9 @@ class Bench:
         sent = int(res_ev["sent"])
         got = []
         for r in receivers:
-            r.send(cmd="expect", n=sent, tail=tail)
+            r.send(cmd="expect", n=sent, idle=TAIL_IDLE_S, cap=TAIL_CAP_S)
         for r in receivers:
-            got.append(r.wait("result", tail + 10))
+            got.append(r.wait("result", TAIL_CAP_S + 10))
         cpu = {d.name: cpu_seconds(d) - cpu0[d.name] for d in daemons}
         if sent_ev is not None:
             sender.send(cmd="stop")
@@ -1127,10 +1150,9 @@ class Bench:
         pub.send(cmd="go")
         sent_ev = pub.wait("sent", self.duration + 30)
         sent = int(sent_ev["sent"])
-        tail = 8.0
-        for s in subs:
-            s.send(cmd="expect", n=sent, tail=tail)
-        got = [s.wait("result", tail + 10) for s in subs]
+        for sub in subs:
+            sub.send(cmd="expect", n=sent, idle=TAIL_IDLE_S, cap=TAIL_CAP_S)
+        got = [sub.wait("result", TAIL_CAP_S + 10) for sub in subs]
         cpu = {d.name: cpu_seconds(d) - cpu0[d.name] for d in (a, b)}
         pub.send(cmd="stop")
         final = pub.wait("result", 10)
@@ -1344,7 +1366,15 @@ def build_table(r: dict[str, Any]) -> list[list[str]]:
         return f
 
     def lost(key: str) -> Any:
-        return lambda: (str(r[key]["lost_all_runs"]), "", "", r[key]["lost_all_runs"] == 0)
+        def f() -> Any:
+            n = r[key]["lost_all_runs"]
+            codes: dict[str, int] = {}
+            for run in r[key].get("runs", []):
+                for code, k in (run.get("error_codes") or {}).items():
+                    codes[code] = codes.get(code, 0) + k
+            told = ", ".join(f"{k} {c}" for c, k in codes.items())
+            return (f"{n} ({told} reported)" if told else str(n)), "", "", n == 0
+        return f
 
     def lat(key: str, base: str, goal_p50: float | None = None) -> Any:
         def f() -> Any:

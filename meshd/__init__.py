@@ -4,8 +4,9 @@ The public API is small: ``Agent`` (asyncio) and ``BlockingAgent`` to attach to 
 ``Message`` as handlers see it, and the typed errors. The daemon itself is ``meshd run``.
 """
 
-from .client import Agent, BlockingAgent, Message
+from .client import DEFER, Agent, BlockingAgent, HandoffResult, Message
 from .errors import (
+    Cancelled,
     ConfigError,
     DaemonUnreachable,
     HandlerError,
@@ -18,17 +19,21 @@ from .errors import (
     PeerUnreachable,
     RequestTimeout,
     TooLarge,
+    Undeliverable,
     ValidationFailed,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFER",
     "Agent",
     "BlockingAgent",
+    "Cancelled",
     "ConfigError",
     "DaemonUnreachable",
     "HandlerError",
+    "HandoffResult",
     "HopLimit",
     "InboxFull",
     "MeshError",
@@ -39,6 +44,7 @@ __all__ = [
     "PeerUnreachable",
     "RequestTimeout",
     "TooLarge",
+    "Undeliverable",
     "ValidationFailed",
     "__version__",
 ]

@@ -228,6 +228,38 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _deadletters(me: Any, args: argparse.Namespace) -> int:
+    if args.dl_cmd == "list":
+        letters = await me.admin("deadletters.list")
+        if args.json:
+            _print_json(letters)
+        else:
+            for d in letters:
+                d["when"] = time.strftime("%H:%M:%S", time.localtime(d["at"]))
+            _table(letters, ["seq", "when", "reason", "kind", "from", "to", "topic", "attempts", "detail"])
+    elif args.dl_cmd == "show":
+        letter = await me.admin("deadletters.show", seq=args.seq)
+        letter["frames"] = [f.hex() if isinstance(f, bytes) else f for f in letter.get("frames", [])]
+        _print_json(letter)
+    elif args.dl_cmd == "replay":
+        if args.seq is None and not (args.reason or args.to or args.all):
+            print("meshctl: say which: a SEQ, --reason CODE, --to AGENT or --all", file=sys.stderr)
+            return 2
+        filters: dict[str, Any] = {}
+        if args.seq is not None:
+            filters["seq"] = args.seq
+        if args.reason:
+            filters["reason"] = args.reason
+        if args.to:
+            filters["to"] = args.to
+        result = await me.admin("deadletters.replay", **filters)
+        print(f"replayed {result['replayed']} dead letter(s)")
+    elif args.dl_cmd == "purge":
+        result = await me.admin("deadletters.purge")
+        print(f"purged {result['purged']} dead letter(s)")
+    return 0
+
+
 async def _ctl(args: argparse.Namespace) -> int:
     from .client import Agent
 
@@ -261,6 +293,8 @@ async def _ctl(args: argparse.Namespace) -> int:
         elif args.cmd == "publish":
             reached = await me.publish(args.topic, args.payload)
             print(f"reached {reached} subscriber(s)")
+        elif args.cmd == "deadletters":
+            return await _deadletters(me, args)
         elif args.cmd in ("tail", "agent"):
             done = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -309,6 +343,18 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("agent", help="attach a named agent that prints what it receives")
     p.add_argument("name")
     p.add_argument("--echo", action="store_true", help="answer each request with its payload")
+    d = sub.add_parser("deadletters", help="undeliverable messages kept by this daemon")
+    dsub = d.add_subparsers(dest="dl_cmd", required=True)
+    dl = dsub.add_parser("list", help="list dead letters")
+    dl.add_argument("--json", action="store_true")
+    ds = dsub.add_parser("show", help="one dead letter in full (JSON)")
+    ds.add_argument("seq", type=int)
+    dr = dsub.add_parser("replay", help="send dead letters again")
+    dr.add_argument("seq", type=int, nargs="?")
+    dr.add_argument("--reason", help="all with this reason code (e.g. NO_SUCH_AGENT)")
+    dr.add_argument("--to", help="all addressed to this agent")
+    dr.add_argument("--all", action="store_true", help="every replayable dead letter")
+    dsub.add_parser("purge", help="forget all dead letters")
     k = sub.add_parser("keys", help="node keys and trusted keys (works on files; no daemon needed)")
     k.add_argument("--config", type=Path, help="meshd config file (for state_dir, authorized_keys_dir)")
     k.add_argument("--state-dir", type=Path)

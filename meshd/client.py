@@ -440,6 +440,10 @@ class Agent:
         result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "peers"})
         return list(result or [])
 
+    async def admin(self, op: str, **args: Any) -> Any:
+        """A daemon operation (``deadletters.list``, ``.show``, ``.replay``, ``.purge``), as meshctl uses."""
+        return await self._control({P.KIND: Kind.ADMIN, P.OP: op}, args)
+
     async def node_info(self) -> dict[str, Any]:
         """The local daemon's identity, endpoints and counters."""
         result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "node"})

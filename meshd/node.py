@@ -1517,6 +1517,8 @@ class Node:
             "peers": sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE),
             "stats": dict(self.stats),
             "dead_letters": self.dead_letters.total,
+            "qos1": {"pending": self.qos.pending, "in_flight": self.qos.in_flight, **self.qos.stats,
+                     "commits": self.qos.store.commits},
         }
 
     def peers_online(self) -> Iterable[Peer]:

@@ -28,7 +28,7 @@ ZMTP_HEARTBEAT_IVL_MS = 250
 ZMTP_HEARTBEAT_TIMEOUT_MS = 1000
 RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 2000
-MESH_HWM = 100_000
+MESH_HWM = 10_000
 DRAIN_BUDGET = 256
 """Messages handled per socket per loop iteration before yielding to timers and other sockets."""
 
