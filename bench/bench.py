@@ -514,7 +514,7 @@ def _wire_heartbeat(sock: zmq.Socket[Any]) -> None:
 
 
 def role_wire_send(cfg: dict[str, Any]) -> None:
-    """Raw DEALER speaking the local protocol: pre-encoded batches [SIG, batch-hdr, h1, p1, ...]."""
+    """Raw DEALER speaking the local protocol: pre-encoded batches [SIG, batch-hdr, body]."""
     ctx, sock = _wire_connect(cfg)
     to, me, batch = cfg.get("to"), cfg["name"], int(cfg["batch"])
     topic = cfg.get("topic")
@@ -538,11 +538,13 @@ def role_wire_send(cfg: dict[str, Any]) -> None:
     inner = {"kind": "send", "topic": "bench"} if topic is None else {"kind": "publish"}
     batches = []
     for b in range(8):
-        frames = [SIG, msgpack.packb({"kind": "batch", "id": f"b{b}", "from": me, **dest, "count": batch})]
+        items = []
         for j in range(batch):
             i = b * batch + j
-            frames.append(msgpack.packb({**inner, "id": f"m{i}"}))
-            frames.append(msgpack.packb(make_payload(i), use_bin_type=True))
+            items.append([{**inner, "id": f"m{i}"}, msgpack.packb(make_payload(i), use_bin_type=True)])
+        # [SIG, batch header, body]: the body is one msgpack array of [header, payload] pairs
+        frames = [SIG, msgpack.packb({"kind": "batch", "id": f"b{b}", "from": me, **dest, "count": batch}),
+                  msgpack.packb(items, use_bin_type=True)]
         batches.append(frames)
     emit({"event": "ready", "reached": reached})
     read_cmd_blocking(HELPER_HARD_TIMEOUT)
@@ -631,9 +633,10 @@ def role_wire_recv(cfg: dict[str, Any]) -> None:
                     h = unpackb(frames[1], raw=False)
                     kind = h.get("kind")
                     if kind == "batch":
-                        for p in frames[3::2]:
+                        pairs = unpackb(frames[2], raw=False)
+                        for _h, p in pairs:
                             unpackb(p, raw=False)
-                        k = (len(frames) - 2) // 2
+                        k = len(pairs)
                     elif kind == "send":
                         unpackb(frames[2], raw=False)
                         k = 1

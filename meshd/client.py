@@ -184,6 +184,7 @@ class Agent:
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._batch_members: dict[str, list[str]] = {}
         self._progress_cbs: dict[str, Callable[[str], Any]] = {}
+        self._publish_started: dict[str, float] = {}
         self._running: dict[str, tuple[asyncio.Task[Any], Message]] = {}
         self._unit_left: dict[str, int] = {}
         self._acks: list[str] = []
@@ -410,13 +411,14 @@ class Agent:
         data = self._payload(payload)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
-        timer = loop.call_later(CONTROL_TIMEOUT, self._expire_control, msg_id)
+        # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
+        self._publish_started[msg_id] = time.monotonic()
         try:
             self._enqueue(("topic", topic), header, data)
             return int(await fut)
         finally:
-            timer.cancel()
             self._pending.pop(msg_id, None)
+            self._publish_started.pop(msg_id, None)
 
     async def subscribe(self, topic: str) -> None:
         """Receive publications on ``topic`` (idempotent)."""
@@ -490,17 +492,24 @@ class Agent:
             self._pending.pop(msg_id, None)
 
     def _enqueue(self, key: tuple[str, str], header: dict[str, Any], payload: bytes) -> None:
-        self._require_loop()
+        loop = self._require_loop()
         queue = self._out.get(key)
         if queue is None:
+            if not self._flush_scheduled and not self._sendq:
+                # Idle: this message leaves now (no added latency). Whatever follows in this
+                # loop turn queues behind it and leaves as a batch at the end of the turn.
+                self._out[key] = [(header, payload)]
+                self._flush_key(key)
+                self._flush_scheduled = True
+                loop.call_soon(self._flush)
+                return
             queue = self._out[key] = []
         queue.append((header, payload))
         if len(queue) >= self.batch_max:
             self._flush_key(key)
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            assert self._loop is not None
-            self._loop.call_soon(self._flush)
+            loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -514,8 +523,7 @@ class Agent:
         field_name, dest = key
         dest_key = P.TOPIC if field_name == "topic" else P.TO
         qos = 1 if field_name == "to1" else 0
-        for start in range(0, len(items), self.batch_max):
-            chunk = items[start:start + self.batch_max]
+        for chunk in self._chunks(items):
             if len(chunk) == 1:
                 header, payload = chunk[0]
                 header[P.FROM] = self.name
@@ -529,16 +537,27 @@ class Agent:
                                             dest_key: dest, P.COUNT: len(chunk)}
             if qos:
                 batch_header[P.QOS] = 1
-            frames = [P.SIGNATURE, P.pack(batch_header)]
-            awaited = []
-            for header, payload in chunk:
-                frames.append(P.pack(header))
-                frames.append(payload)
-                if header[P.KIND] == Kind.PUBLISH or qos:
-                    awaited.append(header[P.ID])  # resolved by the daemon's one answer for the batch
-            if awaited:
+            awaited = [h[P.ID] for h, _ in chunk if qos or h[P.KIND] == Kind.PUBLISH]
+            if awaited:  # resolved by the daemon's one answer for the whole batch
                 self._batch_members[batch_id] = awaited
-            self._push(frames)
+            self._push([P.SIGNATURE, P.pack(batch_header), P.pack_batch(chunk)])
+
+    def _chunks(self, items: list[tuple[dict[str, Any], bytes]]) -> list[list[tuple[dict[str, Any], bytes]]]:
+        """Split into batches of at most ``batch_max`` messages and about ``max_payload_bytes``."""
+        chunks: list[list[tuple[dict[str, Any], bytes]]] = []
+        current: list[tuple[dict[str, Any], bytes]] = []
+        size = 0
+        budget = self.max_payload_bytes
+        for item in items:
+            n = len(item[1]) + 128
+            if current and (len(current) >= self.batch_max or size + n > budget):
+                chunks.append(current)
+                current, size = [], 0
+            current.append(item)
+            size += n
+        if current:
+            chunks.append(current)
+        return chunks
 
     def _push(self, frames: list[bytes]) -> None:
         if self._sendq:
@@ -608,8 +627,7 @@ class Agent:
             pairs = P.split_batch(frames)
             if unit is not None:
                 self._unit_left[unit] = len(pairs)
-            for raw_header, payload in pairs:
-                inner = P.unpack_header(raw_header)
+            for inner, payload in pairs:
                 inner.setdefault(P.FROM, sender)
                 if to is not None:
                     inner.setdefault(P.TO, to)
@@ -669,25 +687,30 @@ class Agent:
     def _on_error(self, header: dict[str, Any]) -> None:
         err = error_from_wire(header.get(P.ERROR))
         corr = header.get(P.CORR)
-        members = self._batch_members.pop(str(corr), None) if corr else None
-        targets = members if members is not None else [corr]
-        matched = False
+        ids = header.get(P.IDS)
+        if isinstance(ids, list):
+            targets: list[Any] = ids  # one envelope for a refused batch: one id per message
+        else:
+            members = self._batch_members.pop(str(corr), None) if corr else None
+            targets = members if members is not None else [corr]
+        unmatched = []
         for target in targets:
             fut = self._pending.get(str(target))
             if fut is not None and not fut.done():
                 fut.set_exception(err)
-                matched = True
+            else:
+                unmatched.append(target)
         if err.code == P.ErrorCode.NOT_REGISTERED and not self._closed and not self._reregistering:
             # The daemon restarted and forgot us: register again and restore subscriptions.
             self._spawn(self._reregister())
             return
-        if matched:
-            return
-        self.errors_received += 1
-        if self.on_error is not None:
-            self.on_error(err, str(corr) if corr else None)
-        else:
-            log.warning("agent %s: %s (%s)", self.name, err.message, err.code)
+        for target in unmatched:
+            self.errors_received += 1
+            if self.on_error is not None:
+                self.on_error(err, str(target) if target else None)
+            elif self.errors_received < 10 or self.errors_received % 1000 == 0:
+                log.warning("agent %s: %s (%s; %d errors so far)", self.name, err.message, err.code,
+                            self.errors_received)
 
     async def _reregister(self) -> None:
         self._reregistering = True
@@ -870,6 +893,10 @@ class Agent:
         while not self._closed:
             await asyncio.sleep(self.heartbeat_interval)
             telemetry = {"queue_depth": len(self._tasks)} | self.telemetry
+            cutoff = time.monotonic() - CONTROL_TIMEOUT
+            for msg_id, started in list(self._publish_started.items()):
+                if started < cutoff:
+                    self._expire_control(msg_id)
             self._push([P.SIGNATURE, P.pack({P.KIND: Kind.AGENT_HEARTBEAT}), P.pack(telemetry)])
 
 

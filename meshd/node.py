@@ -40,6 +40,7 @@ from zmq.utils.monitor import parse_monitor_message
 from . import protocol as P
 from . import transport
 from .auth import ZapHandler
+from .builtin_plugins import JsonlDeadLetterSink
 from .config import Settings
 from .delivery import DeadLetters, DeliveryStore, OutboxEntry, Qos1
 from .discovery import Discovery, PeerAdvert, default_interfaces
@@ -52,6 +53,7 @@ from .keys import (
     load_mesh_secret,
     load_or_create_node_keys,
 )
+from .plugins import PluginHost
 from .protocol import FrameError, Kind
 from .sdnotify import Notifier
 
@@ -182,6 +184,7 @@ class Node:
         self.dead_letters = DeadLetters(settings.dead_letter_capacity)
         self.store: DeliveryStore | None = None
         self._flush_scheduled = False
+        self._socket_bound = False
         self.peers: dict[str, Peer] = {}
         self.pending_static: dict[str, zmq.Socket[Any]] = {}
         self.local: dict[str, LocalAgent] = {}
@@ -203,7 +206,7 @@ class Node:
         self._timers: list[asyncio.Task[None]] = []
         self._stopping = False
         self._logged_once: set[str] = set()
-        self._max_frame = settings.max_payload_bytes + 64 * 1024
+        self._max_frame = settings.max_payload_bytes + P.BATCH_OVERHEAD + 4096
         self.curve: transport.Curve | None = None
         self.trust: TrustStore | None = None
         self._zap: ZapHandler | None = None
@@ -212,6 +215,14 @@ class Node:
         self._static_keys: dict[str, str] = {}
         self._authenticated_key = ""
         self.notifier = Notifier()
+        self.plugins = PluginHost(settings.plugins)
+        self.plugins.load()
+        if settings.dead_letter_jsonl:
+            self.plugins.register(JsonlDeadLetterSink(settings.state_dir / "deadletters.jsonl"),
+                                  name="meshd.jsonl_dead_letters")
+        self._observe = False  # any meshd_collaboration implementation? (checked at start)
+        self._inflight: dict[tuple[str, str], tuple[float, str, str, str, str, float]] = {}
+        self._bounced_code: str | None = None
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -268,6 +279,9 @@ class Node:
             self.router_endpoints(), self.pub_endpoints(), self.socket_path,
             " INSECURE (plaintext mesh)" if s.insecure else "",
         )
+        self._observe = self.plugins.wants("meshd_collaboration")
+        self.plugins.start()
+        await self.plugins.startup(self)
         self.ready.set()
         self.notifier.ready(self.status_line())
         self._timers.append(asyncio.create_task(self._status_loop(), name="meshd-status"))
@@ -315,6 +329,7 @@ class Node:
         old_umask = os.umask(0o117)  # the socket file is created 0660, never world-accessible
         try:
             self.agents_sock.bind(f"ipc://{path}")
+            self._socket_bound = True
         finally:
             os.umask(old_umask)
         os.chmod(path, 0o660)
@@ -337,6 +352,8 @@ class Node:
             return
         self._stopping = True
         self.notifier.stopping(f"stopping: {self.status_line()}")
+        if self.ready.is_set():
+            await self.plugins.shutdown(self)
         for task in self._timers:
             task.cancel()
         for task in self._timers:
@@ -366,15 +383,23 @@ class Node:
                         sock.close(transport.LINGER_MS)
             for sock in self.pending_static.values():
                 sock.close(0)
-            with contextlib.suppress(zmq.ZMQError):
-                self.agents_sock.disable_monitor()
-            self.agents_monitor.close(0)
-            for sock in (self.router, self.xpub, self.agents_sock):
-                sock.close(transport.LINGER_MS)
+            # A start that failed half-way may not have made every socket: close what exists.
+            agents_sock = getattr(self, "agents_sock", None)
+            if agents_sock is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    agents_sock.disable_monitor()
+            monitor = getattr(self, "agents_monitor", None)
+            if monitor is not None:
+                monitor.close(0)
+            for sock in (getattr(self, "router", None), getattr(self, "xpub", None), agents_sock):
+                if sock is not None:
+                    sock.close(transport.LINGER_MS)
             self._ctx.term()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        if self._socket_bound:  # never remove another daemon's socket after a failed start
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
         self.notifier.close()
+        self.plugins.stop()
         log.info("node %s stopped", self.node_id)
 
     async def serve(self, shutdown_trigger: asyncio.Future[Any] | asyncio.Event) -> None:
@@ -592,6 +617,8 @@ class Node:
             return
         old, peer.state = peer.state, state
         log.info("peer %s (%s): %s -> %s", peer.node_id, peer.name, old, state)
+        self.plugins.peer_state({"node": peer.node_id, "name": peer.name, "state": str(state),
+                                 "router": peer.connected_router}, str(old), str(state))
         self.stats[f"peer_{state}"] += 1
         if state is PeerState.OFFLINE:
             self._drop_peer_agents(peer)
@@ -697,7 +724,7 @@ class Node:
             self._bounce(header, frames[1:], P.ErrorCode.NO_SUCH_AGENT,
                          f"no agent named {to!r} on node {self.node_id}")
             return
-        if kind == Kind.BATCH and (len(frames) - 3) % 2:
+        if kind == Kind.BATCH and len(frames) != 4:
             self._reject(FrameError("batch_odd_frames", str(len(frames))), frames,
                          origin=f"peer {peer.node_id}", header=header)
             return
@@ -843,22 +870,16 @@ class Node:
             self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
                          f"'from' must be your registered name {agent.name!r}")
             return
-        if kind == Kind.BATCH:
-            pairs, rest = divmod(len(frames) - 3, 2)
-            if rest or not 1 <= pairs <= P.MAX_BATCH:
-                self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.VALIDATION_FAILED,
-                                       f"a batch carries 1..{P.MAX_BATCH} header/payload pairs")
-                return
-        elif len(frames) != 4:
+        if len(frames) != 4:
             self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.VALIDATION_FAILED,
                                    f"a {kind} message has exactly 3 frames")
             return
-        limit = self.settings.max_payload_bytes
-        for frame in frames[3:]:
-            if len(frame) > limit:
-                self._refuse(rid, header, frames, P.ErrorCode.TOO_LARGE,
-                             f"frame of {len(frame)} bytes exceeds max_payload_bytes={limit}")
-                return
+        limit = self.settings.max_payload_bytes + (P.BATCH_OVERHEAD if kind == Kind.BATCH else 0)
+        if len(frames[3]) > limit:
+            self._refuse(rid, header, frames, P.ErrorCode.TOO_LARGE,
+                         f"{kind} of {len(frames[3])} bytes exceeds max_payload_bytes="
+                         f"{self.settings.max_payload_bytes}")
+            return
         topic = header.get(P.TOPIC)
         if kind == Kind.PUBLISH or (kind == Kind.BATCH and P.TO not in header):
             if not P.valid_topic(topic):
@@ -890,7 +911,16 @@ class Node:
                 self._bounce(header, frames[1:], P.ErrorCode.TIMEOUT,
                              "the request's deadline passed before it was delivered")
                 return
+        if not self._observe:
+            self._route(to, header, frames[1:])
+            return
+        sends = self._observe_outgoing(header, frames[1:])
+        self._bounced_code = None
         self._route(to, header, frames[1:])
+        code = self._last_bounce()
+        for h in sends:
+            self._outcome("send", h.get(P.ID), h.get(P.FROM), h.get(P.TO), h.get(P.TOPIC),
+                          "error" if code else "sent", code)
 
     def _refuse(self, rid: bytes, header: dict[str, Any], frames: list[bytes], code: str,
                 message: str) -> None:
@@ -899,7 +929,7 @@ class Node:
         ids: list[Any] = [header.get(P.ID)]
         if header[P.KIND] == Kind.BATCH:
             with contextlib.suppress(FrameError):
-                ids = [P.unpack_header(h).get(P.ID) for h, _ in P.split_batch(frames[1:])]
+                ids = [h.get(P.ID) for h, _ in P.split_batch(frames[1:])]
         for msg_id in ids:
             self._send_agent_error(rid, msg_id, code, message)
 
@@ -930,6 +960,8 @@ class Node:
         unit_id = header.get(P.ID) if header.get(P.QOS) == 1 else None
         if unit_id is not None and not self.qos.admit(str(unit_id), origin, agent.rid, self._rid_alive):
             return
+        if self._inflight and self._observe:
+            self._observe_answer(agent, header, msg)
         try:
             self.agents_sock.send_multipart([agent.rid, *msg], zmq.NOBLOCK)
             self.stats["delivered"] += 1
@@ -954,6 +986,7 @@ class Node:
         request's error goes to its origin (the original requester), with its correlation id.
         """
         self.stats[f"undeliverable_{code.lower()}"] += 1
+        self._bounced_code = code
         if header.get(P.QOS) == 1 and self.qos.bounced(str(header.get(P.ID)), code):
             return
         self._dead_letter(code, message, msg, header)
@@ -963,17 +996,22 @@ class Node:
         if header[P.KIND] == Kind.BATCH:
             inner: list[tuple[Any, Any]] = []
             with contextlib.suppress(FrameError):
-                inner = [(P.unpack_header(h), p) for h, p in P.split_batch(msg)]
+                inner = P.split_batch(msg)
             ids = [h.get(P.CORR) or h.get(P.ID) for h, _ in inner
                    if h.get(P.KIND) in (Kind.SEND, Kind.REQUEST)]
         elif header[P.KIND] in (Kind.SEND, Kind.REQUEST):
             ids = [header.get(P.CORR) or header.get(P.ID)]
         else:
             return  # replies and errors never bounce: no loops
-        for msg_id in ids:
-            err = P.error_header(sender, msg_id if isinstance(msg_id, str) else None, code, message,
-                                 retry=retry, retry_after=retry_after, sender=f"meshd@{self.node_id}")
-            self._route(sender, err, [P.SIGNATURE, P.pack(err), b""])
+        ids = [i for i in ids if isinstance(i, str)]
+        if not ids:
+            return
+        # One envelope for the whole batch (``ids``), so a refused batch of 64 is one message back.
+        err = P.error_header(sender, ids[0] if len(ids) == 1 else None, code, message, retry=retry,
+                             retry_after=retry_after, sender=f"meshd@{self.node_id}")
+        if len(ids) > 1:
+            err[P.IDS] = ids
+        self._route(sender, err, [P.SIGNATURE, P.pack(err), b""])
 
     # ----------------------------------------------------------------------------- qos 1
 
@@ -1016,6 +1054,12 @@ class Node:
 
     def _qos_acked(self, entry: OutboxEntry) -> None:
         self.stats["qos1_delivered"] += 1
+        if self._observe:
+            topic = None
+            with contextlib.suppress(FrameError):
+                topic = P.unpack_header(entry.frames[1]).get(P.TOPIC)
+            self._outcome("send", entry.id, entry.sender, entry.dest, topic, "delivered", None,
+                          round((time.time() - entry.created) * 1000, 3), qos=1)
 
     def _qos_give_up(self, entry: OutboxEntry, why: str) -> None:
         header: dict[str, Any] | None = None
@@ -1035,13 +1079,94 @@ class Node:
             await asyncio.sleep(0.05)
             self.qos.tick()
             ticks += 1
+            if self._inflight and ticks % 20 == 0:
+                self._expire_inflight()
             if ticks % 1200 == 0:  # every minute
                 self.qos.forget_delivering(older_than=max(600.0, 4 * self.settings.qos1_ack_timeout))
                 self.qos.store.prune_seen()
 
+    def _agent_event(self, agent: LocalAgent, old: str, new: str) -> None:
+        self.plugins.agent_state({"name": agent.name, "node": self.node_id,
+                                  "capabilities": list(agent.capabilities)}, old, new)
+
+    # ----------------------------------------------------------------------------- outcomes
+
+    def _outcome(self, kind: str, msg_id: Any, initiator: Any, target: Any, topic: Any, outcome: str,
+                 error_code: str | None = None, latency_ms: float | None = None, qos: int = 0) -> None:
+        self.plugins.collaboration({
+            "kind": kind, "id": msg_id, "initiator": initiator, "target": target, "topic": topic,
+            "outcome": outcome, "error_code": error_code, "latency_ms": latency_ms, "qos": qos,
+            "at": time.time(),
+        })
+
+    def _last_bounce(self) -> str | None:
+        """The error code ``_bounce`` recorded during the last ``_route`` (None: it went through)."""
+        return self._bounced_code
+
+    def _observe_outgoing(self, header: dict[str, Any], msg: list[bytes]) -> list[dict[str, Any]]:
+        """Collaboration outcomes start here (only when a plugin observes them); returns the sends."""
+        headers = [header]
+        if header[P.KIND] == Kind.BATCH:
+            with contextlib.suppress(FrameError):
+                headers = [h | {P.FROM: header.get(P.FROM), P.TO: header.get(P.TO)}
+                           for h, _ in P.split_batch(msg)]
+        now = time.monotonic()
+        sends = []
+        for h in headers:
+            kind = h.get(P.KIND)
+            if kind == Kind.SEND:
+                sends.append(h)
+            elif kind == Kind.REQUEST:
+                what = ("delegate" if h.get(P.ORIGIN) else
+                        "handoff" if h.get(P.TOPIC) == P.HANDOFF_TOPIC else "request")
+                if what == "delegate":  # the answer goes to the origin, past this daemon
+                    self._outcome(what, h.get(P.ID), h.get(P.FROM), h.get(P.TO), h.get(P.TOPIC), "sent")
+                    continue
+                deadline = h.get(P.DEADLINE)
+                expires = now + (deadline - time.time() if isinstance(deadline, (int, float)) else 30.0) + 5
+                self._inflight[(str(h.get(P.FROM)), str(h.get(P.ID)))] = (
+                    now, what, str(h.get(P.FROM)), str(h.get(P.TO)), str(h.get(P.TOPIC)), expires)
+        return sends
+
+    def _observe_answer(self, agent: LocalAgent, header: dict[str, Any], msg: list[bytes]) -> None:
+        """A reply or error reaching a local requester closes its request's outcome."""
+        headers = [header]
+        if header[P.KIND] == Kind.BATCH:
+            with contextlib.suppress(FrameError):
+                headers = [h for h, _ in P.split_batch(msg)]
+        now = time.monotonic()
+        for h in headers:
+            kind = h.get(P.KIND)
+            if kind not in (Kind.REPLY, Kind.ERROR):
+                continue
+            started = self._inflight.pop((agent.name, str(h.get(P.CORR))), None)
+            if started is None:
+                continue
+            t0, what, initiator, target, topic, _ = started
+            latency = round((now - t0) * 1000, 3)
+            if kind == Kind.ERROR:
+                err = h.get(P.ERROR)
+                code = str(err.get("code")) if isinstance(err, dict) else "ERROR"
+                self._outcome(what, h.get(P.CORR), initiator, target, topic, "error", code, latency)
+            elif what == "handoff":
+                status = h.get(P.STATUS)
+                self._outcome(what, h.get(P.CORR), initiator, target, topic,
+                              "accepted" if status == "accepted" else "rejected", None, latency)
+            else:
+                self._outcome(what, h.get(P.CORR), initiator, target, topic, "ok", None, latency)
+
+    def _expire_inflight(self) -> None:
+        now = time.monotonic()
+        for key, (t0, what, initiator, target, topic, expires) in list(self._inflight.items()):
+            if now > expires:
+                del self._inflight[key]
+                self._outcome(what, key[1], initiator, target, topic, "error", P.ErrorCode.TIMEOUT,
+                              round((now - t0) * 1000, 3))
+
     def _dead_letter(self, reason: str, detail: str, frames: list[bytes], header: dict[str, Any] | None,
                      attempts: int = 0) -> None:
-        self.dead_letters.add(reason, detail, frames, header, attempts)
+        letter = self.dead_letters.add(reason, detail, frames, header, attempts)
+        self.plugins.dead_letter(letter)
 
     # ----------------------------------------------------------------------------- admin
 
@@ -1137,6 +1262,7 @@ class Node:
                     if isinstance(telemetry, dict):
                         agent.telemetry = telemetry
                 if agent.state is not PeerState.ONLINE:
+                    self._agent_event(agent, str(agent.state), "online")
                     agent.state = PeerState.ONLINE
             return
         if kind == Kind.REGISTER:
@@ -1225,6 +1351,8 @@ class Node:
             holder.capabilities, holder.metadata = caps, meta
         self._directory_changed()
         log.info("agent %r registered", name)
+        if holder is None or holder.rid != rid:
+            self._agent_event(self.local[name], "absent", "online")
         self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id},
                          P.pack({"node": self.node_id, "node_name": self.name, "mesh": self.settings.mesh}))
 
@@ -1247,6 +1375,7 @@ class Node:
         for topic in list(agent.topics):
             self._unsubscribe(agent, topic, announce=False)
         log.info("agent %r removed: %s", agent.name, why)
+        self._agent_event(agent, str(agent.state), "absent")
         self._directory_changed()
 
     def _evict_local(self, agent: LocalAgent, why: str) -> None:
@@ -1483,6 +1612,8 @@ class Node:
                 if age > s.offline_after:
                     self._remove_local(agent, f"no heartbeat for {age:.1f} s")
                 elif age > s.stale_after:
+                    if agent.state is not PeerState.STALE:
+                        self._agent_event(agent, str(agent.state), "stale")
                     agent.state = PeerState.STALE
 
     # ----------------------------------------------------------------------------- queries

@@ -60,18 +60,25 @@ _FAIL_LOG_EVERY = 1000  # same for a plugin that fails over and over
 _Event = tuple[str, dict[str, Any]]
 
 
+_LEAVES: Final = frozenset({str, bytes, int, float, bool, type(None)})
+
+
 def _plain(value: Any) -> Any:
-    """A copy with every mapping turned into a new dict and every list/tuple into a new list.
+    """A copy with every mapping turned into a new dict and every list/tuple/set into a new list.
 
     Plugins run on another thread than the routing loop, and one plugin must not see another's
     edits: each gets its own copy. Leaves (str, bytes, numbers, None) are immutable and shared.
     """
+    if type(value) in _LEAVES:  # the common case, checked first: this runs on the routing path
+        return value
     if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    if isinstance(value, set | frozenset):
-        return [_plain(item) for item in value]
+        copy = dict(value)
+        for key, item in copy.items():
+            if type(item) not in _LEAVES:
+                copy[key] = _plain(item)  # replacing a value while iterating is fine
+        return copy
+    if isinstance(value, list | tuple | set | frozenset):
+        return [item if type(item) in _LEAVES else _plain(item) for item in value]
     return value
 
 
@@ -227,6 +234,10 @@ class PluginHost:
         self._wanted = frozenset(
             hook for hook in OBSERVER_HOOKS if getattr(self.pm.hook, hook).get_hookimpls()
         )
+
+    def wants(self, hook: str) -> bool:
+        """Whether any plugin implements observer ``hook`` (so the core can skip building events)."""
+        return hook in self._wanted
 
     def list_plugins(self) -> list[dict[str, Any]]:
         """One dict per plugin: name, status ("loaded", "blocked" or "failed"), module, dist, hooks

@@ -121,6 +121,8 @@ HANDOFF_TOPIC: Final = "handoff-task"
 MAX_HEADER_BYTES: Final = 8 * 1024
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 1024 * 1024
 MAX_BATCH: Final = 256
+BATCH_OVERHEAD: Final = 64 * 1024
+"""A batch body may exceed max_payload_bytes by this much (its inner headers and framing)."""
 MAX_NAME_LEN: Final = 128
 MAX_TOPIC_LEN: Final = 256
 
@@ -203,14 +205,35 @@ def check_signature(frame: bytes | memoryview) -> None:
     raise FrameError("bad_signature", repr(raw[:8]))
 
 
-def split_batch(frames: list[Any]) -> list[tuple[Any, Any]]:
-    """Pair up the (header, payload) frames that follow a batch header."""
-    body = frames[2:]
-    if len(body) % 2 or not body:
-        raise FrameError("batch_odd_frames", f"{len(body)} frames after the batch header")
-    if len(body) // 2 > MAX_BATCH:
-        raise FrameError("batch_too_large", f"{len(body) // 2} > {MAX_BATCH} messages")
-    return [(body[i], body[i + 1]) for i in range(0, len(body), 2)]
+def pack_batch(items: list[tuple[dict[str, Any], bytes]]) -> bytes:
+    """The body frame of a batch: a msgpack array of ``[header-map, payload-bytes]`` pairs.
+
+    The whole batch body is one frame, so a daemon forwards a batch of 64 as 3 frames, not 130.
+    """
+    return pack([[header, payload] for header, payload in items])
+
+
+def split_batch(msg: list[Any]) -> list[tuple[dict[str, Any], bytes]]:
+    """Decode a batch's body (``msg`` is ``[signature, batch-header, body]``); bounded and strict."""
+    if len(msg) != 3:
+        raise FrameError("batch_frames", f"a batch has 3 frames, not {len(msg)}")
+    body = msg[2]
+    try:
+        items = msgpack.unpackb(
+            body, raw=False, strict_map_key=True, ext_hook=_no_ext, max_array_len=MAX_BATCH,
+            max_map_len=64, max_ext_len=0,
+        )
+    except _DECODE_ERRORS as exc:
+        raise FrameError("batch_undecodable", str(exc)) from None
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
+        raise FrameError("batch_shape", f"expected 1..{MAX_BATCH} [header, payload] pairs")
+    pairs = []
+    for item in items:
+        if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], dict)
+                or not isinstance(item[1], bytes) or item[0].get(KIND) not in KNOWN_KINDS):
+            raise FrameError("batch_item", "each item is [header map with a known kind, payload bytes]")
+        pairs.append((item[0], item[1]))
+    return pairs
 
 
 def encode(header: dict[str, Any], payload: bytes = b"") -> list[bytes]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,8 @@ RECONNECT_IVL_MAX_MS = 2000
 MESH_HWM = 10_000
 DRAIN_BUDGET = 256
 """Messages handled per socket per loop iteration before yielding to timers and other sockets."""
+DRAIN_SECONDS = 0.005
+"""...or this much time, whichever comes first (a batch fanned out to many agents is slow)."""
 
 Handler = Callable[[list[Any]], None]
 
@@ -205,7 +208,11 @@ class Reactor:
             return
         recv = sock.recv_multipart
         copy = self._copy.get(sock, True)
-        for _ in range(DRAIN_BUDGET):
+        deadline = time.perf_counter() + DRAIN_SECONDS
+        for n in range(DRAIN_BUDGET):
+            if n & 15 == 15 and time.perf_counter() > deadline:
+                self._loop.call_soon(self._drain, sock)
+                return
             try:
                 frames = recv(zmq.NOBLOCK, copy=copy)
             except zmq.Again:

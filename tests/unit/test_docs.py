@@ -16,10 +16,10 @@ from meshd import protocol as P
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "PROTOCOL.md"
 
-HEADER_KEY_NAMES = ("KIND", "ID", "FROM", "TO", "TOPIC", "CORR", "HOPS", "DEADLINE", "QOS", "HEADERS",
-                    "ERROR", "COUNT", "WHAT", "NODE")
-# Header keys the code uses as literals rather than constants; documented in the same table.
-EXTRA_HEADER_KEYS = frozenset({"ver"})
+NODE_PATH = DOC_PATH.parents[1] / "meshd" / "node.py"
+
+# Module-level str constants of meshd.protocol that are not header keys; every other one is.
+NOT_HEADER_KEYS = frozenset({"HANDOFF_TOPIC"})
 
 
 def _constants(cls: type) -> dict[str, str]:
@@ -27,6 +27,7 @@ def _constants(cls: type) -> dict[str, str]:
 
 
 KINDS = _constants(P.Kind)
+HEADER_KEYS = {name: value for name, value in _constants(P).items() if name not in NOT_HEADER_KEYS}
 ERROR_CODES = _constants(P.ErrorCode)
 LIMITS = {name: value for name, value in vars(P).items()
           if re.fullmatch(r"(DEFAULT_)?MAX_[A-Z_]+", name) and isinstance(value, int)}
@@ -70,7 +71,8 @@ def _table_first_column(doc: str, marker: str) -> list[str]:
 
 def test_constants_found() -> None:
     # Guard the introspection itself: an empty set would make every test below pass vacuously.
-    assert len(KINDS) >= 19 and len(ERROR_CODES) >= 10
+    assert len(KINDS) >= 25 and len(ERROR_CODES) >= 12 and len(HEADER_KEYS) >= 20
+    assert {"KIND", "ID", "FROM", "TO", "CORR", "ORIGIN", "IDS", "QOS", "VER"} <= set(HEADER_KEYS)
     assert {"MAX_HEADER_BYTES", "DEFAULT_MAX_PAYLOAD_BYTES", "MAX_BATCH", "MAX_NAME_LEN",
             "MAX_TOPIC_LEN"} <= set(LIMITS)
 
@@ -97,17 +99,32 @@ def test_error_code_table_matches_code(doc: str) -> None:
     assert sorted(_table_first_column(doc, "error-codes")) == sorted(ERROR_CODES.values())
 
 
-@pytest.mark.parametrize("name", HEADER_KEY_NAMES)
+@pytest.mark.parametrize("name", sorted(HEADER_KEYS))
 def test_every_header_key_documented(doc: str, name: str) -> None:
-    value = getattr(P, name)
+    value = HEADER_KEYS[name]
     assert f"`{value}`" in doc, f"header key {name} = {value!r} is not in {DOC_PATH.name}"
     assert f"`{name}`" in doc, f"constant name {name} is not in {DOC_PATH.name}"
 
 
 def test_header_key_table_matches_code(doc: str) -> None:
-    documented = _table_first_column(doc, "header-keys")
-    expected = {getattr(P, name) for name in HEADER_KEY_NAMES} | EXTRA_HEADER_KEYS
-    assert sorted(documented) == sorted(expected)
+    rows = _table_rows(doc, "header-keys")
+    documented = [_backticked(row[0]) for row in rows]
+    assert sorted(documented) == sorted(HEADER_KEYS.values())  # type: ignore[type-var]
+    # The second column names the constant that holds the key.
+    assert {_backticked(row[0]): _backticked(row[1]) for row in rows} == {
+        value: name for name, value in HEADER_KEYS.items()
+    }
+
+
+def test_handoff_topic_documented(doc: str) -> None:
+    assert f"`{P.HANDOFF_TOPIC}`" in doc and "`HANDOFF_TOPIC`" in doc
+
+
+def test_admin_ops_documented(doc: str) -> None:
+    ops = set(re.findall(r'\bop == "([a-z_.]+)"', NODE_PATH.read_text(encoding="utf-8")))
+    assert ops, f"no admin op found in {NODE_PATH.name}: update this check"
+    missing = sorted(op for op in ops if f"`{op}`" not in doc)
+    assert not missing, f"admin ops {missing} are not in {DOC_PATH.name}"
 
 
 def test_signature_documented(doc: str) -> None:

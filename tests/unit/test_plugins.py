@@ -17,7 +17,7 @@ import textwrap
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -256,13 +256,19 @@ def test_hooks_nobody_implements_cost_nothing(make_host: Callable[..., PluginHos
 
 
 def test_observer_methods_never_raise(make_host: Callable[..., PluginHost]) -> None:
-    class Hostile(dict[str, Any]):
-        def items(self) -> Any:
+    class Hostile(Mapping[str, Any]):
+        def __getitem__(self, key: str) -> Any:
             raise RuntimeError("cannot copy me")
+
+        def __iter__(self) -> Iterator[str]:
+            raise RuntimeError("cannot copy me")
+
+        def __len__(self) -> int:
+            return 1
 
     host = make_host()
     host.register(Recorder(), "recorder")
-    host.collaboration(Hostile(a=1))
+    host.collaboration(Hostile())
     assert host.stats["dropped"] == 1
 
 

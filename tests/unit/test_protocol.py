@@ -88,13 +88,28 @@ def test_unknown_kind_refused() -> None:
     assert info.value.reason == "unknown_kind"
 
 
-def test_batch_split() -> None:
-    frames = [P.SIGNATURE, b"batch", b"h1", b"p1", b"h2", b"p2"]
-    assert P.split_batch(frames) == [(b"h1", b"p1"), (b"h2", b"p2")]
+def test_batch_round_trip_and_limits() -> None:
+    items = [({P.KIND: Kind.SEND, P.ID: "1"}, b"p1"), ({P.KIND: Kind.REQUEST, P.ID: "2"}, b"p2")]
+    msg = [P.SIGNATURE, P.pack({P.KIND: Kind.BATCH, P.TO: "x"}), P.pack_batch(items)]
+    assert P.split_batch(msg) == items
     with pytest.raises(FrameError):
-        P.split_batch([P.SIGNATURE, b"batch", b"h1"])
+        P.split_batch([P.SIGNATURE, b"batch"])  # the body frame is missing
     with pytest.raises(FrameError):
-        P.split_batch([P.SIGNATURE, b"batch"] + [b"h", b"p"] * (P.MAX_BATCH + 1))
+        P.split_batch([P.SIGNATURE, b"b", P.pack_batch([({P.KIND: Kind.SEND}, b"p")] * (P.MAX_BATCH + 1))])
+    with pytest.raises(FrameError):
+        P.split_batch([P.SIGNATURE, b"b", P.pack([[{P.KIND: "bogus"}, b"p"]])])
+    with pytest.raises(FrameError):
+        P.split_batch([P.SIGNATURE, b"b", P.pack([[{P.KIND: Kind.SEND}, "not bytes"]])])
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=300))
+def test_garbage_batch_body_is_a_frame_error(body: bytes) -> None:
+    try:
+        pairs = P.split_batch([P.SIGNATURE, b"h", body])
+    except FrameError:
+        return
+    assert all(isinstance(h, dict) and isinstance(p, bytes) for h, p in pairs)
 
 
 def test_ids_unique() -> None:
