@@ -180,7 +180,7 @@ class Agent:
         self.errors_received = 0
         self.on_error: Callable[[MeshError, str | None], None] | None = None
         self._handlers: dict[str, Handler] = {}
-        self._topics: set[str] = set()
+        self._topics: dict[str, bool] = {}  # topic -> durable
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._batch_members: dict[str, list[str]] = {}
         self._progress_cbs: dict[str, Callable[[str], Any]] = {}
@@ -398,11 +398,18 @@ class Agent:
             return HandoffResult(bool(reply["accepted"]), reply.get("reason"), reply.get("data"))
         return HandoffResult(bool(reply))
 
-    async def publish(self, topic: str, payload: Any = None, *,
+    async def publish(self, topic: str, payload: Any = None, *, qos: int = 0,
                       headers: dict[str, Any] | None = None) -> int:
-        """Publish on ``topic``; returns how many subscribers (in the whole mesh) it reached."""
+        """Publish on ``topic``; returns how many subscribers (in the whole mesh) it reached.
+
+        With ``qos=1``, durable subscribers (``subscribe(topic, durable=True)``) get it at least
+        once and handle it once, through the publisher daemon's outbox; it returns once those
+        copies are on disk.
+        """
         if not P.valid_topic(topic):
             raise ValidationFailed(f"invalid topic {topic!r}")
+        if qos not in (0, 1):
+            raise ValidationFailed("qos must be 0 or 1")
         loop = self._require_loop()
         msg_id = P.new_id()
         header: dict[str, Any] = {P.KIND: Kind.PUBLISH, P.ID: msg_id, P.TOPIC: topic}
@@ -414,23 +421,30 @@ class Agent:
         # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
         self._publish_started[msg_id] = time.monotonic()
         try:
-            self._enqueue(("topic", topic), header, data)
+            self._enqueue(("topic1" if qos else "topic", topic), header, data)
             return int(await fut)
         finally:
             self._pending.pop(msg_id, None)
             self._publish_started.pop(msg_id, None)
 
-    async def subscribe(self, topic: str) -> None:
-        """Receive publications on ``topic`` (idempotent)."""
+    async def subscribe(self, topic: str, *, durable: bool = False) -> None:
+        """Receive publications on ``topic`` (idempotent).
+
+        ``durable=True``: qos-1 publications on it reach this agent at least once, handled once,
+        even across a partition or a restart of this agent's daemon.
+        """
         if not P.valid_topic(topic):
             raise ValidationFailed(f"invalid topic {topic!r}")
-        await self._control({P.KIND: Kind.SUBSCRIBE, P.TOPIC: topic})
-        self._topics.add(topic)
+        header: dict[str, Any] = {P.KIND: Kind.SUBSCRIBE, P.TOPIC: topic}
+        if durable:
+            header[P.QOS] = 1
+        await self._control(header)
+        self._topics[topic] = durable
 
     async def unsubscribe(self, topic: str) -> None:
         """Stop receiving ``topic`` (idempotent)."""
         await self._control({P.KIND: Kind.UNSUBSCRIBE, P.TOPIC: topic})
-        self._topics.discard(topic)
+        self._topics.pop(topic, None)
 
     async def agents(self) -> list[dict[str, Any]]:
         """Every agent in the mesh as this daemon knows it."""
@@ -521,8 +535,8 @@ class Agent:
         if not items:
             return
         field_name, dest = key
-        dest_key = P.TOPIC if field_name == "topic" else P.TO
-        qos = 1 if field_name == "to1" else 0
+        dest_key = P.TOPIC if field_name.startswith("topic") else P.TO
+        qos = 1 if field_name.endswith("1") else 0
         for chunk in self._chunks(items):
             if len(chunk) == 1:
                 header, payload = chunk[0]
@@ -716,8 +730,11 @@ class Agent:
         self._reregistering = True
         try:
             await self._register()
-            for topic in list(self._topics):
-                await self._control({P.KIND: Kind.SUBSCRIBE, P.TOPIC: topic})
+            for topic, durable in list(self._topics.items()):
+                header: dict[str, Any] = {P.KIND: Kind.SUBSCRIBE, P.TOPIC: topic}
+                if durable:
+                    header[P.QOS] = 1
+                await self._control(header)
             log.info("agent %s registered again after a daemon restart", self.name)
         except MeshError as exc:
             log.warning("agent %s could not register again: %s", self.name, exc)

@@ -282,16 +282,19 @@ class Qos1:
 
     # ------------------------------------------------------------------ sender side
 
-    def accept(self, rid: bytes, sender: str, unit_id: str, dest: str, frames: list[bytes]) -> None:
+    def accept(self, rid: bytes | None, sender: str, unit_id: str, dest: str, frames: list[bytes]) -> None:
+        """Stage a unit; ``rid`` (if any) is told "ok" once it is on disk."""
         now = time.time()
         if unit_id in self.store.outbox:
-            self._confirm_to[unit_id] = rid  # a client retry of a unit we have: confirm again
+            if rid is not None:
+                self._confirm_to[unit_id] = rid  # a client retry of a unit we have: confirm again
             self._schedule_flush()
             return
         entry = OutboxEntry(id=unit_id, dest=dest, frames=frames, created=now, expires=now + self.ttl,
                             sender=sender)
         self.store.stage(entry)
-        self._confirm_to[unit_id] = rid
+        if rid is not None:
+            self._confirm_to[unit_id] = rid
         self.stats["accepted"] += 1
         self._schedule_flush()
 

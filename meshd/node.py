@@ -29,7 +29,7 @@ import os
 import stat
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,7 @@ class LocalAgent:
     metadata: dict[str, Any]
     registered_at: float
     topics: set[str] = field(default_factory=set)
+    durable: set[str] = field(default_factory=set)  # topics whose qos-1 publications it must not miss
     last_seen: float = field(default_factory=time.monotonic)
     state: PeerState = PeerState.ONLINE
     telemetry: dict[str, Any] = field(default_factory=dict)
@@ -91,6 +92,7 @@ class LocalAgent:
             "capabilities": self.capabilities,
             "metadata": self.metadata,
             "topics": sorted(self.topics),
+            "durable": sorted(self.durable),
             "registered_at": self.registered_at,
             "state": str(self.state),
             "telemetry": self.telemetry,
@@ -185,6 +187,7 @@ class Node:
         self.store: DeliveryStore | None = None
         self._flush_scheduled = False
         self._socket_bound = False
+        self._after_flush: list[Callable[[], Any]] = []
         self.peers: dict[str, Peer] = {}
         self.pending_static: dict[str, zmq.Socket[Any]] = {}
         self.local: dict[str, LocalAgent] = {}
@@ -1032,6 +1035,10 @@ class Node:
             # The disk failed us: nothing staged is confirmed; clients time out and may retry.
             log.exception("qos-1 commit failed")
             self.stats["qos1_commit_failed"] += 1
+            return
+        after, self._after_flush = self._after_flush, []
+        for action in after:
+            action()
 
     def _qos_attempt(self, entry: OutboxEntry) -> None:
         try:
@@ -1301,7 +1308,7 @@ class Node:
             self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"invalid topic {topic!r}")
             return
         if kind == Kind.SUBSCRIBE:
-            self._subscribe(agent, str(topic))
+            self._subscribe(agent, str(topic), durable=header.get(P.QOS) == 1)
         else:
             self._unsubscribe(agent, str(topic))
         self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id})
@@ -1410,7 +1417,14 @@ class Node:
 
     # ----------------------------------------------------------------------------- topics
 
-    def _subscribe(self, agent: LocalAgent, topic: str) -> None:
+    def _subscribe(self, agent: LocalAgent, topic: str, durable: bool = False) -> None:
+        if durable != (topic in agent.durable):
+            if durable:
+                agent.durable.add(topic)
+            else:
+                agent.durable.discard(topic)
+            if topic in agent.topics:
+                self._directory_changed()
         if topic in agent.topics:
             return  # idempotent
         agent.topics.add(topic)
@@ -1428,6 +1442,7 @@ class Node:
         if topic not in agent.topics:
             return  # idempotent
         agent.topics.discard(topic)
+        agent.durable.discard(topic)
         subs = self.local_topics.get(topic, set())
         subs.discard(agent)
         if not subs:
@@ -1455,15 +1470,31 @@ class Node:
         return counts.get(topic, 0)
 
     def _publish(self, agent: LocalAgent, topic: str, header: dict[str, Any], msg: list[bytes]) -> None:
+        """Fan a publication out: PUB/SUB for everyone, and for a qos-1 publication one outbox
+        unit per durable subscriber (who then gets it only that way, exactly once)."""
         reached = 0
+        durable: list[str] = []
+        if header.get(P.QOS) == 1:
+            durable = self._durable_subscribers(topic)
+            unit_id = str(header.get(P.ID))
+            for name in durable:
+                unit_header = dict(header)
+                unit_header[P.TO] = name
+                unit_header[P.ID] = f"{unit_id}>{name}"
+                self.qos.accept(None, agent.name, unit_header[P.ID], name,
+                                [P.SIGNATURE, P.pack(unit_header), *msg[2:]])
+            reached += len(durable)
+        skip = set(durable)
         for sub in self.local_topics.get(topic, ()):
+            if sub.name in skip:
+                continue
             try:
                 self.agents_sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
                 reached += 1
             except zmq.ZMQError:
                 self.stats["publish_local_dropped"] += 1
-        remote = self._remote_subscribers(topic)
-        if remote:
+        remote = self._remote_subscribers(topic) - sum(1 for n in durable if n not in self.local)
+        if remote > 0:
             try:
                 self.xpub.send_multipart([P.topic_key(topic), *msg], zmq.NOBLOCK)
                 reached += remote
@@ -1472,7 +1503,20 @@ class Node:
             assert self._reactor is not None
             self._reactor.kick(self.xpub)
         self.stats["published"] += 1
-        self._send_agent(agent.rid, {P.KIND: Kind.OK, P.CORR: header.get(P.ID), P.COUNT: reached})
+        ack = {P.KIND: Kind.OK, P.CORR: header.get(P.ID), P.COUNT: reached}
+        if durable:  # confirmed once the durable copies are on disk
+            self._after_flush.append(functools.partial(self._send_agent, agent.rid, ack))
+            self._schedule_flush()
+        else:
+            self._send_agent(agent.rid, ack)
+
+    def _durable_subscribers(self, topic: str) -> list[str]:
+        names = [a.name for a in self.local.values() if topic in a.durable]
+        for peer in self.peers.values():
+            if peer.state is PeerState.OFFLINE:
+                continue
+            names.extend(n for n, rec in peer.agents.items() if topic in (rec.get("durable") or ()))
+        return names
 
     def _on_topic(self, frames: list[bytes]) -> None:
         """A publication from a peer's XPUB: hand it to the local subscribers."""
@@ -1481,7 +1525,15 @@ class Node:
             self.stats["topic_dropped"] += 1
             return
         msg = frames[1:]
+        qos1: bool | None = None
         for sub in list(subs):
+            if sub.durable and qos1 is None:
+                try:
+                    qos1 = P.unpack_header(msg[1]).get(P.QOS) == 1
+                except FrameError:
+                    qos1 = False
+            if qos1 and sub.durable and any(k == frames[0] for k in map(P.topic_key, sub.durable)):
+                continue  # it gets its own qos-1 copy from the publisher's outbox
             try:
                 self.agents_sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
             except zmq.ZMQError:

@@ -345,3 +345,43 @@ def test_qos1_waits_for_an_absent_receiver_then_dead_letters_and_replays(meshd_f
         return handled
     assert asyncio.run(replay_to_receiver()) == [{"i": 2}]
     assert ctl("deadletters", "purge").returncode == 0
+
+
+def test_qos1_publish_reaches_durable_subscribers_once(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+
+    async def scenario() -> None:
+        async with Agent("pub", socket=a.socket) as pub, Agent("keeper", socket=b.socket) as keeper, \
+                Agent("glance", socket=b.socket) as glance, Agent("local", socket=a.socket) as local:
+            kept: list[int] = []
+            glanced: list[int] = []
+            locals_: list[int] = []
+            keeper.on("ledger")(lambda m: kept.append(m.payload["i"]))
+            glance.on("ledger")(lambda m: glanced.append(m.payload["i"]))
+            local.on("ledger")(lambda m: locals_.append(m.payload["i"]))
+            await keeper.subscribe("ledger", durable=True)
+            await glance.subscribe("ledger")
+            await local.subscribe("ledger", durable=True)
+
+            async def ready() -> bool:
+                recs = {r["name"]: r for r in await pub.agents()}
+                return all(n in recs for n in ("keeper", "glance", "local")) and \
+                    "ledger" in recs["keeper"].get("durable", [])
+            await wait_until_async(ready)
+            counts = await asyncio.gather(*(pub.publish("ledger", {"i": i}, qos=1) for i in range(300)))
+            assert set(counts) == {3}
+            await asyncio_wait_until(lambda: len(kept) >= 300 and len(locals_) >= 300 and len(glanced) >= 300)
+            await asyncio.sleep(0.2)
+            assert sorted(kept) == list(range(300)) and sorted(locals_) == list(range(300))
+            assert sorted(glanced) == list(range(300))
+            await asyncio_wait_until(lambda: producer_pending(a) == 0)
+    asyncio.run(scenario())
+
+
+async def wait_until_async(check: Any, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < end, "condition not met"
+        await asyncio.sleep(0.05)

@@ -24,6 +24,7 @@ at-least-once allows).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -36,6 +37,7 @@ from typing import Any
 
 import pytest
 
+from meshd import Agent
 from meshd.testing import MeshdFactory, MeshdProcess, wait_until
 
 AGENTS = str(Path(__file__).with_name("qos_agents.py"))
@@ -155,7 +157,11 @@ class Stream:
         time.sleep(0.3)  # acks and suppressed retries in flight
         qos_b = self.b.query("node")["qos1"]
         qos_a = self.a.query("node")["qos1"]
-        return self.summary(scenario, qos_a, qos_b)
+        stats = self.summary(scenario, qos_a, qos_b)
+        stats["dead_letters"] = {p.name: dead_letters(p) for p in (self.a, self.b)}
+        print(f"  dead letters: a={len(stats['dead_letters']['a'])} b={len(stats['dead_letters']['b'])}; "
+              f"a qos1={qos_a}; b qos1={qos_b}")
+        return stats
 
     def summary(self, scenario: str, qos_a: dict[str, Any], qos_b: dict[str, Any]) -> dict[str, Any]:
         runs = read_handled(self.recv_out)
@@ -211,6 +217,13 @@ def check(stats: dict[str, Any], max_dup: int) -> None:
     assert stats["dup_delivered"] <= max_dup, stats
 
 
+def dead_letters(proc: MeshdProcess) -> list[dict[str, Any]]:
+    async def ask() -> Any:
+        async with Agent(f"dl-{os.urandom(3).hex()}", socket=proc.socket) as me:
+            return await me.admin("deadletters.list")
+    return list(asyncio.run(ask()))
+
+
 def agent_listed(proc: MeshdProcess, name: str) -> bool:
     try:
         return any(a["name"] == name for a in proc.query("agents"))
@@ -221,7 +234,7 @@ def agent_listed(proc: MeshdProcess, name: str) -> bool:
 # ---------------------------------------------------------------------------------------- scenarios
 # Scenarios 1 and 3 run twice: the kill comes from the test once ~500 handler runs are on file
 # (wherever the stream happens to be), or from inside the receiving agent's handler for message
-# 500 ("mid-unit": that handler has finished, its unit is not acked and the rest of its batch may
+# 505 ("mid-unit", inside one of the sender's ~10-message batches: that handler has finished, its unit is not acked and the rest of its batch may
 # be unhandled, the case that can make a handler run twice).
 
 TRIGGERS = ["test", "mid-unit"]
@@ -233,7 +246,7 @@ def test_kill9_receiving_daemon(stream: Stream, trigger: str) -> None:
     The receiving agent is not restarted: its client must register again on its own."""
     b = stream.b
     if trigger == "mid-unit":
-        stream.start_receiver("--kill-at", str(KILL_AT), "--kill-pid", str(b.pid))
+        stream.start_receiver("--kill-at", str(KILL_AT + 5), "--kill-pid", str(b.pid))
         stream.start_sender()
         assert b.proc is not None
         b.proc.wait(20)  # the receiving agent kills it
@@ -278,7 +291,7 @@ def test_kill9_sending_daemon(stream: Stream) -> None:
 def test_kill9_receiving_agent(stream: Stream, trigger: str) -> None:
     """kill -9 of the receiving agent mid-stream, restarted under the same name."""
     if trigger == "mid-unit":
-        stream.start_receiver("--kill-at", str(KILL_AT), "--kill-pid", "0")
+        stream.start_receiver("--kill-at", str(KILL_AT + 5), "--kill-pid", "0")
         stream.start_sender()
     else:
         stream.start_receiver()
