@@ -159,8 +159,9 @@ class Stream:
         qos_a = self.a.query("node")["qos1"]
         stats = self.summary(scenario, qos_a, qos_b)
         stats["dead_letters"] = {p.name: dead_letters(p) for p in (self.a, self.b)}
-        print(f"  dead letters: a={len(stats['dead_letters']['a'])} b={len(stats['dead_letters']['b'])}; "
-              f"a qos1={qos_a}; b qos1={qos_b}")
+        kinds = {name: dict(Counter(f"{d['reason']}/{d['kind']}/qos{(d.get('header') or {}).get('qos', 0)}"
+                                    for d in letters)) for name, letters in stats["dead_letters"].items()}
+        print(f"  dead letters: {kinds}; a qos1={qos_a}; b qos1={qos_b}")
         return stats
 
     def summary(self, scenario: str, qos_a: dict[str, Any], qos_b: dict[str, Any]) -> dict[str, Any]:
