@@ -282,12 +282,14 @@ class Agent:
     # ----------------------------------------------------------------------------- primitives
 
     async def send(self, to: str, topic: str, payload: Any = None, *, qos: int = 0,
-                   headers: dict[str, Any] | None = None) -> None:
+                   headers: dict[str, Any] | None = None) -> str:
         """Send without waiting for an answer.
 
         qos 0 (default): at most once; failures arrive later through ``on_error``.
-        qos 1: at least once, and the handler sees it once. Returns when the local daemon has
-        the message on disk; it retries until the receiver's handler has finished.
+        qos 1: at least once; duplicates are dropped by id, so the handler normally runs once
+        (see docs/DELIVERY.md for the crash windows). Returns when the local daemon has the
+        message on disk; it retries until the receiver's handler has finished.
+        Returns the message id, which a later ``on_error`` (e.g. UNDELIVERABLE) names.
         """
         if qos not in (0, 1):
             raise ValidationFailed("qos must be 0 or 1")
@@ -299,7 +301,7 @@ class Agent:
         if qos == 0:
             self._enqueue(("to", to), header, data)
             await self._backpressure()
-            return
+            return msg_id
         loop = self._require_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
@@ -307,6 +309,7 @@ class Agent:
         try:
             self._enqueue(("to1", to), header, data)
             await fut
+            return msg_id
         finally:
             timer.cancel()
             self._pending.pop(msg_id, None)
@@ -394,8 +397,8 @@ class Agent:
         reply = await self.request(to, P.HANDOFF_TOPIC,
                                    {"task_id": task_id, "context": context, "artifacts": artifacts},
                                    timeout=timeout)
-        if isinstance(reply, dict) and "accepted" in reply:
-            return HandoffResult(bool(reply["accepted"]), reply.get("reason"), reply.get("data"))
+        if isinstance(reply, dict):
+            return HandoffResult(bool(reply.get("accepted", False)), reply.get("reason"), reply.get("data"))
         return HandoffResult(bool(reply))
 
     async def publish(self, topic: str, payload: Any = None, *, qos: int = 0,
@@ -718,6 +721,8 @@ class Agent:
             # The daemon restarted and forgot us: register again and restore subscriptions.
             self._spawn(self._reregister())
             return
+        if err.code == P.ErrorCode.CANCELLED:
+            return  # the answer to our own cancel, after we stopped waiting: nothing to report
         for target in unmatched:
             self.errors_received += 1
             if self.on_error is not None:
@@ -788,6 +793,7 @@ class Agent:
         if msg.is_request and msg.deadline is not None and msg.deadline < time.time():
             # The requester has given up already: do not start work nobody waits for.
             self._reply_error(msg, P.ErrorCode.TIMEOUT, "the deadline passed before the handler started")
+            self._unit_done(unit)
             return
         try:
             result = handler(msg)
@@ -831,13 +837,7 @@ class Agent:
     def _answer(self, msg: Message, value: Any) -> None:
         if msg._answered or value is DEFER:
             return
-        status = None
-        if msg.topic == P.HANDOFF_TOPIC:
-            accepted = bool(value.get("accepted")) if isinstance(value, dict) else bool(value)
-            status = "accepted" if accepted else "rejected"
-            if not isinstance(value, dict):
-                value = {"accepted": accepted}
-        self._reply(msg, value, status=status)
+        self._reply(msg, value)
 
     def _unit_done(self, unit: str | None) -> None:
         """One message of a qos-1 unit finished; when all have, ack the unit to the daemon."""
@@ -880,6 +880,12 @@ class Agent:
         if self._closed:
             return
         msg._answered = True
+        if msg.topic == P.HANDOFF_TOPIC and status is None:
+            # One verdict, used for the header (daemons and observers) and the payload alike:
+            # True/False, or a dict whose "accepted" says it (a dict without it is a reject).
+            accepted = bool(value.get("accepted", False)) if isinstance(value, dict) else bool(value)
+            value = ({**value, "accepted": accepted} if isinstance(value, dict) else {"accepted": accepted})
+            status = "accepted" if accepted else "rejected"
         try:
             data = self._payload(value)
         except MeshError as exc:
@@ -948,8 +954,8 @@ class BlockingAgent:
     def on(self, topic: str = ANY_TOPIC) -> Callable[[Handler], Handler]:
         return self.agent.on(topic)
 
-    def send(self, to: str, topic: str, payload: Any = None, **kw: Any) -> None:
-        self._call(self.agent.send(to, topic, payload, **kw), CONTROL_TIMEOUT)
+    def send(self, to: str, topic: str, payload: Any = None, **kw: Any) -> str:
+        return self._call(self.agent.send(to, topic, payload, **kw), CONTROL_TIMEOUT * 2 + 1)
 
     def request(self, to: str, topic: str, payload: Any = None, *,
                 timeout: float = DEFAULT_REQUEST_TIMEOUT, **kw: Any) -> Any:

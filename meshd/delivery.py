@@ -84,8 +84,14 @@ class DeliveryStore:
         self.db.execute("DELETE FROM seen WHERE at < ?", (now - self.seen_ttl,))
         for row in self.db.execute("SELECT id, dest, frames, attempts, created, expires FROM outbox"):
             frames = msgpack.unpackb(row[2], raw=False)
+            sender = ""
+            try:  # the sending agent, to tell it if the unit finally fails
+                header = msgpack.unpackb(frames[1], raw=False)
+                sender = str(header.get("from", "")) if isinstance(header, dict) else ""
+            except (ValueError, TypeError, IndexError, msgpack.ExtraData):
+                pass
             entry = OutboxEntry(id=row[0], dest=row[1], frames=list(frames), attempts=int(row[3]),
-                                created=float(row[4]), expires=float(row[5]), durable=True)
+                                created=float(row[4]), expires=float(row[5]), durable=True, sender=sender)
             self.outbox[entry.id] = entry
         for msg_id, at in self.db.execute("SELECT id, at FROM seen"):
             self.seen[msg_id] = at

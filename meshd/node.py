@@ -240,7 +240,7 @@ class Node:
         self._ctx = zmq.Context()
         self._reactor = transport.Reactor(loop)
         self._setup_security()
-        self.store = DeliveryStore(s.state_dir / "delivery.db", seen_ttl=max(24 * 3600.0, 2 * s.qos1_ttl))
+        self.store = DeliveryStore(s.state_dir / "delivery.db", seen_ttl=2 * s.qos1_ttl + 60.0)
         self.qos = Qos1(
             self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout, ttl=s.qos1_ttl,
             attempt=self._qos_attempt, confirm=self._qos_confirm, send_acks=self._qos_send_acks,
@@ -713,9 +713,9 @@ class Node:
         if peer.state is not PeerState.ONLINE:
             self._set_peer_state(peer, PeerState.ONLINE)
         to = header.get(P.TO)
-        if not isinstance(to, str):
-            self._reject(FrameError("no_destination", kind), frames, origin=f"peer {peer.node_id}",
-                         header=header)
+        if not isinstance(to, str) or kind not in _AGENT_DATA_KINDS:
+            self._reject(FrameError("not_deliverable", f"{kind} without a destination"), frames,
+                         origin=f"peer {peer.node_id}", header=header)
             return
         if kind == Kind.ERROR and header.get(P.CORR) in self.qos.store.outbox:
             err = header.get(P.ERROR)
@@ -725,7 +725,7 @@ class Node:
         agent = self.local.get(name)
         if agent is None or (node and node not in (self.node_id, self.name)):
             self._bounce(header, frames[1:], P.ErrorCode.NO_SUCH_AGENT,
-                         f"no agent named {to!r} on node {self.node_id}")
+                         f"no agent named {to!r} on node {self.node_id}", origin=peer.node_id)
             return
         if kind == Kind.BATCH and len(frames) != 4:
             self._reject(FrameError("batch_odd_frames", str(len(frames))), frames,
@@ -972,17 +972,18 @@ class Node:
             if unit_id is not None:
                 self.qos.not_delivered(str(unit_id))
             self._bounce(header, msg, P.ErrorCode.INBOX_FULL, f"inbox of {agent.name!r} is full",
-                         retry=True, retry_after=0.1)
+                         retry=True, retry_after=0.1, origin=origin)
         except zmq.ZMQError:
             if unit_id is not None:
                 self.qos.not_delivered(str(unit_id))
             self._remove_local(agent, "connection gone")
-            self._bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"agent {agent.name!r} disconnected")
+            self._bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"agent {agent.name!r} disconnected",
+                         origin=origin)
         assert self._reactor is not None
         self._reactor.kick(self.agents_sock)
 
     def _bounce(self, header: dict[str, Any], msg: list[bytes], code: str, message: str, *,
-                retry: bool = False, retry_after: float | None = None) -> None:
+                retry: bool = False, retry_after: float | None = None, origin: str | None = None) -> None:
         """Tell the sender of an undeliverable message why, as an error envelope per message.
 
         A qos-1 unit of ours does not bounce: it waits in the outbox for another try. A delegated
@@ -990,7 +991,16 @@ class Node:
         """
         self.stats[f"undeliverable_{code.lower()}"] += 1
         self._bounced_code = code
-        if header.get(P.QOS) == 1 and self.qos.bounced(str(header.get(P.ID)), code):
+        if header.get(P.QOS) == 1:
+            unit_id = str(header.get(P.ID))
+            if self.qos.bounced(unit_id, code):
+                return  # ours: it waits in our outbox
+            # Another daemon's unit: it still holds it. Tell that daemon (not the agent, which
+            # may be gone), so the unit waits there instead of using up an attempt.
+            peer = self.peers.get(origin) if origin else None
+            if peer is not None:
+                self._send_peer(peer, P.error_header(header.get(P.FROM), unit_id, code, message, retry=True,
+                                                     sender=f"meshd@{self.node_id}"))
             return
         self._dead_letter(code, message, msg, header)
         sender = header.get(P.ORIGIN) or header.get(P.FROM)
@@ -1076,9 +1086,12 @@ class Node:
                           attempts=entry.attempts)
         sender = self.local.get(entry.sender)
         if sender is not None:
-            self._send_agent(sender.rid, P.error_header(
-                sender.name, entry.id, P.ErrorCode.UNDELIVERABLE, f"qos-1 message to {entry.dest!r}: {why}",
-                sender=f"meshd@{self.node_id}"))
+            err = P.error_header(sender.name, entry.id, P.ErrorCode.UNDELIVERABLE,
+                                 f"qos-1 message to {entry.dest!r}: {why}", sender=f"meshd@{self.node_id}")
+            if header is not None and header.get(P.KIND) == Kind.BATCH:
+                with contextlib.suppress(FrameError):  # name each message, not the batch
+                    err[P.IDS] = [h.get(P.ID) for h, _ in P.split_batch(entry.frames)]
+            self._send_agent(sender.rid, err)
 
     async def _qos_loop(self) -> None:
         ticks = 0
@@ -1191,7 +1204,8 @@ class Node:
         if op == "deadletters.list":
             result = [_letter_summary(d) for d in self.dead_letters.list()]
         elif op == "deadletters.show":
-            letter = self.dead_letters.get(int(args.get("seq", -1)))
+            seq = args.get("seq")
+            letter = self.dead_letters.get(seq) if isinstance(seq, int) else None
             if letter is None:
                 self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
                                        f"no dead letter {args.get('seq')!r}")
@@ -1225,13 +1239,13 @@ class Node:
             chosen.append(letter)
         replayed = 0
         for letter in chosen:
-            self.dead_letters.pop(letter["seq"])
             header = dict(letter["header"])
-            header[P.ID] = P.new_id()  # a fresh unit: the receiver may have seen the old id
-            frames = [P.SIGNATURE, P.pack(header), *letter["frames"][2:]]
             dest = header.get(P.TO)
             if not isinstance(dest, str):
                 continue
+            self.dead_letters.pop(letter["seq"])
+            header[P.ID] = P.new_id()  # a fresh unit: the receiver may have seen the old id
+            frames = [P.SIGNATURE, P.pack(header), *letter["frames"][2:]]
             if header.get(P.QOS) == 1:
                 sender = self.local.get(str(header.get(P.FROM)))
                 self.qos.accept(sender.rid if sender else b"", str(header.get(P.FROM)), header[P.ID], dest,

@@ -164,6 +164,8 @@ class Reactor:
         self._fds: dict[zmq.Socket[Any], int] = {}
         self._kicked: set[zmq.Socket[Any]] = set()
         self._kick_scheduled = False
+        self._draining: zmq.Socket[Any] | None = None
+        self._rechecking = False
         self.handler_errors = 0
 
     def add(self, sock: zmq.Socket[Any], handler: Handler, copy: bool = True) -> None:
@@ -188,46 +190,77 @@ class Reactor:
             self._loop.remove_reader(fd)
 
     def kick(self, sock: zmq.Socket[Any]) -> None:
-        """Note that ``sock`` was sent on; its read edge is re-checked before the loop sleeps."""
-        if sock in self._handlers:
+        """Note that ``sock`` was sent on; its read edge is re-checked before the loop sleeps.
+
+        Inside a drain the re-check happens when the drain ends (no extra loop turn); from a
+        timer or another callback it is scheduled with ``call_soon``.
+        """
+        if sock in self._handlers and sock is not self._draining:
             self._kicked.add(sock)
-            if not self._kick_scheduled:
+            if self._draining is None and not self._kick_scheduled:
                 self._kick_scheduled = True
                 self._loop.call_soon(self._recheck)
 
     def _recheck(self) -> None:
         self._kick_scheduled = False
-        kicked, self._kicked = self._kicked, set()
-        for sock in kicked:
-            if sock in self._handlers and not sock.closed and int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                self._drain(sock)
+        if self._rechecking:
+            return  # the running recheck loop below picks up what was kicked
+        self._rechecking = True
+        try:
+            for _ in range(4):  # bounded: under sustained load, give the loop a turn
+                if not self._kicked:
+                    return
+                kicked, self._kicked = self._kicked, set()
+                for sock in kicked:
+                    if self._readable(sock):
+                        self._drain(sock)
+        finally:
+            self._rechecking = False
+        if self._kicked and not self._kick_scheduled:
+            self._kick_scheduled = True
+            self._loop.call_soon(self._recheck)
+
+    def _readable(self, sock: zmq.Socket[Any]) -> bool:
+        if sock not in self._handlers or sock.closed:
+            return False
+        return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
     def _drain(self, sock: zmq.Socket[Any]) -> None:
+        if self._draining is not None:  # re-entered from a recheck: finish the outer drain first
+            self._kicked.add(sock)
+            return
         handler = self._handlers.get(sock)
         if handler is None or sock.closed:
             return
         recv = sock.recv_multipart
         copy = self._copy.get(sock, True)
         deadline = time.perf_counter() + DRAIN_SECONDS
-        for n in range(DRAIN_BUDGET):
-            if n & 15 == 15 and time.perf_counter() > deadline:
+        self._draining = sock
+        try:
+            for n in range(DRAIN_BUDGET):
+                if n & 15 == 15 and time.perf_counter() > deadline:
+                    self._loop.call_soon(self._drain, sock)
+                    break
+                try:
+                    frames = recv(zmq.NOBLOCK, copy=copy)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError as exc:
+                    log.warning("recv failed on %s: %s", sock, exc)
+                    break
+                try:
+                    handler(frames)
+                except Exception:
+                    self.handler_errors += 1
+                    log.exception("message handler raised; message dropped")
+            else:
+                # Budget used up: more may be waiting; come back after timers and other sockets ran.
                 self._loop.call_soon(self._drain, sock)
-                return
-            try:
-                frames = recv(zmq.NOBLOCK, copy=copy)
-            except zmq.Again:
-                break
-            except zmq.ZMQError as exc:
-                log.warning("recv failed on %s: %s", sock, exc)
-                break
-            try:
-                handler(frames)
-            except Exception:
-                self.handler_errors += 1
-                log.exception("message handler raised; message dropped")
-        else:
-            # Budget used up: more may be waiting; come back after timers and other sockets ran.
-            self._loop.call_soon(self._drain, sock)
+        finally:
+            self._draining = None
+        if self._kicked:
+            # Sockets we sent on while draining may have lost their read edge: look now.
+            self._recheck()
 
     def close(self) -> None:
         for sock in list(self._handlers):

@@ -18,7 +18,9 @@
         application would; only confirmed sends are the daemon's promise. Exits 0 once every i
         is confirmed, 1 if --deadline passes first.
 
-Every loop here is bounded in count and time.
+The second half of the file is the harness the qos-1 fault tests share (``Stream``: start the
+two agent processes, wait, count, print the summary line). Every loop here is bounded in count
+and time.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +66,7 @@ async def receiver(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     agent = await _connect(args, time.monotonic() + 30)
-    out = open(args.out, "a", buffering=1)  # noqa: SIM115 - line buffered, flushed per run
+    out = open(args.out, "a", buffering=1)  # noqa: SIM115, ASYNC230 - line buffered: one write per run
 
     kill_pending = args.kill_at >= 0
 
@@ -77,7 +82,7 @@ async def receiver(args: argparse.Namespace) -> int:
             kill_pending = False
             os.kill(args.kill_pid or os.getpid(), signal.SIGKILL)
 
-    Path(args.out + ".ready").write_text(f"{agent.node}\n")
+    Path(args.out + ".ready").write_text(f"{agent.node}\n")  # noqa: ASYNC240 - once, tiny
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), args.max_seconds)
     out.flush()
@@ -104,7 +109,13 @@ async def sender(args: argparse.Namespace) -> int:
     if not await _listed(agent, args.to, 20):
         print(f"sender: {args.to!r} never listed", file=sys.stderr)
         return 2
-    out = open(args.out, "a", buffering=1)  # noqa: SIM115
+    out = open(args.out, "a", buffering=1)  # noqa: SIM115, ASYNC230 - line buffered
+    late_errors: dict[str, int] = {}  # errors for sends already confirmed (or unknown ids)
+
+    def on_error(err: MeshError, corr: str | None) -> None:
+        late_errors[err.code] = late_errors.get(err.code, 0) + 1
+
+    agent.on_error = on_error
     attempt = [0] * args.count
     todo = list(range(args.count))
     failures: dict[str, int] = {}
@@ -118,21 +129,17 @@ async def sender(args: argparse.Namespace) -> int:
             return i, exc
         return i, time.monotonic() - t0
 
-    rounds = 0
-    while todo and rounds < 200 and time.monotonic() < deadline:
-        rounds += 1
+    async def one_round(todo: list[int]) -> list[int]:
+        """Send ``todo`` through a sliding window: at most --window sends outstanding, a steady
+        stream (no idle gaps between windows in which a kill would find nothing in flight)."""
         failed: list[int] = []
         window = asyncio.Semaphore(args.window)
-        tasks: list[asyncio.Task[tuple[int, float | BaseException]]] = []
 
-        async def bounded(i: int) -> tuple[int, float | BaseException]:
+        async def bounded(i: int) -> None:
             try:
-                return await one(i)
+                i, result = await one(i)
             finally:
                 window.release()
-
-        def record(task: asyncio.Task[tuple[int, float | BaseException]]) -> None:
-            i, result = task.result()
             if isinstance(result, BaseException):
                 failures[type(result).__name__] = failures.get(type(result).__name__, 0) + 1
                 attempt[i] += 1
@@ -140,26 +147,236 @@ async def sender(args: argparse.Namespace) -> int:
             else:
                 out.write(f"{i} {attempt[i]} {result:.6f}\n")
 
-        # A sliding window: at most --window sends outstanding, a steady stream (no idle gaps
-        # between windows in which a kill would find nothing in flight).
+        tasks = []
         for n, i in enumerate(todo):
             await window.acquire()
-            task = asyncio.create_task(bounded(i))
-            task.add_done_callback(record)
-            tasks.append(task)
+            tasks.append(asyncio.create_task(bounded(i)))
             if args.pace and n % 10 == 9:
                 await asyncio.sleep(args.pace)
         await asyncio.gather(*tasks)
-        out.flush()
-        todo = sorted(failed)
+        return sorted(failed)
+
+    rounds = 0
+    while todo and rounds < 200 and time.monotonic() < deadline:
+        rounds += 1
+        todo = await one_round(todo)
         if todo:
             await asyncio.sleep(0.5)  # the daemon restarts; the client registers again on its own
     out.close()
     print(f"sender: rounds={rounds} unconfirmed_sends={sum(failures.values())} {failures} "
           f"left={len(todo)} in {time.monotonic() - t_start:.2f} s", file=sys.stderr)
+    print(f"late_errors={sum(late_errors.values())} {late_errors}", file=sys.stderr)
     with contextlib.suppress(Exception):
         await asyncio.wait_for(agent.close(), 3)
     return 0 if not todo else 1
+
+
+# ------------------------------------------------------------------------------------ test harness
+# Imported by tests/integration/test_qos1_faults.py and tests/multihost/test_qos1_netlab.py; the
+# agent processes above never use it.
+
+COUNT = 2000
+# Shorter than the defaults (5 s, 3 attempts) so retries after a fault come within seconds:
+# attempts at 1, 2, 4, ... s (doubling) give up only after ~17 minutes; the ttl of a day keeps
+# anything from becoming a dead letter during a test.
+QOS_ENV = {"MESHD_QOS1_ACK_TIMEOUT": "1", "MESHD_QOS1_ATTEMPTS": "10", "MESHD_QOS1_TTL": "86400"}
+PACE = "0.005"  # seconds after every 10 sends: a steady stream of ~1.5 s, so a fault lands mid-flight
+
+
+def read_handled(path: Path) -> list[tuple[int, int]]:
+    """One (i, attempt) per handler run."""
+    if not path.exists():
+        return []
+    runs = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:  # one write per line: kill -9 cannot leave half a line
+            runs.append((int(parts[0]), int(parts[1])))
+    return runs
+
+
+def read_confirmed(path: Path) -> dict[tuple[int, int], float]:
+    """(i, attempt) -> seconds from send to the daemon's confirmation."""
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            out[(int(parts[0]), int(parts[1]))] = float(parts[2])
+    return out
+
+
+def count_lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def dead_letters(proc: Any) -> list[dict[str, Any]]:
+    """The daemon's dead letters (``proc`` is a meshd.testing.MeshdProcess)."""
+    async def ask() -> Any:
+        async with Agent(f"dl-{os.urandom(3).hex()}", socket=proc.socket) as me:
+            return await me.admin("deadletters.list")
+    return list(asyncio.run(ask()))
+
+
+def agent_listed(proc: Any, name: str) -> bool:
+    try:
+        return any(a["name"] == name for a in proc.query("agents"))
+    except Exception:
+        return False
+
+
+class Stream:
+    """A receiving agent process on daemon ``b``, a sending one on daemon ``a``, their files.
+
+    ``a`` and ``b`` are meshd.testing.MeshdProcess objects (or subclasses). The counters of the
+    daemons are taken at creation, so daemons shared by several streams report per stream.
+    """
+
+    def __init__(self, a: Any, b: Any, workdir: Path, tag: str = "", count: int = COUNT,
+                 pace: str = PACE) -> None:
+        self.a, self.b, self.workdir, self.count, self.pace = a, b, workdir, count, pace
+        self.rx, self.tx = f"rx{tag}", f"tx{tag}"
+        self.recv_out = workdir / f"handled{tag}.txt"
+        self.sent_out = workdir / f"confirmed{tag}.txt"
+        self.logs = {role: workdir / f"{role}{tag}.log" for role in ("receiver", "sender")}
+        self.receiver: subprocess.Popen[bytes] | None = None
+        self.sender: subprocess.Popen[bytes] | None = None
+        self.started: list[subprocess.Popen[bytes]] = []
+        self.notes: list[str] = []
+        self.base_b = dict(b.query("node").get("qos1", {}))
+        self.base_letters = {p.name: max((d["seq"] for d in dead_letters(p)), default=0) for p in (a, b)}
+
+    # -------------------------------------------------------------------------- processes
+
+    def start_receiver(self, *extra: str) -> None:
+        ready = Path(str(self.recv_out) + ".ready")
+        ready.unlink(missing_ok=True)
+        self.receiver = proc = self._popen("receiver", "--socket", str(self.b.socket), "--name", self.rx,
+                                           "--out", str(self.recv_out), *extra)
+        wait_until(lambda: ready.exists() or proc.poll() is not None, 15, "the receiving agent")
+        assert proc.poll() is None, self.agent_log("receiver")
+
+    def start_sender(self, *extra: str) -> None:
+        self.sender = self._popen("sender", "--socket", str(self.a.socket), "--name", self.tx,
+                                  "--to", self.rx, "--count", str(self.count), "--out", str(self.sent_out),
+                                  "--pace", self.pace, *extra)
+
+    def _popen(self, role: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.logs[role], "ab")  # noqa: SIM115 - handed to the child
+        proc = subprocess.Popen([sys.executable, __file__, role, *args], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        self.started.append(proc)
+        return proc
+
+    def agent_log(self, role: str) -> str:
+        try:
+            return self.logs[role].read_text(errors="replace")[-4000:]
+        except FileNotFoundError:
+            return ""
+
+    def wait_handled(self, n: int, timeout: float = 20.0) -> None:
+        wait_until(lambda: count_lines(self.recv_out) >= n, timeout, f"{n} handler runs", interval=0.005)
+
+    def wait_confirmed(self, n: int, timeout: float = 20.0) -> None:
+        wait_until(lambda: count_lines(self.sent_out) >= n, timeout, f"{n} confirmed sends", interval=0.005)
+
+    def cleanup(self) -> None:
+        for proc in self.started:  # only the agent processes this stream started
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # in case a test left it stopped
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+
+    # -------------------------------------------------------------------------- results
+
+    def finish(self, scenario: str, timeout: float = 60.0) -> dict[str, Any]:
+        """Wait for the sender to exit, for every confirmed message to be handled and for a's
+        outbox to drain (so late duplicates are counted too); print and return the summary."""
+        assert self.sender is not None
+        try:
+            rc = self.sender.wait(timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        assert rc == 0, f"sender exited with {rc}:\n{self.agent_log('sender')}"
+
+        def all_handled() -> bool:
+            return set(read_confirmed(self.sent_out)) <= set(read_handled(self.recv_out))
+
+        wait_until(all_handled, timeout, "every confirmed message handled", interval=0.1)
+        wait_until(lambda: self.a.query("node")["qos1"]["pending"] == 0, timeout,
+                   "the sending daemon's outbox to drain", interval=0.1)
+        time.sleep(0.3)  # acks and suppressed retries in flight
+        return self.summary(scenario)
+
+    def summary(self, scenario: str) -> dict[str, Any]:
+        runs = read_handled(self.recv_out)
+        confirmed = read_confirmed(self.sent_out)
+        per_msg = Counter(runs)
+        handled_i = {i for i, _ in per_msg}
+        lost = set(confirmed) - set(per_msg)
+        qos_a = self.a.query("node")["qos1"]
+        qos_b = self.b.query("node")["qos1"]
+        if qos_b.get("commits", 0) < self.base_b.get("commits", 0):
+            self.base_b = {}  # b restarted: its counters started again from zero
+        suppressed = sum(int(qos_b.get(k, 0)) - int(self.base_b.get(k, 0))
+                         for k in ("dup_suppressed", "dup_in_flight"))
+        letters = {p.name: [d for d in dead_letters(p) if d["seq"] > self.base_letters.get(p.name, 0)]
+                   for p in (self.a, self.b)}
+        lat = list(confirmed.values())
+        late = [line for line in self.agent_log("sender").splitlines() if line.startswith("late_errors=")]
+        stats = {
+            "sent": self.count, "handled": len(handled_i), "lost": len(lost),
+            "dup_delivered": sum(n - 1 for n in per_msg.values()), "dup_suppressed": suppressed,
+            "p50": percentile(lat, 0.50) * 1000, "p99": percentile(lat, 0.99) * 1000,
+            "unconfirmed": sum(a for (_, a) in confirmed),  # every earlier attempt of an index failed
+            "unconfirmed_handled": len(set(per_msg) - set(confirmed)),
+            "missing_i": sorted(set(range(self.count)) - handled_i)[:20], "lost_ids": sorted(lost)[:20],
+            "dead_letters": letters, "late_errors": late[-1] if late else "late_errors=?",
+        }
+        print(f"\n[qos1 {scenario}] sent={stats['sent']} handled={stats['handled']} lost={stats['lost']} "
+              f"dup_delivered={stats['dup_delivered']} dup_suppressed={suppressed} "
+              f"p50={stats['p50']:.1f}ms p99={stats['p99']:.1f}ms unconfirmed={stats['unconfirmed']} "
+              f"unconfirmed_handled={stats['unconfirmed_handled']}"
+              + (f" notes={'; '.join(self.notes)}" if self.notes else ""))
+        kinds = {name: dict(Counter(f"{d['reason']}/{d['kind']}/qos{(d.get('header') or {}).get('qos', 0)}"
+                                    for d in ls)) for name, ls in letters.items()}
+        print(f"  sender agent: {stats['late_errors']} (errors for sends the daemon had confirmed)")
+        print(f"  new dead letters: {kinds}; a qos1={qos_a}; b qos1={qos_b}")
+        return stats
+
+
+def check(stats: dict[str, Any], max_dup: int) -> None:
+    """Every confirmed message handled, every index handled, duplicates within ``max_dup``."""
+    assert stats["lost"] == 0, f"confirmed but never handled: {stats['lost_ids']}"
+    assert stats["handled"] == stats["sent"], f"indexes never handled: {stats['missing_i']}"
+    assert stats["dup_delivered"] <= max_dup, stats
 
 
 def main() -> int:
