@@ -1714,6 +1714,9 @@ class Node:
             "peers": sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE),
             "stats": dict(self.stats),
             "dead_letters": self.dead_letters.total,
+            "plugins": {"stats": dict(self.plugins.stats), "queued": self.plugins.queued,
+                        "loaded": [p["name"] for p in self.plugins.list_plugins()
+                                   if p["status"] == "loaded"]},
             "qos1": {"pending": self.qos.pending, "in_flight": self.qos.in_flight, **self.qos.stats,
                      "commits": self.qos.store.commits},
         }
