@@ -52,6 +52,7 @@ HELPER_HARD_TIMEOUT = 90.0  # every helper exits by itself after this, whatever 
 TAIL_IDLE_S = 2.0  # after the sender is done, a receiver gives up when nothing arrived for this long
 TAIL_CAP_S = 30.0  # ... and in any case after this long (late messages are not lost messages)
 BODY = "x" * 252  # makes the encoded payload ~300 bytes
+QOS1_WINDOW = 512  # (g): qos-1 sends in flight at once (one asyncio.gather per window)
 
 
 _PID = f"{os.getpid():x}"
@@ -297,7 +298,9 @@ async def _wait_known(me: Any, name: str, timeout: float = 15.0) -> None:
 
 async def _mesh_counter(cfg: dict[str, Any]) -> None:
     """An Agent that counts the payloads it receives on a topic (direct or subscribed)."""
-    state = {"count": 0, "first": 0.0, "last": 0.0, "warm": 0}
+    state = {"count": 0, "first": 0.0, "last": 0.0, "warm": 0, "dups": 0}
+    dedupe = bool(cfg.get("dedupe"))  # qos 1 is at least once: count each seq once
+    seen: set[int] = set()
     async with _agent(cfg) as me:
         topic = cfg["topic"]
 
@@ -306,6 +309,12 @@ async def _mesh_counter(cfg: dict[str, Any]) -> None:
             if msg.payload.get("warm"):
                 state["warm"] += 1
                 return
+            if dedupe:
+                seq = msg.payload["seq"]
+                if seq in seen:
+                    state["dups"] += 1
+                    return
+                seen.add(seq)
             t = time.perf_counter()
             if not state["count"]:
                 state["first"] = t
@@ -329,7 +338,7 @@ async def _mesh_counter(cfg: dict[str, Any]) -> None:
             await asyncio.sleep(0.01)
         span = state["last"] - state["first"]
         emit({"event": "result", "received": state["count"], "span_s": span, "warm": state["warm"],
-              "rate": (state["count"] - 1) / span if span > 0 and state["count"] > 1 else 0.0,
+              "dups": state["dups"], "rate": (state["count"] - 1) / span if span > 0 and state["count"] > 1 else 0.0,
               "errors": me.errors_received})
 
 
@@ -351,14 +360,34 @@ async def _mesh_send(cfg: dict[str, Any]) -> None:
         to = cfg["to"]
         send = me.send
         max_n = int(cfg["max_n"])
+        qos = int(cfg.get("qos", 0))
+        window = int(cfg.get("window", 512))
+        failed = 0  # qos 1: sends that raised (not confirmed durable by the daemon)
         deadline = time.perf_counter() + float(cfg["duration"])
         t0 = time.perf_counter()
         i = 0
-        while i < max_n:
-            await send(to, "bench", make_payload(i))
-            i += 1
-            if not i & 1023 and time.perf_counter() > deadline:
-                break
+        if qos == 0:
+            while i < max_n:
+                await send(to, "bench", make_payload(i))
+                i += 1
+                if not i & 1023 and time.perf_counter() > deadline:
+                    break
+        else:
+            # qos 1: each send returns once daemon A has the message on disk. Keep `window` of
+            # them in flight (one gather per window) so the client batches them and the daemon
+            # commits many per fsync.
+            while i < max_n and time.perf_counter() < deadline:
+                k = min(window, max_n - i)
+                results = await asyncio.gather(
+                    *(send(to, "bench", make_payload(i + j), qos=1) for j in range(k)),
+                    return_exceptions=True)
+                for res in results:
+                    if isinstance(res, BaseException):
+                        failed += 1
+                        code = getattr(res, "code", type(res).__name__)
+                        errors[f"send:{code}"] = errors.get(f"send:{code}", 0) + 1
+                i += k
+        i -= failed  # confirmed sends only: the receiver must get exactly these
         elapsed = time.perf_counter() - t0
         # Let the client's queue drain before we report (closing early would drop the tail).
         end = time.monotonic() + 10
@@ -370,7 +399,7 @@ async def _mesh_send(cfg: dict[str, Any]) -> None:
               "drained_s": drained})
         await read_cmd_async()  # "stop": receivers are done, bounces (if any) have arrived
         emit({"event": "result", "sent": i, "elapsed_s": elapsed, "rate": i / elapsed,
-              "errors": sum(errors.values()), "error_codes": errors})
+              "errors": sum(errors.values()), "error_codes": errors, "send_failed": failed})
 
 
 def role_mesh_send(cfg: dict[str, Any]) -> None:
@@ -918,9 +947,13 @@ def cpu_seconds(d: Daemon) -> float:
 
 
 class Daemon:
-    """One ``meshd run`` subprocess bound to 127.0.0.1, with a pre-made node id."""
+    """One ``meshd run`` subprocess bound to 127.0.0.1, with a pre-made node id.
 
-    def __init__(self, name: str, mesh: str, workdir: Path) -> None:
+    ``secure``: CurveZMQ on (no ``--insecure``); the caller creates the keypair and the
+    authorized-keys folder in ``state_dir`` before ``start`` (see ``Bench.secure_pair``).
+    """
+
+    def __init__(self, name: str, mesh: str, workdir: Path, secure: bool = False) -> None:
         self.name = name
         self.dir = workdir / name
         self.state_dir = self.dir / "state"
@@ -929,9 +962,10 @@ class Daemon:
         (self.state_dir / "node_id").write_text(self.node_id + "\n")
         self.socket = self.dir / "s.sock"
         self.log_path = self.dir / "meshd.log"
+        self.secure = secure
         self.cmd = [sys.executable, "-m", "meshd", "run", "--name", name, "--mesh", mesh,
                     "--interface", LOOPBACK, "--state-dir", str(self.state_dir),
-                    "--socket", str(self.socket), "--insecure"]
+                    "--socket", str(self.socket)] + ([] if secure else ["--insecure"])
         self.proc: subprocess.Popen[bytes] | None = None
         self.spawned_at = 0.0
 
@@ -997,8 +1031,8 @@ class Bench:
         self.helpers.append(h)
         return h
 
-    def daemon(self, name: str) -> Daemon:
-        d = Daemon(name, self.mesh, self.workdir)
+    def daemon(self, name: str, mesh: str | None = None, secure: bool = False) -> Daemon:
+        d = Daemon(name, mesh or self.mesh, self.workdir, secure)
         self.daemons.append(d)
         return d
 
@@ -1046,6 +1080,7 @@ class Bench:
             "received": [g["received"] for g in got], "rates": [g["rate"] for g in got],
             "lost": [sent - g["received"] for g in got],
             "sender_errors": final.get("errors", 0), "error_codes": final.get("error_codes", {}),
+            "send_failed": final.get("send_failed", 0), "dups": [g.get("dups", 0) for g in got],
         }
         out["rate"] = min(out["rates"])
         out["lost_total"] = sum(out["lost"])
@@ -1109,13 +1144,67 @@ class Bench:
               flush=True)
         return res
 
-    def mesh_throughput(self, a: Daemon, b: Daemon, tag: str) -> dict[str, Any]:
+    def mesh_throughput(self, a: Daemon, b: Daemon, tag: str,
+                        label: str = "(b) meshd one-way") -> dict[str, Any]:
         name = f"recv-{tag}"
         recv = self.helper("mesh_recv", name=name, socket=str(b.socket), topic="bench")
         recv.wait("ready", 30)
         snd = self.helper("mesh_send", name=f"send-{tag}", socket=str(a.socket), to=name,
                           max_n=3_000_000, duration=self.duration)
-        return self.one_way("(b) meshd one-way", [recv], snd, daemons=(a, b))
+        return self.one_way(label, [recv], snd, daemons=(a, b))
+
+    def qos1_throughput(self, a: Daemon, b: Daemon, tag: str) -> dict[str, Any]:
+        """(g) as (b) with ``send(..., qos=1)``, QOS1_WINDOW sends in flight (one gather each)."""
+        name = f"q1recv-{tag}"
+        recv = self.helper("mesh_recv", name=name, socket=str(b.socket), topic="bench", dedupe=True)
+        recv.wait("ready", 30)
+        snd = self.helper("mesh_send", name=f"q1send-{tag}", socket=str(a.socket), to=name,
+                          max_n=3_000_000, duration=self.duration, qos=1, window=QOS1_WINDOW)
+        before = {d.name: self._node_info(d).get("qos1", {}) for d in (a, b)}
+        out = self.one_way("(g) meshd qos 1 one-way", [recv], snd, daemons=(a, b))
+        # Wait (bounded) until daemon A's outbox is empty: every unit acked, its delete committed.
+        end = time.monotonic() + 10
+        after: dict[str, dict[str, Any]] = {}
+        while True:
+            after = {d.name: self._node_info(d).get("qos1", {}) for d in (a, b)}
+            if after[a.name].get("pending", 1) == 0 or time.monotonic() > end:
+                break
+            time.sleep(0.05)
+        delta = {n: {k: v - before[n].get(k, 0) for k, v in after[n].items()
+                     if isinstance(v, int) and k not in ("pending", "in_flight")} for n in after}
+        out["qos1"] = {"window": QOS1_WINDOW, "delta": delta,
+                       "pending_after": {n: after[n].get("pending") for n in after}}
+        commits = delta[a.name].get("commits", 0)
+        units = delta[a.name].get("accepted", 0)
+        out["a_commits"] = commits
+        out["a_units"] = units
+        out["msgs_per_a_commit"] = out["sent"] / commits if commits else 0.0
+        out["dups_total"] = sum(out["dups"])
+        print(f"    qos 1: daemon A {commits:,} commits for {out['sent']:,} messages in {units:,} units "
+              f"({out['msgs_per_a_commit']:.0f} msgs per commit; B {delta[b.name].get('commits', 0):,} "
+              f"commits); duplicates at the receiver {out['dups_total']}, sends failed "
+              f"{out['send_failed']}, A outbox left {after[a.name].get('pending')}", flush=True)
+        return out
+
+    def secure_pair(self) -> tuple[Daemon, Daemon, dict[str, Any]]:
+        """Two daemons with CurveZMQ on (trust_mode keys), trusting each other's node key."""
+        from meshd.keys import load_or_create_node_keys, trust_key
+
+        mesh = f"{self.mesh}s"  # a mesh of their own: they never meet the plaintext pair
+        sa, sb = self.daemon("SA", mesh, secure=True), self.daemon("SB", mesh, secure=True)
+        ka, kb = load_or_create_node_keys(sa.state_dir), load_or_create_node_keys(sb.state_dir)
+        trust_key(sa.state_dir / "authorized_keys", sb.name, kb.public)
+        trust_key(sb.state_dir / "authorized_keys", sa.name, ka.public)
+        sa.start()
+        sa.wait_ready()
+        disc = asyncio.run(self.discovery(sa, sb))
+        if "new_sees_old_ms" not in disc or "old_sees_new_ms" not in disc:
+            raise RuntimeError(f"CURVE daemons SA and SB never saw each other:\n{sa.log()}\n{sb.log()}")
+        for d in (sa, sb):
+            info = self._node_info(d)
+            if info.get("insecure") or not info.get("public_key"):
+                raise RuntimeError(f"daemon {d.name} is not in secure mode: {info}")
+        return sa, sb, disc
 
     def wire_throughput(self, a: Daemon, b: Daemon, tag: str, raw_receiver: bool) -> dict[str, Any]:
         name = f"wrecv-{tag}"
@@ -1129,7 +1218,7 @@ class Bench:
         label = "(f) raw wire both ends" if raw_receiver else "(e) raw wire sender -> Agent"
         return self.one_way(label, [recv], snd, daemons=(a, b))
 
-    def mesh_rtt(self, a: Daemon, b: Daemon, wire: bool = False) -> dict[str, Any]:
+    def mesh_rtt(self, a: Daemon, b: Daemon, wire: bool = False, label: str = "") -> dict[str, Any]:
         kind = "wire" if wire else "mesh"
         echo = self.helper(f"{kind}_echo", name=f"echo-{kind}", socket=str(b.socket))
         echo.wait("ready", 30)
@@ -1144,7 +1233,7 @@ class Bench:
         echo.wait("result", 10)
         rtt.finish()
         echo.finish()
-        label = "(c') raw wire rtt" if wire else "(c) meshd rtt"
+        label = label or ("(c') raw wire rtt" if wire else "(c) meshd rtt")
         print(f"  {label}: p50 {res['p50_us']:.0f} us, p99 {res['p99_us']:.0f} us", flush=True)
         return res
 
@@ -1324,9 +1413,31 @@ class Bench:
         raw_tp = [x for x in (self.guarded("raw_tp", self.raw_throughput) for _ in range(self.reps)) if x]
         r["raw_rtt"] = self.guarded("raw_rtt", self.raw_rtt)
         r["relay_rtt"] = self.guarded("relay_rtt", self.relay_rtt)
-        print("meshd:", flush=True)
-        self.repeat("mesh_tp", self.mesh_throughput, a, b)
+        print("meshd (CURVE pair SA, SB started first):", flush=True)
+        secure = self.guarded("curve_daemons", self.secure_pair)
+        if secure:
+            r["curve_discovery"] = secure[2]
+        # (b) qos 0, (g) qos 1 and (h) CURVE one-way interleaved, so that their ratios compare
+        # runs made under the same background load.
+        tp_runs: dict[str, list[dict[str, Any]]] = {"mesh_tp": [], "qos1_tp": [], "curve_tp": []}
+        for k in range(self.reps):
+            tp_runs["mesh_tp"].append(self.guarded("mesh_tp", self.mesh_throughput, a, b, f"mesh_tp{k}"))
+            tp_runs["qos1_tp"].append(self.guarded("qos1_tp", self.qos1_throughput, a, b, f"qos1_tp{k}"))
+            if secure:
+                tp_runs["curve_tp"].append(self.guarded(
+                    "curve_tp", self.mesh_throughput, secure[0], secure[1], f"curve_tp{k}",
+                    "(h) CURVE one-way"))
+        for key, runs in tp_runs.items():
+            done = [x for x in runs if x is not None]
+            if done:
+                r[key] = self.best(done)
         r["mesh_rtt"] = self.guarded("mesh_rtt", self.mesh_rtt, a, b)
+        if secure:
+            r["curve_rtt"] = self.guarded("curve_rtt", self.mesh_rtt, secure[0], secure[1], False,
+                                          "(h) CURVE rtt")
+            r["curve_auth"] = {d.name: self._node_info(d).get("auth", {}) for d in secure[:2]}
+            for d in secure[:2]:
+                d.stop()
         r["wire_rtt"] = self.guarded("wire_rtt", self.mesh_rtt, a, b, True)
         self.repeat("publish", self.mesh_publish, a, b)
         self.repeat("wire_publish", self.wire_publish, a, b)
@@ -1351,6 +1462,19 @@ class Bench:
         r["daemon_a_stats"] = self._daemon_stats(a)
         r["meta"]["loadavg_at_end"] = os.getloadavg()
         return r
+
+    def _node_info(self, d: Daemon) -> dict[str, Any]:
+        """The daemon's whole ``node_info()`` (asked by a probe Agent); {} if it cannot answer."""
+        async def ask() -> Any:
+            agent = await self._probe(d, "probe-info")
+            try:
+                return await agent.node_info()
+            finally:
+                await agent.close()
+        try:
+            return dict(asyncio.run(ask()))
+        except Exception as exc:
+            return {"error": str(exc)}
 
     def _daemon_stats(self, d: Daemon) -> dict[str, Any]:
         async def ask() -> Any:

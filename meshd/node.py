@@ -317,6 +317,10 @@ class Node:
         if self.trust is None:
             return None
         if self.trust.mode == "secret":
+            # Everyone in the mesh holds the mesh key; a node advertising another key holds
+            # another secret: it is not ours, so we do not dial it.
+            if isinstance(claimed, str) and claimed != self.trust.mesh_public:
+                return None
             return self.trust.mesh_public
         return claimed if isinstance(claimed, str) and self.trust.is_trusted(claimed) else None
 
@@ -474,6 +478,7 @@ class Node:
         pubkey = self._server_key(ad.pubkey)
         if self.curve is not None and pubkey is None:
             self._untrusted_ads[ad.node_id] = ad  # dialed if its key is trusted later
+            self.stats["untrusted_adverts"] += 1
             self._log_once(f"untrusted:{ad.node_id}:{ad.pubkey}",
                            "not dialing discovered node %s (%s): its key %s is not trusted",
                            ad.node_id, ad.name, ad.pubkey)

@@ -24,14 +24,20 @@ allows), the errors the sending agent got for sends already confirmed, and new d
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import qos_agents as H  # beside this file: the agent processes and the shared harness
 
+from meshd import Agent
+from meshd.errors import MeshError
 from meshd.testing import MeshdFactory
 
 KILL_AT = 500
@@ -142,3 +148,49 @@ def test_kill9_receiving_agent(stream: H.Stream, trigger: str) -> None:
     stats: dict[str, Any] = stream.finish(f"kill -9 receiving agent ({trigger})")
     print(f"  (killed after {killed_at} handler runs)")
     H.check(stats, MAX_DUP)
+
+
+@pytest.mark.xfail(strict=True, reason="meshd bug: a restarted sender never learns that the receiver "
+                   "already handled a unit when the receiving agent has left since (see the docstring)")
+def test_handled_unit_is_not_dead_lettered_when_its_ack_died_with_the_sender(
+        meshd_factory: MeshdFactory) -> None:
+    """A unit is handled and its done-mark is on b's disk, but a was killed before b's ack
+    arrived; then the receiving agent leaves for good. The restarted a resumes the unit from its
+    outbox: the mesh already delivered it, so it must end acked, not as an UNDELIVERABLE dead
+    letter (which tells the sender it failed, and which a replay would deliver a second time).
+
+    Today a, not listing the agent any more, bounces the unit locally (NO_SUCH_AGENT) until the
+    ttl and dead-letters it; b, which holds the done-mark, is never asked."""
+    env = {"MESHD_QOS1_ACK_TIMEOUT": "1", "MESHD_QOS1_TTL": "3"}
+    a = meshd_factory.spawn("a", env=env)
+    b = meshd_factory.spawn("b", env=env)
+    meshd_factory.wait_mesh([a, b])
+    handled: list[Any] = []
+
+    async def handle_once_then_leave() -> None:
+        done = asyncio.Event()
+        async with Agent("tx", socket=a.socket) as tx, Agent("rx", socket=b.socket) as rx:
+            @rx.on("job")
+            def job(msg: Any) -> None:
+                handled.append(msg.payload)
+                os.kill(a.pid, signal.SIGKILL)  # before b's ack (sent once this returns) reaches a
+                done.set()
+
+            end = time.monotonic() + 10
+            while "rx" not in {x["name"] for x in await tx.agents()}:
+                assert time.monotonic() < end, "rx never listed at a"
+                await asyncio.sleep(0.05)
+            with contextlib.suppress(MeshError):  # confirmed before the kill; the close may fail
+                await tx.send("rx", "job", {"i": 1}, qos=1)
+            await asyncio.wait_for(done.wait(), 10)
+            await asyncio.sleep(0.5)  # b commits the done-mark and acks into the void
+        # leaving the block unregisters rx: the receiving agent is gone for good
+
+    asyncio.run(handle_once_then_leave())
+    assert handled == [{"i": 1}]
+    assert a.proc is not None
+    a.proc.wait(5)
+    a.start()
+    H.wait_until(lambda: a.query("node")["qos1"]["pending"] == 0, 15, "a's outbox to settle")
+    letters = H.dead_letters(a)
+    assert not letters, [(d["reason"], d["detail"]) for d in letters]

@@ -83,8 +83,9 @@ class NetnsDaemon(MeshdProcess):
     """A ``meshd run`` started inside a network namespace (``ip netns exec`` execs, so the
     Popen pid is the daemon's own and SIGTERM reaches it)."""
 
-    def __init__(self, netns: str, name: str, mesh: str, workdir: Path, args: list[str]) -> None:
-        super().__init__(name, mesh, workdir, args)
+    def __init__(self, netns: str, name: str, mesh: str, workdir: Path, args: list[str],
+                 secure: bool = False) -> None:
+        super().__init__(name, mesh, workdir, args, secure=secure)
         self.netns = netns
 
     def command(self) -> list[str]:
@@ -106,7 +107,8 @@ class NetnsDaemon(MeshdProcess):
 class MultiHost:
     """Three hosts, one daemon and one echo agent (``echo<i>``) per host."""
 
-    def __init__(self, lab: Netlab, workdir: Path, mesh: str) -> None:
+    def __init__(self, lab: Netlab, workdir: Path, mesh: str, secret: Path | None = None) -> None:
+        self.secret = secret  # mesh-secret mode (CURVE) instead of plaintext
         self.lab = lab
         self.workdir = workdir
         self.mesh = mesh
@@ -126,10 +128,14 @@ class MultiHost:
     def start(self) -> None:
         # --insecure is loopback-only unless the config allows it on a LAN (here: a private bridge).
         config = self.workdir / "meshd.toml"
-        config.write_text("allow_insecure_lan = true\n")
+        if self.secret is not None:
+            config.write_text(f'trust_mode = "secret"\nmesh_secret_file = "{self.secret}"\n')
+        else:
+            config.write_text("allow_insecure_lan = true\n")
         for i in range(1, HOSTS + 1):
             d = NetnsDaemon(self.lab.host(i), f"h{i}", self.mesh, self.workdir,
-                            ["--config", str(config), "--interface", self.address(i), *FAST])
+                            ["--config", str(config), "--interface", self.address(i), *FAST],
+                            secure=self.secret is not None)
             self.daemons[i] = d
         self.started_at = time.monotonic()
         for d in self.daemons.values():
