@@ -37,10 +37,13 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import zmq
+
+if TYPE_CHECKING:
+    from meshd.client import Agent
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
@@ -52,7 +55,8 @@ HELPER_HARD_TIMEOUT = 90.0  # every helper exits by itself after this, whatever 
 TAIL_IDLE_S = 2.0  # after the sender is done, a receiver gives up when nothing arrived for this long
 TAIL_CAP_S = 30.0  # ... and in any case after this long (late messages are not lost messages)
 BODY = "x" * 252  # makes the encoded payload ~300 bytes
-QOS1_WINDOW = 512  # (g): qos-1 sends in flight at once (one asyncio.gather per window)
+QOS1_WINDOW = 512  # (g): qos-1 sends in flight at once (one asyncio.gather per window) ...
+QOS1_LANES = 2  # ... in this many concurrent lanes (so 1024 in flight)
 
 
 _PID = f"{os.getpid():x}"
@@ -280,7 +284,7 @@ def role_raw_rtt(cfg: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- meshd Agent helpers (b, c, d)
 
-def _agent(cfg: dict[str, Any]) -> Any:
+def _agent(cfg: dict[str, Any]) -> Agent:
     from meshd.client import Agent
 
     return Agent(cfg["name"], socket=cfg["socket"])
@@ -300,7 +304,7 @@ async def _mesh_counter(cfg: dict[str, Any]) -> None:
     """An Agent that counts the payloads it receives on a topic (direct or subscribed)."""
     state = {"count": 0, "first": 0.0, "last": 0.0, "warm": 0, "dups": 0}
     dedupe = bool(cfg.get("dedupe"))  # qos 1 is at least once: count each seq once
-    seen: set[int] = set()
+    seen_seqs: set[int] = set()
     async with _agent(cfg) as me:
         topic = cfg["topic"]
 
@@ -311,10 +315,10 @@ async def _mesh_counter(cfg: dict[str, Any]) -> None:
                 return
             if dedupe:
                 seq = msg.payload["seq"]
-                if seq in seen:
+                if seq in seen_seqs:
                     state["dups"] += 1
                     return
-                seen.add(seq)
+                seen_seqs.add(seq)
             t = time.perf_counter()
             if not state["count"]:
                 state["first"] = t
@@ -338,7 +342,8 @@ async def _mesh_counter(cfg: dict[str, Any]) -> None:
             await asyncio.sleep(0.01)
         span = state["last"] - state["first"]
         emit({"event": "result", "received": state["count"], "span_s": span, "warm": state["warm"],
-              "dups": state["dups"], "rate": (state["count"] - 1) / span if span > 0 and state["count"] > 1 else 0.0,
+              "dups": state["dups"],
+              "rate": (state["count"] - 1) / span if span > 0 and state["count"] > 1 else 0.0,
               "errors": me.errors_received})
 
 
@@ -365,6 +370,7 @@ async def _mesh_send(cfg: dict[str, Any]) -> None:
         failed = 0  # qos 1: sends that raised (not confirmed durable by the daemon)
         deadline = time.perf_counter() + float(cfg["duration"])
         t0 = time.perf_counter()
+        cpu0 = time.process_time()
         i = 0
         if qos == 0:
             while i < max_n:
@@ -373,22 +379,29 @@ async def _mesh_send(cfg: dict[str, Any]) -> None:
                 if not i & 1023 and time.perf_counter() > deadline:
                     break
         else:
-            # qos 1: each send returns once daemon A has the message on disk. Keep `window` of
-            # them in flight (one gather per window) so the client batches them and the daemon
-            # commits many per fsync.
-            while i < max_n and time.perf_counter() < deadline:
-                k = min(window, max_n - i)
-                results = await asyncio.gather(
-                    *(send(to, "bench", make_payload(i + j), qos=1) for j in range(k)),
-                    return_exceptions=True)
-                for res in results:
-                    if isinstance(res, BaseException):
-                        failed += 1
-                        code = getattr(res, "code", type(res).__name__)
-                        errors[f"send:{code}"] = errors.get(f"send:{code}", 0) + 1
-                i += k
+            # qos 1: each send returns once daemon A has the message on disk. Each lane keeps a
+            # window of them in flight (one gather per window), so the client batches them and
+            # the daemon commits many per fsync; with 2 lanes one window is being built while
+            # the other waits for its confirmations.
+            async def lane() -> None:
+                nonlocal i, failed
+                while i < max_n and time.perf_counter() < deadline:
+                    k = min(window, max_n - i)
+                    base = i
+                    i += k
+                    results = await asyncio.gather(
+                        *(send(to, "bench", make_payload(base + j), qos=1) for j in range(k)),
+                        return_exceptions=True)
+                    for res in results:
+                        if isinstance(res, BaseException):
+                            failed += 1
+                            code = getattr(res, "code", type(res).__name__)
+                            errors[f"send:{code}"] = errors.get(f"send:{code}", 0) + 1
+
+            await asyncio.gather(*(lane() for _ in range(int(cfg.get("lanes", 1)))))
         i -= failed  # confirmed sends only: the receiver must get exactly these
         elapsed = time.perf_counter() - t0
+        cpu_us = (time.process_time() - cpu0) * 1e6 / max(i, 1)  # the sender's own CPU per message
         # Let the client's queue drain before we report (closing early would drop the tail).
         end = time.monotonic() + 10
         await asyncio.sleep(0)
@@ -396,7 +409,7 @@ async def _mesh_send(cfg: dict[str, Any]) -> None:
             await asyncio.sleep(0.005)
         drained = time.perf_counter() - t0
         emit({"event": "sent", "sent": i, "elapsed_s": elapsed, "rate": i / elapsed,
-              "drained_s": drained})
+              "drained_s": drained, "cpu_us_per_msg": cpu_us})
         await read_cmd_async()  # "stop": receivers are done, bounces (if any) have arrived
         emit({"event": "result", "sent": i, "elapsed_s": elapsed, "rate": i / elapsed,
               "errors": sum(errors.values()), "error_codes": errors, "send_failed": failed})
@@ -1081,12 +1094,15 @@ class Bench:
             "lost": [sent - g["received"] for g in got],
             "sender_errors": final.get("errors", 0), "error_codes": final.get("error_codes", {}),
             "send_failed": final.get("send_failed", 0), "dups": [g.get("dups", 0) for g in got],
+            "sender_cpu_us_per_msg": res_ev.get("cpu_us_per_msg"),
         }
         out["rate"] = min(out["rates"])
         out["lost_total"] = sum(out["lost"])
         out["daemon_cpu_s"] = cpu
         out["daemon_cpu_us_per_msg"] = {k: v * 1e6 / sent for k, v in cpu.items()} if sent else {}
         per = ", ".join(f"{k} {v:.1f}" for k, v in out["daemon_cpu_us_per_msg"].items())
+        if out["sender_cpu_us_per_msg"] is not None:
+            per += f"; sender (client) CPU us/msg {out['sender_cpu_us_per_msg']:.1f}"
         print(f"  {label}: {out['rate']:,.0f} msgs/s at the receiver (sender {out['send_rate']:,.0f}), "
               f"sent {sent:,}, lost {out['lost_total']:,}, sender errors {out['sender_errors']}"
               + (f"; daemon CPU us/msg: {per}" if per else ""), flush=True)
@@ -1159,7 +1175,8 @@ class Bench:
         recv = self.helper("mesh_recv", name=name, socket=str(b.socket), topic="bench", dedupe=True)
         recv.wait("ready", 30)
         snd = self.helper("mesh_send", name=f"q1send-{tag}", socket=str(a.socket), to=name,
-                          max_n=3_000_000, duration=self.duration, qos=1, window=QOS1_WINDOW)
+                          max_n=3_000_000, duration=self.duration, qos=1, window=QOS1_WINDOW,
+                          lanes=QOS1_LANES)
         before = {d.name: self._node_info(d).get("qos1", {}) for d in (a, b)}
         out = self.one_way("(g) meshd qos 1 one-way", [recv], snd, daemons=(a, b))
         # Wait (bounded) until daemon A's outbox is empty: every unit acked, its delete committed.
@@ -1172,7 +1189,7 @@ class Bench:
             time.sleep(0.05)
         delta = {n: {k: v - before[n].get(k, 0) for k, v in after[n].items()
                      if isinstance(v, int) and k not in ("pending", "in_flight")} for n in after}
-        out["qos1"] = {"window": QOS1_WINDOW, "delta": delta,
+        out["qos1"] = {"window": QOS1_WINDOW, "lanes": QOS1_LANES, "delta": delta,
                        "pending_after": {n: after[n].get("pending") for n in after}}
         commits = delta[a.name].get("commits", 0)
         units = delta[a.name].get("accepted", 0)
@@ -1419,7 +1436,7 @@ class Bench:
             r["curve_discovery"] = secure[2]
         # (b) qos 0, (g) qos 1 and (h) CURVE one-way interleaved, so that their ratios compare
         # runs made under the same background load.
-        tp_runs: dict[str, list[dict[str, Any]]] = {"mesh_tp": [], "qos1_tp": [], "curve_tp": []}
+        tp_runs: dict[str, list[dict[str, Any] | None]] = {"mesh_tp": [], "qos1_tp": [], "curve_tp": []}
         for k in range(self.reps):
             tp_runs["mesh_tp"].append(self.guarded("mesh_tp", self.mesh_throughput, a, b, f"mesh_tp{k}"))
             tp_runs["qos1_tp"].append(self.guarded("qos1_tp", self.qos1_throughput, a, b, f"qos1_tp{k}"))
@@ -1431,6 +1448,12 @@ class Bench:
             done = [x for x in runs if x is not None]
             if done:
                 r[key] = self.best(done)
+        # Per repetition: the ratio of two runs made back to back (the table's ratio is best/best).
+        r["pair_ratios"] = {
+            name: [x["rate"] / z["rate"] for x, z in zip(tp_runs[key], tp_runs["mesh_tp"], strict=False)
+                   if x is not None and z is not None and z["rate"]]
+            for name, key in (("qos1/qos0", "qos1_tp"), ("curve/plain", "curve_tp"))
+        }
         r["mesh_rtt"] = self.guarded("mesh_rtt", self.mesh_rtt, a, b)
         if secure:
             r["curve_rtt"] = self.guarded("curve_rtt", self.mesh_rtt, secure[0], secure[1], False,
@@ -1538,6 +1561,43 @@ def build_table(r: dict[str, Any]) -> list[list[str]]:
                                                           f"{r['raw_rtt']['p99_us']:.0f}", "", None))
     add("(b) one-way A->B", "msgs/s at receiver", tp("mesh_tp", goal_rate=60_000), ">= 60,000")
     add("(b) one-way A->B", "lost (all runs)", lost("mesh_tp"), "0")
+
+    def pairs(name: str) -> str:
+        each = r.get("pair_ratios", {}).get(name, [])
+        return f" (per rep {', '.join(f'{x:.2f}' for x in each)})" if len(each) > 1 else ""
+
+    def q1_ratio() -> Any:
+        q, z = r["qos1_tp"]["rate"], r["mesh_tp"]["rate"]
+        return f"{q / z:.2f}{pairs('qos1/qos0')}", "", "", q / z >= 1 / 3
+
+    def q1_commits() -> Any:
+        q = r["qos1_tp"]
+        return (f"{q['msgs_per_a_commit']:.0f} ({q['a_commits']:,} for {q['sent']:,})", "", "", None)
+
+    def q1_dups() -> Any:
+        runs = r["qos1_tp"]["runs"]
+        return (f"{sum(x['dups_total'] for x in runs)} / {sum(x['send_failed'] for x in runs)}",
+                "", "", None)
+
+    add("(g) qos 1 one-way A->B", "msgs/s at receiver", tp("qos1_tp"), "(info)")
+    add("(g) qos 1 one-way A->B", "qos 1 / qos 0 (b) msgs/s", q1_ratio, ">= 0.33")
+    add("(g) qos 1 one-way A->B", "lost (all runs)", lost("qos1_tp"), "0")
+    add("(g) qos 1 one-way A->B", "duplicates / failed sends", q1_dups, "(info)")
+    add("(g) qos 1 one-way A->B", "msgs per commit, daemon A", q1_commits, "(info)")
+
+    def curve_tp_ratio() -> Any:
+        c, z = r["curve_tp"]["rate"], r["mesh_tp"]["rate"]
+        return f"{c / z:.2f}{pairs('curve/plain')}", "", "", c / z >= 0.7
+
+    def curve_lat_ratio() -> Any:
+        c, z = r["curve_rtt"], r["mesh_rtt"]
+        return f"{c['p50_us'] / z['p50_us']:.2f}x / {c['p99_us'] / z['p99_us']:.2f}x", "", "", None
+
+    add("(h) CURVE one-way", "msgs/s at receiver", tp("curve_tp"), "(info)")
+    add("(h) CURVE one-way", "CURVE / plaintext (b) msgs/s", curve_tp_ratio, ">= 0.70")
+    add("(h) CURVE one-way", "lost (all runs)", lost("curve_tp"), "0")
+    add("(h) CURVE request/reply", "rtt p50 / p99 us", lat("curve_rtt", "raw_rtt"), "(info)")
+    add("(h) CURVE request/reply", "CURVE / plaintext (c) p50 / p99", curve_lat_ratio, "(info)")
     add("(c) request/reply", "rtt p50 / p99 us", lat("mesh_rtt", "raw_rtt", 450), "p50 < 450")
     add("(c') raw-wire req/rep", "rtt p50 / p99 us", lat("wire_rtt", "raw_rtt"), "(info)")
     add("(c'') (c) vs 2 relays", "rtt p50 / p99 us", lat("mesh_rtt", "relay_rtt"), "(info)")
@@ -1589,7 +1649,8 @@ def print_table(rows: list[list[str]]) -> None:
     print("-+-".join("-" * w for w in widths))
     for row in rows:
         print(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
-    print("ratio = meshd / raw pyzmq (throughput: fraction of raw; latency: times slower)")
+    print("ratio = meshd / raw pyzmq (throughput: fraction of raw; latency: times slower); "
+          "'X / Y' rows hold that ratio in the meshd column")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -589,6 +589,8 @@ class Node:
         self._send_peer(peer, {P.KIND: Kind.HELLO, P.FROM: self.node_id}, self._hello_body(reply, via))
 
     def _on_peer_monitor(self, peer: Peer, frames: list[bytes]) -> None:
+        if self._stopping:
+            return
         try:
             event = parse_monitor_message(frames)["event"]
         except Exception:
@@ -742,6 +744,8 @@ class Node:
         """Traffic before HELLO is dropped; if we can reach the sender, ask it to greet us."""
         self.stats["dropped_before_hello"] += 1
         now = time.monotonic()
+        if self._stopping:
+            return
         if peer is not None and peer.dealer is not None and now - peer.last_sync_request > 1.0:
             peer.last_sync_request = now
             self._send_hello(peer, reply=False)
@@ -784,6 +788,8 @@ class Node:
             self._set_peer_state(peer, PeerState.OFFLINE)
 
     def _on_hello(self, rid: bytes, body: Any) -> None:
+        if self._stopping:
+            return  # we said BYE: greeting back now would make the peer re-admit a leaving node
         if not isinstance(body, dict):
             raise ValueError("HELLO body is not a map")
         node_id = str(body["node"])

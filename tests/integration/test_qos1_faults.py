@@ -26,26 +26,43 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import signal
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
-import qos_agents as H  # beside this file: the agent processes and the shared harness
 
 from meshd import Agent
 from meshd.errors import MeshError
 from meshd.testing import MeshdFactory
 
+
+def _harness() -> ModuleType:
+    """qos_agents.py beside this file: the agent processes and the shared harness (loaded by
+    path, so it works whether or not tests/ directories are packages)."""
+    if "qos_agents" in sys.modules:
+        return sys.modules["qos_agents"]
+    spec = importlib.util.spec_from_file_location("qos_agents", Path(__file__).with_name("qos_agents.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["qos_agents"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+H = _harness()
 KILL_AT = 500
 MAX_DUP = H.COUNT // 100  # "a few": under 1 % of what was sent
 
 
 @pytest.fixture
-def stream(meshd_factory: MeshdFactory, request: pytest.FixtureRequest) -> Iterator[H.Stream]:
+def stream(meshd_factory: MeshdFactory, request: pytest.FixtureRequest) -> Iterator[Any]:
     a = meshd_factory.spawn("a", env=H.QOS_ENV)
     b = meshd_factory.spawn("b", env=H.QOS_ENV)
     meshd_factory.wait_mesh([a, b])
@@ -69,7 +86,7 @@ TRIGGERS = ["test", "mid-unit"]
 
 
 @pytest.mark.parametrize("trigger", TRIGGERS)
-def test_kill9_receiving_daemon(stream: H.Stream, trigger: str) -> None:
+def test_kill9_receiving_daemon(stream: Any, trigger: str) -> None:
     """1. kill -9 of b mid-stream, restarted on the same state dir (same node id, same seen-set).
     The receiving agent process is not restarted: its client must register again on its own."""
     b = stream.b
@@ -101,7 +118,7 @@ def test_kill9_receiving_daemon(stream: H.Stream, trigger: str) -> None:
 
 
 @pytest.mark.parametrize("backlog", ["none", "receiver-paused"])
-def test_kill9_sending_daemon(stream: H.Stream, backlog: str) -> None:
+def test_kill9_sending_daemon(stream: Any, backlog: str) -> None:
     """2. kill -9 of a after it confirmed ~500 (100 more sends outstanding), restarted: its outbox
     resumes and delivers every confirmed message, and b's seen-set keeps every handler from
     running twice. With "receiver-paused" the receiving agent is SIGSTOPped (well under the 2 s
@@ -130,7 +147,7 @@ def test_kill9_sending_daemon(stream: H.Stream, backlog: str) -> None:
 
 
 @pytest.mark.parametrize("trigger", TRIGGERS)
-def test_kill9_receiving_agent(stream: H.Stream, trigger: str) -> None:
+def test_kill9_receiving_agent(stream: Any, trigger: str) -> None:
     """3. kill -9 of the receiving agent mid-stream, restarted under the same name."""
     if trigger == "mid-unit":
         stream.start_receiver("--kill-at", str(KILL_AT + 5), "--kill-pid", "0")
