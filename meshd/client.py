@@ -717,9 +717,11 @@ class Agent:
                 fut.set_exception(err)
             else:
                 unmatched.append(target)
-        if err.code == P.ErrorCode.NOT_REGISTERED and not self._closed and not self._reregistering:
-            # The daemon restarted and forgot us: register again and restore subscriptions.
-            self._spawn(self._reregister())
+        if err.code == P.ErrorCode.NOT_REGISTERED:
+            if not self._closed and not self._reregistering:
+                # The daemon restarted and forgot us: register again and restore subscriptions.
+                self._reregistering = True  # now, not when the task starts: one re-registration
+                self._spawn(self._reregister())
             return
         if err.code == P.ErrorCode.CANCELLED:
             return  # the answer to our own cancel, after we stopped waiting: nothing to report
@@ -732,7 +734,6 @@ class Agent:
                             self.errors_received)
 
     async def _reregister(self) -> None:
-        self._reregistering = True
         try:
             await self._register()
             for topic, durable in list(self._topics.items()):

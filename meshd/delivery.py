@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 CREATE TABLE IF NOT EXISTS seen (
     id TEXT PRIMARY KEY,
-    at REAL NOT NULL
+    at REAL NOT NULL,
+    origin TEXT NOT NULL DEFAULT ''
 );
 """
 
@@ -72,10 +73,11 @@ class DeliveryStore:
         self.db.executescript(_SCHEMA)
         self.outbox: dict[str, OutboxEntry] = {}
         self.seen: dict[str, float] = {}
+        self.seen_origin: dict[str, str] = {}
         self._add: list[OutboxEntry] = []
         self._update: dict[str, OutboxEntry] = {}
         self._delete: list[str] = []
-        self._seen_add: list[tuple[str, float]] = []
+        self._seen_add: list[tuple[str, float, str]] = []
         self.commits = 0
         self._load()
 
@@ -93,8 +95,9 @@ class DeliveryStore:
             entry = OutboxEntry(id=row[0], dest=row[1], frames=list(frames), attempts=int(row[3]),
                                 created=float(row[4]), expires=float(row[5]), durable=True, sender=sender)
             self.outbox[entry.id] = entry
-        for msg_id, at in self.db.execute("SELECT id, at FROM seen"):
+        for msg_id, at, origin in self.db.execute("SELECT id, at, origin FROM seen"):
             self.seen[msg_id] = at
+            self.seen_origin[msg_id] = origin
         if self.outbox:
             log.info("resuming %d qos-1 message(s) from the outbox", len(self.outbox))
 
@@ -123,11 +126,17 @@ class DeliveryStore:
     def is_done(self, msg_id: str) -> bool:
         return msg_id in self.seen
 
-    def mark_done(self, msg_id: str) -> None:
+    def mark_done(self, msg_id: str, origin: str = "") -> None:
         if msg_id not in self.seen:
             at = time.time()
             self.seen[msg_id] = at
-            self._seen_add.append((msg_id, at))
+            self.seen_origin[msg_id] = origin
+            self._seen_add.append((msg_id, at, origin))
+
+    def done_for(self, origin: str, since: float, limit: int = 10_000) -> list[str]:
+        """Units from ``origin`` handled since ``since`` (newest last), to re-ack after its crash."""
+        ids = [k for k, at in self.seen.items() if at >= since and self.seen_origin.get(k) == origin]
+        return ids[-limit:]
 
     # ------------------------------------------------------------------ commit
 
@@ -155,7 +164,8 @@ class DeliveryStore:
             if self._delete:
                 self.db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in self._delete])
             if self._seen_add:
-                self.db.executemany("INSERT OR IGNORE INTO seen (id, at) VALUES (?, ?)", self._seen_add)
+                self.db.executemany("INSERT OR IGNORE INTO seen (id, at, origin) VALUES (?, ?, ?)",
+                                    self._seen_add)
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -172,6 +182,7 @@ class DeliveryStore:
         old = [k for k, at in self.seen.items() if at < cutoff]
         for k in old:
             del self.seen[k]
+            self.seen_origin.pop(k, None)
         if old:
             self.db.execute("DELETE FROM seen WHERE at < ?", (cutoff,))
         return len(old)
@@ -368,6 +379,24 @@ class Qos1:
         self._delivering[unit_id] = _Delivering(origin, rid, time.monotonic())
         return True
 
+    def reack_if_done(self, unit_id: str, origin: str) -> bool:
+        """A unit we already handled came back (its sender lost our ack): ack it again."""
+        if not self.store.is_done(unit_id):
+            return False
+        self.stats["dup_suppressed"] += 1
+        self._acks_out.setdefault(origin, []).append(unit_id)
+        self._schedule_flush()
+        return True
+
+    def reack_origin(self, origin: str, since: float) -> int:
+        """A sending daemon restarted: ack again what we handled for it, in case our acks died
+        with it (otherwise its resumed outbox would retry units that are already done)."""
+        ids = self.store.done_for(origin, since)
+        if ids:
+            self._acks_out.setdefault(origin, []).extend(ids)
+            self._schedule_flush()
+        return len(ids)
+
     def not_delivered(self, unit_id: str) -> None:
         """The hand-over to the agent failed (inbox full, gone): a retry may try again."""
         self._delivering.pop(unit_id, None)
@@ -377,7 +406,7 @@ class Qos1:
             d = self._delivering.pop(unit_id, None)
             if d is None:
                 continue
-            self.store.mark_done(unit_id)
+            self.store.mark_done(unit_id, d.origin)
             self._acks_out.setdefault(d.origin, []).append(unit_id)
         self._schedule_flush()
 

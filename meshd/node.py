@@ -728,6 +728,8 @@ class Node:
             err = header.get(P.ERROR)
             self.qos.bounced(str(header[P.CORR]), str(err.get("code")) if isinstance(err, dict) else "ERROR")
             return
+        if header.get(P.QOS) == 1 and self.qos.reack_if_done(str(header.get(P.ID)), peer.node_id):
+            return  # handled already (maybe by an agent that has left since): ack, never bounce
         name, _, node = to.partition("@")
         agent = self.local.get(name)
         if agent is None or (node and node not in (self.node_id, self.name)):
@@ -830,6 +832,9 @@ class Node:
         if restarted:
             log.info("peer %s restarted", node_id)
             self._drop_peer_agents(peer)
+            n = self.qos.reack_origin(node_id, time.time() - self.settings.qos1_ttl)
+            if n:
+                log.info("re-acked %d qos-1 unit(s) handled for restarted peer %s", n, node_id)
         peer.incarnation = str(body.get("incarnation", ""))
         peer.name = str(body.get("name", ""))
         peer.greeted = True

@@ -167,8 +167,6 @@ def test_kill9_receiving_agent(stream: Any, trigger: str) -> None:
     H.check(stats, MAX_DUP)
 
 
-@pytest.mark.xfail(strict=True, reason="meshd bug: a restarted sender never learns that the receiver "
-                   "already handled a unit when the receiving agent has left since (see the docstring)")
 def test_handled_unit_is_not_dead_lettered_when_its_ack_died_with_the_sender(
         meshd_factory: MeshdFactory) -> None:
     """A unit is handled and its done-mark is on b's disk, but a was killed before b's ack
