@@ -191,6 +191,8 @@ class Agent:
         self._ack_scheduled = False
         self._out: dict[tuple[str, str], list[tuple[dict[str, Any], bytes]]] = {}
         self._flush_scheduled = False
+        self._drain_pending = False
+        self._draining = False
         self._sendq: deque[list[bytes]] = deque()
         self._writable: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -561,6 +563,8 @@ class Agent:
 
     def _chunks(self, items: list[tuple[dict[str, Any], bytes]]) -> list[list[tuple[dict[str, Any], bytes]]]:
         """Split into batches of at most ``batch_max`` messages and about ``max_payload_bytes``."""
+        if len(items) == 1:
+            return [items]
         chunks: list[list[tuple[dict[str, Any], bytes]]] = []
         current: list[tuple[dict[str, Any], bytes]] = []
         size = 0
@@ -605,30 +609,39 @@ class Agent:
             await self._writable.wait()
 
     def _kick(self) -> None:
-        # The zmq FD is edge-triggered and a send can consume the edge: look again soon.
-        if self._loop is not None and not self._closed:
+        # The zmq FD is edge-triggered and a send can consume the edge: look again before the
+        # loop sleeps (once per loop turn; a drain in progress reads until EAGAIN anyway).
+        if self._loop is not None and not self._closed and not self._drain_pending and not self._draining:
+            self._drain_pending = True
             self._loop.call_soon(self._drain)
 
     def _drain(self) -> None:
+        self._drain_pending = False
         sock = self._sock
         if sock is None or sock.closed:
             return
         if self._sendq:
             self._pump()
-        for _ in range(512):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            try:
-                self._on_frames(frames)
-            except Exception:
-                log.exception("agent %s: dropped a message that could not be handled", self.name)
-        else:
-            assert self._loop is not None
-            self._loop.call_soon(self._drain)
+        self._draining = True
+        try:
+            for _ in range(512):
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    self._on_frames(frames)
+                except Exception:
+                    log.exception("agent %s: dropped a message that could not be handled", self.name)
+            else:
+                assert self._loop is not None
+                self._drain_pending = True
+                self._loop.call_soon(self._drain)
+        finally:
+            self._draining = False
         if self._sendq:
             self._pump()
+            self._kick()
 
     def _on_frames(self, frames: list[bytes]) -> None:
         if len(frames) < 3:
