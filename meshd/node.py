@@ -701,10 +701,7 @@ class Node:
         """Everything peers send us: control, routed messages and batches."""
         rid = frames[0]
         try:
-            if len(frames) < 4:
-                raise FrameError("too_few_frames", str(len(frames)))
-            P.check_signature(frames[1])
-            header = P.unpack_header(frames[2])
+            header = P.decode_routed(frames)
         except FrameError as exc:
             self._reject(exc, frames, origin=f"peer {rid[:32]!r}")
             return
@@ -862,10 +859,7 @@ class Node:
         """Everything local agents send us."""
         rid = frames[0]
         try:
-            if len(frames) < 4:
-                raise FrameError("too_few_frames", str(len(frames)))
-            P.check_signature(frames[1])
-            header = P.unpack_header(frames[2])
+            header = P.decode_routed(frames)
         except FrameError as exc:
             self._reject(exc, frames, origin="local agent")
             self._send_agent_error(rid, None, "VALIDATION_FAILED", f"malformed message: {exc}")

@@ -205,6 +205,17 @@ def check_signature(frame: bytes | memoryview) -> None:
     raise FrameError("bad_signature", repr(raw[:8]))
 
 
+def decode_routed(frames: list[Any]) -> dict[str, Any]:
+    """Check ``[routing-id, signature, header, payload]`` as a ROUTER receives it; return the header.
+
+    Raises FrameError for a short frame set, a wrong signature or version, or a bad header.
+    """
+    if len(frames) < 4:
+        raise FrameError("too_few_frames", str(len(frames)))
+    check_signature(frames[1])
+    return unpack_header(frames[2])
+
+
 def pack_batch(items: list[tuple[dict[str, Any], bytes]]) -> bytes:
     """The body frame of a batch: a msgpack array of ``[header-map, payload-bytes]`` pairs.
 
