@@ -263,7 +263,8 @@ def test_inbox_full_backpressure_and_bounded_memory(meshd_factory: MeshdFactory)
                 if i % 2000 == 0:  # alive, just not reading: it still heartbeats
                     heartbeat()
             last = -1
-            while counts["inbox_full"] != last:  # until the errors stop coming
+            stop_at = time.monotonic() + 60  # bounded, like every load loop here
+            while counts["inbox_full"] != last and time.monotonic() < stop_at:  # until errors stop
                 last = counts["inbox_full"]
                 heartbeat()
                 await asyncio.sleep(0.5)
