@@ -22,6 +22,7 @@ from .errors import (
     Undeliverable,
     ValidationFailed,
 )
+from .hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
@@ -47,4 +48,5 @@ __all__ = [
     "Undeliverable",
     "ValidationFailed",
     "__version__",
+    "hookimpl",
 ]

@@ -31,7 +31,6 @@ from . import protocol as P
 from .config import default_socket_path
 from .errors import (
     DaemonUnreachable,
-    HandlerError,
     MeshError,
     RequestTimeout,
     TooLarge,
@@ -1009,13 +1008,4 @@ class BlockingAgent:
         self.close()
 
 
-def wait_for_socket(path: Path, timeout: float = 10.0) -> None:
-    """Block until a daemon's agent socket exists (for scripts that start meshd themselves)."""
-    end = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > end:
-            raise DaemonUnreachable(f"no meshd agent socket at {path} after {timeout:g} s")
-        time.sleep(0.02)
-
-
-__all__ = ["Agent", "BlockingAgent", "HandlerError", "Message", "wait_for_socket"]
+__all__ = ["DEFER", "Agent", "BlockingAgent", "HandoffResult", "Message"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import os
 import shutil
 import signal
@@ -227,10 +226,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if rep.when == "call":
         item.rep_call = rep  # type: ignore[attr-defined]
     return rep
-
-
-def dump(obj: Any) -> str:
-    return json.dumps(obj, indent=1, default=str)
 
 
 __all__ = ["MeshdFactory", "MeshdProcess", "meshd_factory", "short_tempdir", "wait_until"]
