@@ -9,12 +9,15 @@ Scenarios (see bench/README.md):
   (d) meshd publish to 4 subscribers on the other daemon
   (e) as (b), but the sender is a raw DEALER sending pre-encoded batches in the local protocol
   (f) as (e), and the receiver is a raw DEALER too (daemons only, both ends raw; informational)
+  (g) as (b) with send(..., qos=1), windows of sends in flight: qos 1 / qos 0, losses, commits
+  (h) (b) and (c) again between two daemons with CurveZMQ on: CURVE / plaintext
   discovery of a newly started daemon (both ways) and staleness of a SIGKILLed one.
 
-Every process is a separate OS process (2 daemons + helper processes that this file runs with
-``--role``). Helpers talk to the orchestrator with JSON lines on stdin/stdout. Every daemon binds
-127.0.0.1 only, in a mesh named uniquely for this run; every loop is bounded in count and time;
-every process started here is killed (by PID) in a finally block.
+Every process is a separate OS process (2 daemons, 2 more with CURVE for (h), + helper processes
+that this file runs with ``--role``). Helpers talk to the orchestrator with JSON lines on
+stdin/stdout. Every daemon binds 127.0.0.1 only, in a mesh named uniquely for this run; every
+loop is bounded in count and time; every process started here is killed (by PID) in a finally
+block.
 """
 
 from __future__ import annotations

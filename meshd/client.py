@@ -183,7 +183,7 @@ class Agent:
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._batch_members: dict[str, list[str]] = {}
         self._progress_cbs: dict[str, Callable[[str], Any]] = {}
-        self._publish_started: dict[str, float] = {}
+        self._expiring: dict[str, float] = {}  # msg id -> monotonic deadline (swept, no timer each)
         self._running: dict[str, tuple[asyncio.Task[Any], Message]] = {}
         self._unit_left: dict[str, int] = {}
         self._acks: list[str] = []
@@ -306,14 +306,15 @@ class Agent:
         loop = self._require_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
-        timer = loop.call_later(CONTROL_TIMEOUT * 2, self._expire_control, msg_id)
+        # No timer per message (qos-1 sends come in thousands): the heartbeat loop sweeps.
+        self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT * 2
         try:
             self._enqueue(("to1", to), header, data)
             await fut
             return msg_id
         finally:
-            timer.cancel()
             self._pending.pop(msg_id, None)
+            self._expiring.pop(msg_id, None)
 
     async def request(self, to: str, topic: str, payload: Any = None, *,
                       timeout: float = DEFAULT_REQUEST_TIMEOUT,
@@ -423,13 +424,13 @@ class Agent:
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
         # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
-        self._publish_started[msg_id] = time.monotonic()
+        self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT
         try:
             self._enqueue(("topic1" if qos else "topic", topic), header, data)
             return int(await fut)
         finally:
             self._pending.pop(msg_id, None)
-            self._publish_started.pop(msg_id, None)
+            self._expiring.pop(msg_id, None)
 
     async def subscribe(self, topic: str, *, durable: bool = False) -> None:
         """Receive publications on ``topic`` (idempotent).
@@ -929,9 +930,9 @@ class Agent:
         while not self._closed:
             await asyncio.sleep(self.heartbeat_interval)
             telemetry = {"queue_depth": len(self._tasks)} | self.telemetry
-            cutoff = time.monotonic() - CONTROL_TIMEOUT
-            for msg_id, started in list(self._publish_started.items()):
-                if started < cutoff:
+            now = time.monotonic()
+            for msg_id, deadline in list(self._expiring.items()):
+                if deadline < now:
                     self._expire_control(msg_id)
             self._push([P.SIGNATURE, P.pack({P.KIND: Kind.AGENT_HEARTBEAT}), P.pack(telemetry)])
 
