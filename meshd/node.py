@@ -53,6 +53,7 @@ from .keys import (
     load_mesh_secret,
     load_or_create_node_keys,
 )
+from .outcomes import Outcomes
 from .plugins import PluginHost
 from .protocol import FrameError, Kind
 from .sdnotify import Notifier
@@ -223,8 +224,7 @@ class Node:
         if settings.dead_letter_jsonl:
             self.plugins.register(JsonlDeadLetterSink(settings.state_dir / "deadletters.jsonl"),
                                   name="meshd.jsonl_dead_letters")
-        self._observe = False  # any meshd_collaboration implementation? (checked at start)
-        self._inflight: dict[tuple[str, str], tuple[float, str, str, str, str, float]] = {}
+        self.outcomes = Outcomes(self.plugins)
         self._bounced_code: str | None = None
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -282,7 +282,7 @@ class Node:
             self.router_endpoints(), self.pub_endpoints(), self.socket_path,
             " INSECURE (plaintext mesh)" if s.insecure else "",
         )
-        self._observe = self.plugins.wants("meshd_collaboration")
+        self.outcomes.enabled = self.plugins.wants("meshd_collaboration")
         self.plugins.start()
         await self.plugins.startup(self)
         self.ready.set()
@@ -924,16 +924,13 @@ class Node:
                 self._bounce(header, frames[1:], P.ErrorCode.TIMEOUT,
                              "the request's deadline passed before it was delivered")
                 return
-        if not self._observe:
+        if not self.outcomes.enabled:
             self._route(to, header, frames[1:])
             return
-        sends = self._observe_outgoing(header, frames[1:])
+        sends = self.outcomes.outgoing(header, frames[1:])
         self._bounced_code = None
         self._route(to, header, frames[1:])
-        code = self._last_bounce()
-        for h in sends:
-            self._outcome("send", h.get(P.ID), h.get(P.FROM), h.get(P.TO), h.get(P.TOPIC),
-                          "error" if code else "sent", code)
+        self.outcomes.sends_routed(sends, self._last_bounce())
 
     def _refuse(self, rid: bytes, header: dict[str, Any], frames: list[bytes], code: str,
                 message: str) -> None:
@@ -973,8 +970,8 @@ class Node:
         unit_id = header.get(P.ID) if header.get(P.QOS) == 1 else None
         if unit_id is not None and not self.qos.admit(str(unit_id), origin, agent.rid, self._rid_alive):
             return
-        if self._inflight and self._observe:
-            self._observe_answer(agent, header, msg)
+        if self.outcomes.inflight:
+            self.outcomes.answer(agent.name, header, msg)
         try:
             self.agents_sock.send_multipart([agent.rid, *msg], zmq.NOBLOCK)
             self.stats["delivered"] += 1
@@ -1081,12 +1078,8 @@ class Node:
 
     def _qos_acked(self, entry: OutboxEntry) -> None:
         self.stats["qos1_delivered"] += 1
-        if self._observe:
-            topic = None
-            with contextlib.suppress(FrameError):
-                topic = P.unpack_header(entry.frames[1]).get(P.TOPIC)
-            self._outcome("send", entry.id, entry.sender, entry.dest, topic, "delivered", None,
-                          round((time.time() - entry.created) * 1000, 3), qos=1)
+        if self.outcomes.enabled:
+            self.outcomes.delivered(entry.id, entry.sender, entry.dest, entry.frames, entry.created)
 
     def _qos_give_up(self, entry: OutboxEntry, why: str) -> None:
         header: dict[str, Any] | None = None
@@ -1109,8 +1102,8 @@ class Node:
             await asyncio.sleep(0.05)
             self.qos.tick()
             ticks += 1
-            if self._inflight and ticks % 20 == 0:
-                self._expire_inflight()
+            if self.outcomes.inflight and ticks % 20 == 0:
+                self.outcomes.expire()
             if ticks % 1200 == 0:  # every minute
                 self.qos.forget_delivering(older_than=max(600.0, 4 * self.settings.qos1_ack_timeout))
                 self.qos.store.prune_seen()
@@ -1119,79 +1112,9 @@ class Node:
         self.plugins.agent_state({"name": agent.name, "node": self.node_id,
                                   "capabilities": list(agent.capabilities)}, old, new)
 
-    # ----------------------------------------------------------------------------- outcomes
-
-    def _outcome(self, kind: str, msg_id: Any, initiator: Any, target: Any, topic: Any, outcome: str,
-                 error_code: str | None = None, latency_ms: float | None = None, qos: int = 0) -> None:
-        self.plugins.collaboration({
-            "kind": kind, "id": msg_id, "initiator": initiator, "target": target, "topic": topic,
-            "outcome": outcome, "error_code": error_code, "latency_ms": latency_ms, "qos": qos,
-            "at": time.time(),
-        })
-
     def _last_bounce(self) -> str | None:
         """The error code ``_bounce`` recorded during the last ``_route`` (None: it went through)."""
         return self._bounced_code
-
-    def _observe_outgoing(self, header: dict[str, Any], msg: list[bytes]) -> list[dict[str, Any]]:
-        """Collaboration outcomes start here (only when a plugin observes them); returns the sends."""
-        headers = [header]
-        if header[P.KIND] == Kind.BATCH:
-            with contextlib.suppress(FrameError):
-                headers = [h | {P.FROM: header.get(P.FROM), P.TO: header.get(P.TO)}
-                           for h, _ in P.split_batch(msg)]
-        now = time.monotonic()
-        sends = []
-        for h in headers:
-            kind = h.get(P.KIND)
-            if kind == Kind.SEND:
-                sends.append(h)
-            elif kind == Kind.REQUEST:
-                what = ("delegate" if h.get(P.ORIGIN) else
-                        "handoff" if h.get(P.TOPIC) == P.HANDOFF_TOPIC else "request")
-                if what == "delegate":  # the answer goes to the origin, past this daemon
-                    self._outcome(what, h.get(P.ID), h.get(P.FROM), h.get(P.TO), h.get(P.TOPIC), "sent")
-                    continue
-                deadline = h.get(P.DEADLINE)
-                expires = now + (deadline - time.time() if isinstance(deadline, (int, float)) else 30.0) + 5
-                self._inflight[(str(h.get(P.FROM)), str(h.get(P.ID)))] = (
-                    now, what, str(h.get(P.FROM)), str(h.get(P.TO)), str(h.get(P.TOPIC)), expires)
-        return sends
-
-    def _observe_answer(self, agent: LocalAgent, header: dict[str, Any], msg: list[bytes]) -> None:
-        """A reply or error reaching a local requester closes its request's outcome."""
-        headers = [header]
-        if header[P.KIND] == Kind.BATCH:
-            with contextlib.suppress(FrameError):
-                headers = [h for h, _ in P.split_batch(msg)]
-        now = time.monotonic()
-        for h in headers:
-            kind = h.get(P.KIND)
-            if kind not in (Kind.REPLY, Kind.ERROR):
-                continue
-            started = self._inflight.pop((agent.name, str(h.get(P.CORR))), None)
-            if started is None:
-                continue
-            t0, what, initiator, target, topic, _ = started
-            latency = round((now - t0) * 1000, 3)
-            if kind == Kind.ERROR:
-                err = h.get(P.ERROR)
-                code = str(err.get("code")) if isinstance(err, dict) else "ERROR"
-                self._outcome(what, h.get(P.CORR), initiator, target, topic, "error", code, latency)
-            elif what == "handoff":
-                status = h.get(P.STATUS)
-                self._outcome(what, h.get(P.CORR), initiator, target, topic,
-                              "accepted" if status == "accepted" else "rejected", None, latency)
-            else:
-                self._outcome(what, h.get(P.CORR), initiator, target, topic, "ok", None, latency)
-
-    def _expire_inflight(self) -> None:
-        now = time.monotonic()
-        for key, (t0, what, initiator, target, topic, expires) in list(self._inflight.items()):
-            if now > expires:
-                del self._inflight[key]
-                self._outcome(what, key[1], initiator, target, topic, "error", P.ErrorCode.TIMEOUT,
-                              round((now - t0) * 1000, 3))
 
     def _dead_letter(self, reason: str, detail: str, frames: list[bytes], header: dict[str, Any] | None,
                      attempts: int = 0) -> None:
