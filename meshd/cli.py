@@ -290,6 +290,12 @@ async def _ctl(args: argparse.Namespace) -> int:
         elif args.cmd == "request":
             reply = await me.request(args.agent, args.topic, args.payload, timeout=args.timeout)
             _print_json(reply)
+        elif args.cmd == "handoff":
+            result = await me.handoff(args.agent, args.task_id, context=args.context,
+                                      artifacts=args.artifacts, timeout=args.timeout)
+            _print_json({"accepted": result.accepted, "reason": result.reason, "data": result.data})
+            if not result.accepted:
+                return 3
         elif args.cmd == "publish":
             reached = await me.publish(args.topic, args.payload)
             print(f"reached {reached} subscriber(s)")
@@ -334,6 +340,12 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     p.add_argument("agent")
     p.add_argument("topic")
     p.add_argument("payload", type=_json_arg)
+    p.add_argument("--timeout", type=float, default=30.0)
+    p = sub.add_parser("handoff", help="hand a task to an agent; prints its verdict (exit 3 if rejected)")
+    p.add_argument("agent")
+    p.add_argument("task_id")
+    p.add_argument("--context", type=_json_arg, default=None, help="JSON")
+    p.add_argument("--artifacts", type=_json_arg, default=None, help="JSON")
     p.add_argument("--timeout", type=float, default=30.0)
     p = sub.add_parser("publish", help="publish on a topic")
     p.add_argument("topic")
