@@ -1218,6 +1218,7 @@ class Node:
                 if agent.state is not PeerState.ONLINE:
                     self._agent_event(agent, str(agent.state), "online")
                     agent.state = PeerState.ONLINE
+                    self._directory_changed()  # peers show agent states too
             return
         if kind == Kind.REGISTER:
             self._register(rid, agent, msg_id, frames)
@@ -1610,10 +1611,10 @@ class Node:
                 age = now - agent.last_seen
                 if age > s.offline_after:
                     self._remove_local(agent, f"no heartbeat for {age:.1f} s")
-                elif age > s.stale_after:
-                    if agent.state is not PeerState.STALE:
-                        self._agent_event(agent, str(agent.state), "stale")
+                elif age > s.stale_after and agent.state is not PeerState.STALE:
+                    self._agent_event(agent, str(agent.state), "stale")
                     agent.state = PeerState.STALE
+                    self._directory_changed()
 
     # ----------------------------------------------------------------------------- queries
 

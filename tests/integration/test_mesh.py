@@ -312,3 +312,26 @@ def test_restart_with_same_node_id_is_the_same_peer(meshd_factory: MeshdFactory)
     assert b.node_id == b_id
     meshd_factory.wait_mesh([a, b])
     assert list(a.peer_states()) == [b_id]  # no ghost twin
+
+
+def test_agent_that_stops_heartbeating_goes_stale_everywhere(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    ctx = zmq.Context()
+    quiet = ctx.socket(zmq.DEALER)  # registers, then never heartbeats
+    quiet.setsockopt(zmq.LINGER, 0)
+    quiet.connect(f"ipc://{b.socket}")
+    try:
+        quiet.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
+                              msgpack.packb({"name": "quiet"})])
+        assert quiet.poll(5000)
+
+        def state_at_a() -> str | None:
+            return next((x["state"] for x in a.query("agents") if x["name"] == "quiet"), None)
+        wait_until(lambda: state_at_a() == "online", what="quiet online at a")
+        wait_until(lambda: state_at_a() == "stale", what="quiet stale at a (1 s without heartbeat)")
+        wait_until(lambda: state_at_a() is None, what="quiet removed at a (2 s without heartbeat)")
+    finally:
+        quiet.close(0)
+        ctx.term()
