@@ -128,3 +128,39 @@ def test_heal(multihost) -> None:
     reply = mh.agents[2].request("echo3", "echo", "back", timeout=5)
     assert reply == {"host": 3, "from": "echo2", "payload": "back"}
     print(f"[netlab] heal: h1 -> echo2 and h2 -> echo3 requests ok {_elapsed(t0)} after the plug")
+
+
+def test_name_taken_on_both_sides_of_a_partition_is_resolved_on_heal(multihost) -> None:
+    """While h2 is cut off, an agent named "twin" registers on h1 and (later) on h2: each side
+    accepts it, since neither can see the other. After the heal exactly one survives mesh-wide:
+    the earlier registration (h1's); h2's agent is told NAME_TAKEN and removed."""
+    from meshd.client import BlockingAgent
+
+    mh = multihost
+    mh.wait_full_mesh(timeout=WAIT)
+    _cut_and_wait(mh)
+    first = BlockingAgent("twin", socket=mh.daemons[1].socket, heartbeat_interval=0.25)
+    errors: list[MeshError] = []
+    try:
+        time.sleep(0.05)  # h1's registration must be strictly the earlier one
+        second = BlockingAgent("twin", socket=mh.daemons[CUT].socket, heartbeat_interval=0.25)
+        second.agent.on_error = lambda err, corr: errors.append(err)
+        try:
+            assert "twin" in mh.agent_names(1) and "twin" in mh.agent_names(CUT)
+            t0 = time.monotonic()
+            mh.lab.plug(CUT)
+            wait_until(lambda: any(e.code == "NAME_TAKEN" for e in errors), WAIT,
+                       what="h2's twin to be told NAME_TAKEN")
+            print(f"\n[netlab] name conflict resolved {_elapsed(t0)} after the heal")
+            for at in mh.agents:
+                wait_until(lambda at=at: _twin_node(mh, at) == mh.node_ids[1], WAIT, interval=0.05,
+                           what=f"h{at} to list twin on h1 only")
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+def _twin_node(mh, at: int) -> str | None:
+    nodes = [a["node"] for a in mh.agents[at].agents() if a["name"] == "twin"]
+    return nodes[0] if len(nodes) == 1 else None
