@@ -177,6 +177,7 @@ class Agent:
         self.node_name: str | None = None
         self.telemetry: dict[str, Any] = {}
         self.errors_received = 0
+        self.evicted: MeshError | None = None  # set when another node's earlier registration won
         self.on_error: Callable[[MeshError, str | None], None] | None = None
         self._handlers: dict[str, Handler] = {}
         self._topics: dict[str, bool] = {}  # topic -> durable
@@ -473,6 +474,8 @@ class Agent:
     # ----------------------------------------------------------------------------- internals
 
     def _require_loop(self) -> asyncio.AbstractEventLoop:
+        if self.evicted is not None:
+            raise self.evicted
         if self._loop is None or self._closed:
             raise DaemonUnreachable("agent is not connected")
         return self._loop
@@ -730,8 +733,13 @@ class Agent:
                 fut.set_exception(err)
             else:
                 unmatched.append(target)
+        if err.code == P.ErrorCode.NAME_TAKEN and unmatched and not self._reregistering:
+            # Evicted: the same name was registered elsewhere during a partition and that
+            # registration was earlier. This agent no longer owns its name; calls now raise.
+            self.evicted = err
+            log.warning("agent %s: %s", self.name, err.message)
         if err.code == P.ErrorCode.NOT_REGISTERED:
-            if not self._closed and not self._reregistering:
+            if not self._closed and not self._reregistering and self.evicted is None:
                 # The daemon restarted and forgot us: register again and restore subscriptions.
                 self._reregistering = True  # now, not when the task starts: one re-registration
                 self._spawn(self._reregister())
@@ -927,7 +935,7 @@ class Agent:
         task.add_done_callback(self._tasks.discard)
 
     async def _heartbeat_loop(self) -> None:
-        while not self._closed:
+        while not self._closed and self.evicted is None:
             await asyncio.sleep(self.heartbeat_interval)
             telemetry = {"queue_depth": len(self._tasks)} | self.telemetry
             now = time.monotonic()

@@ -152,6 +152,9 @@ def test_name_taken_on_both_sides_of_a_partition_is_resolved_on_heal(multihost) 
             wait_until(lambda: any(e.code == "NAME_TAKEN" for e in errors), WAIT,
                        what="h2's twin to be told NAME_TAKEN")
             print(f"\n[netlab] name conflict resolved {_elapsed(t0)} after the heal")
+            assert second.agent.evicted is not None  # its calls now raise NameTaken
+            with pytest.raises(MeshError, match="twin"):
+                second.send("echo1", "x", {})
             for at in mh.agents:
                 wait_until(lambda at=at: _twin_node(mh, at) == mh.node_ids[1], WAIT, interval=0.05,
                            what=f"h{at} to list twin on h1 only")
