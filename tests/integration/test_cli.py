@@ -115,3 +115,26 @@ def test_bad_config_names_the_key_and_exits_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "port" in r.stderr and "MESHD_PORT" in r.stderr
     r = run("--port", "-1")
     assert r.returncode == 2 and "port" in r.stderr
+
+
+def test_default_socket_found_by_daemon_and_meshctl_alike(tmp_path: Path) -> None:
+    from meshd.testing import short_tempdir
+
+    runtime = short_tempdir("mshrt-")
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+    env.pop("RUNTIME_DIRECTORY", None)
+    env.pop("MESHD_SOCKET", None)
+    cmd = [sys.executable, "-m", "meshd", "run", "--interface", "127.0.0.1", "--insecure", "--no-discovery",
+           "--mesh", f"rt{os.getpid()}", "--state-dir", str(tmp_path / "st")]
+    daemon = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        sock = runtime / "meshd" / "meshd.sock"
+        wait_until(sock.exists, what="the socket in $XDG_RUNTIME_DIR/meshd")
+        r = subprocess.run([*CTL, "node"], env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["socket"] == str(sock)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(15) == 0
+        import shutil
+        shutil.rmtree(runtime, ignore_errors=True)
