@@ -186,6 +186,7 @@ class Agent:
         self._progress_cbs: dict[str, Callable[[str], Any]] = {}
         self._expiring: dict[str, float] = {}  # msg id -> monotonic deadline (swept, no timer each)
         self._running: dict[str, tuple[asyncio.Task[Any], Message]] = {}
+        self._delegated: dict[str, tuple[str, str]] = {}  # corr -> (delegate, who asked us)
         self._unit_left: dict[str, int] = {}
         self._acks: list[str] = []
         self._ack_scheduled = False
@@ -391,6 +392,10 @@ class Agent:
             header[P.HEADERS] = msg.headers
         data = self._payload(msg.payload if payload is DEFER else payload)
         msg._answered = True  # the delegate answers; this handler's return value is ignored
+        # Remember where it went, so a cancel from the requester follows it down the chain.
+        self._delegated[header[P.CORR]] = (to, msg.sender)
+        while len(self._delegated) > 10_000:
+            self._delegated.pop(next(iter(self._delegated)))
         self._flush()
         self._push([P.SIGNATURE, P.pack(header), data])  # never batched: the daemon checks its hops
 
@@ -697,11 +702,16 @@ class Agent:
                 except Exception:
                     log.exception("agent %s: on_progress callback raised", self.name)
         elif kind == Kind.CANCEL:
-            running = self._running.get(str(header.get(P.CORR)))
+            corr = str(header.get(P.CORR))
+            running = self._running.get(corr)
             if running is not None and running[1].sender == header.get(P.FROM):
                 task, msg = running
                 msg.cancelled.set()
                 task.cancel()
+            delegated = self._delegated.get(corr)
+            if delegated is not None and delegated[1] == header.get(P.FROM):
+                del self._delegated[corr]
+                self._send_cancel(delegated[0], corr)  # pass it on to whoever has the work now
 
     def _resolve(self, corr: Any, header: dict[str, Any], payload: bytes) -> None:
         members = self._batch_members.pop(str(corr), None)

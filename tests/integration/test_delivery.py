@@ -389,3 +389,37 @@ async def wait_until_async(check: Any, timeout: float = 10.0) -> None:
     while not await check():
         assert time.monotonic() < end, "condition not met"
         await asyncio.sleep(0.05)
+
+
+def test_cancel_follows_a_delegation(meshd_factory: MeshdFactory) -> None:
+    a, b, c = three(meshd_factory)
+
+    async def scenario() -> None:
+        async with Agent("boss", socket=a.socket) as boss, Agent("manager", socket=b.socket) as manager, \
+                Agent("worker", socket=c.socket) as worker:
+            started = asyncio.Event()
+            told = asyncio.Event()
+
+            @manager.on("job")
+            async def pass_on(msg: Any) -> Any:
+                await manager.delegate(msg, "worker")
+                return DEFER
+
+            @worker.on("job")
+            async def long_job(msg: Any) -> Any:
+                started.set()
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    told.set()
+                    raise
+                return "never"
+
+            await until_listed(boss, "manager", "worker")
+            task = asyncio.ensure_future(boss.request("manager", "job", {}, timeout=30))
+            await asyncio.wait_for(started.wait(), 5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.wait_for(told.wait(), 5)  # the cancel reached the delegate, two hops on
+    asyncio.run(scenario())
