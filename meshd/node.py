@@ -6,15 +6,18 @@ in the same loop (meshd.discovery).
 
 Start-up order (``Node.start``):
   1. load or create the node id in the state dir (a restarted daemon is the same peer again);
-  2. bind the mesh ROUTER, the XPUB and the local agent socket (mode 0660);
-  3. start the reactor on those sockets;
-  4. advertise and browse with zeroconf; dial static peers (HELLO);
-  5. start the heartbeat and liveness timers. The node is then ready.
+  2. security: CURVE keys and the trust store, and the ZAP handler before any server socket;
+  3. open the delivery store (qos-1 outbox and seen-set) and resume what it holds;
+  4. bind the mesh ROUTER, the XPUB and the local agent socket (mode 0660); start the reactor;
+  5. advertise and browse with zeroconf; dial static peers (HELLO);
+  6. start the timers (heartbeats, liveness, qos-1 retries, trust reload);
+  7. plugins: worker thread, then ``meshd_startup``; the node is ready (sd_notify READY=1).
 Shutdown (``Node.stop``), the reverse:
-  1. stop timers; send BYE to every peer (they drop us at once);
-  2. unregister from mDNS (goodbye packets);
-  3. stop the reactor, close sockets with a bounded linger, terminate the context;
-  4. remove the agent socket file.
+  1. STOPPING=1; ``meshd_shutdown``; stop the timers; from here on nobody is greeted;
+  2. send BYE to every peer (they drop us at once); unregister from mDNS (goodbye packets);
+  3. stop the reactor; commit and close the delivery store; close sockets with a bounded
+     linger; terminate the context; remove the agent socket file (only if we bound it);
+  4. stop the plugin worker (bounded).
 """
 
 from __future__ import annotations
