@@ -423,3 +423,38 @@ def test_cancel_follows_a_delegation(meshd_factory: MeshdFactory) -> None:
                 await task
             await asyncio.wait_for(told.wait(), 5)  # the cancel reached the delegate, two hops on
     asyncio.run(scenario())
+
+
+def test_sigterm_with_unacked_qos1_and_a_paused_peer(meshd_factory: MeshdFactory) -> None:
+    """RELIABILITY.md: SIGTERM with unacked messages and an unreachable (SIGSTOPped) peer. The
+    sender exits 0 promptly, its outbox keeps the messages, and after a restart and the peer's
+    SIGCONT every one is handled exactly once."""
+    import signal as sig
+
+    env = {"MESHD_QOS1_ACK_TIMEOUT": "0.5", "MESHD_QOS1_ATTEMPTS": "50"}
+    a = meshd_factory.spawn("a", env=env)
+    b = meshd_factory.spawn("b", env=env)
+    meshd_factory.wait_mesh([a, b])
+    handled: list[int] = []
+
+    async def scenario() -> None:
+        async with Agent("consumer", socket=b.socket) as consumer:
+            consumer.on("job")(lambda m: handled.append(m.payload["i"]))
+            async with Agent("producer", socket=a.socket) as producer:
+                await until_listed(producer, "consumer")
+                os.kill(b.pid, sig.SIGSTOP)
+                try:
+                    await asyncio.gather(*(producer.send("consumer", "job", {"i": i}, qos=1)
+                                           for i in range(200)))  # confirmed: on a's disk
+                    assert producer_pending(a) > 0
+                    t0 = time.monotonic()
+                    assert a.stop() == 0
+                    print(f"SIGTERM with 200 unacked and a paused peer: exited in "
+                          f"{time.monotonic() - t0:.2f} s")
+                    a.start()
+                finally:
+                    os.kill(b.pid, sig.SIGCONT)
+                await asyncio_wait_until(lambda: len(handled) >= 200, timeout=30)
+                await asyncio_wait_until(lambda: producer_pending(a) == 0, timeout=30)
+    asyncio.run(scenario())
+    assert sorted(handled) == list(range(200)), f"{len(handled)} handled, {len(set(handled))} unique"
