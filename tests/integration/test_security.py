@@ -264,3 +264,31 @@ def test_agent_socket_refuses_other_users(meshd_factory: MeshdFactory) -> None:
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert r.returncode == 3, (r.stdout, r.stderr)
     assert "intruder" not in {x["name"] for x in a.query("agents")}
+
+
+def test_daemon_refuses_an_oversized_message_from_a_raw_agent(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a", env={"MESHD_MAX_PAYLOAD_BYTES": "65536"})
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(f"ipc://{a.socket}")
+
+    def answer() -> dict[str, Any]:
+        while True:
+            assert raw.poll(5000), "no answer from the daemon"
+            header = msgpack.unpackb(raw.recv_multipart()[1])
+            if header["kind"] != "ping":
+                return dict(header)
+    try:
+        raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
+                            msgpack.packb({"name": "big-raw"})])
+        assert answer()["kind"] == "ok"
+        raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "send", "id": "m1", "from": "big-raw",
+                                                        "to": "big-raw", "topic": "t"}), b"x" * 70000])
+        err = answer()
+        assert err["kind"] == "error" and err["error"]["code"] == "TOO_LARGE" and err["corr"] == "m1"
+        assert "65536" in err["error"]["message"]
+        assert a.alive() and "big-raw" in {x["name"] for x in a.query("agents")}
+    finally:
+        raw.close(0)
+        ctx.term()
