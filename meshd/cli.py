@@ -155,10 +155,7 @@ def _print_json(obj: Any) -> None:
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
-    widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns}
-    print("  ".join(c.upper().ljust(widths[c]) for c in columns))
-    for r in rows:
-        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
+    print("\n".join(_table_lines(rows, columns)))
 
 
 def _json_arg(text: str) -> Any:
@@ -225,6 +222,54 @@ def _keys(args: argparse.Namespace) -> int:
             return 1
         K.create_mesh_secret(target)
         print(f"wrote a new mesh secret to {target} (mode 0600); copy it to every node of the fleet")
+    return 0
+
+
+def _top_frame(node: dict[str, Any], peers: list[dict[str, Any]], agents: list[dict[str, Any]]) -> str:
+    """One screen of ``meshctl top``: nodes, then agents with their state and load."""
+    online = sum(1 for p in peers if p.get("state") == "online")
+    lines = [f"meshd top  node {node.get('name')} ({node.get('node')})  mesh {node.get('mesh')!r}  "
+             f"{online}/{len(peers)} peers online  {time.strftime('%H:%M:%S')}", ""]
+    own = sum(1 for a in agents if a.get("node") == node.get("node"))  # without meshctl itself
+    rows = [{"node": node.get("node"), "name": node.get("name"), "state": "self",
+             "agents": own, "last_seen_ago": 0}]
+    rows += [{k: p.get(k) for k in ("node", "name", "state", "agents", "last_seen_ago")} for p in peers]
+    lines += _table_lines(rows, ["name", "node", "state", "agents", "last_seen_ago"])
+    lines.append("")
+    agent_rows = []
+    for a in agents:
+        tele = a.get("telemetry") or {}
+        pct = tele.get("context_used_pct")
+        agent_rows.append({
+            "agent": a.get("name"), "node": a.get("node_name"), "state": a.get("state"),
+            "ctx%": f"{pct:.0f}" if isinstance(pct, (int, float)) else "-",
+            "queue": tele.get("queue_depth", "-"),
+            "tasks": str(tele.get("tasks_summary", ""))[:40],
+            "caps": ",".join(a.get("capabilities") or []),
+        })
+    lines += _table_lines(agent_rows, ["agent", "node", "state", "ctx%", "queue", "tasks", "caps"])
+    return "\n".join(lines)
+
+
+def _table_lines(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns}
+    out = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
+    out += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) for r in rows]
+    return out
+
+
+async def _top(me: Any, args: argparse.Namespace) -> int:
+    tty = sys.stdout.isatty() and not args.once
+    frames = 1 if args.once else args.count
+    shown = 0
+    while frames is None or shown < frames:
+        agents = [a for a in await me.agents() if not str(a.get("name", "")).startswith("meshctl-")]
+        screen = _top_frame(await me.node_info(), await me.peers(), agents)
+        print(("\033[H\033[2J" if tty else "") + screen, flush=True)
+        shown += 1
+        if frames is not None and shown >= frames:
+            break
+        await asyncio.sleep(args.interval)
     return 0
 
 
@@ -301,6 +346,8 @@ async def _ctl(args: argparse.Namespace) -> int:
             print(f"reached {reached} subscriber(s)")
         elif args.cmd == "deadletters":
             return await _deadletters(me, args)
+        elif args.cmd == "top":
+            return await _top(me, args)
         elif args.cmd in ("tail", "agent"):
             done = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -355,6 +402,10 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("agent", help="attach a named agent that prints what it receives")
     p.add_argument("name")
     p.add_argument("--echo", action="store_true", help="answer each request with its payload")
+    t = sub.add_parser("top", help="live view of nodes and agents (state, context %%, queue depth)")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    t.add_argument("--count", type=int, default=None, help="stop after this many screens")
+    t.add_argument("--once", action="store_true", help="print one screen, no clearing (scripts)")
     d = sub.add_parser("deadletters", help="undeliverable messages kept by this daemon")
     dsub = d.add_subparsers(dest="dl_cmd", required=True)
     dl = dsub.add_parser("list", help="list dead letters")

@@ -125,6 +125,7 @@ class Peer:
     dir_version: int = -1
     agents: dict[str, dict[str, Any]] = field(default_factory=dict)
     last_sync_request: float = 0.0
+    telemetry: dict[str, Any] = field(default_factory=dict)  # agent name -> {state, telemetry}
     redial_backoff: float = 0.0
     redial_pending: bool = False
 
@@ -769,6 +770,11 @@ class Node:
         if kind != Kind.BYE and peer.state is not PeerState.ONLINE:
             self._set_peer_state(peer, PeerState.ONLINE)
         if kind == Kind.HEARTBEAT:
+            if len(frames) > 3 and frames[3]:
+                with contextlib.suppress(FrameError):
+                    body = P.unpack_body(frames[3], 256 * 1024)
+                    if isinstance(body, dict):
+                        peer.telemetry = body
             version = header.get(P.VER)
             if version != peer.dir_version and now - peer.last_sync_request > 0.5:
                 peer.last_sync_request = now
@@ -1514,7 +1520,9 @@ class Node:
         beats = 0
         while True:
             header = {P.KIND: Kind.HEARTBEAT, P.FROM: self.node_id, P.VER: self.dir_version}
-            packed = [P.SIGNATURE, P.pack(header), b""]
+            # The beat carries the local agents' latest telemetry (small: a few numbers each),
+            # so every node sees load and state mesh-wide without versioning the directory.
+            packed = [P.SIGNATURE, P.pack(header), P.pack(self._telemetry_body())]
             for peer in list(self.peers.values()):
                 if peer.dealer is not None:
                     try:
@@ -1621,13 +1629,18 @@ class Node:
 
     # ----------------------------------------------------------------------------- queries
 
+    def _telemetry_body(self) -> dict[str, Any]:
+        return {a.name: {"state": str(a.state), "telemetry": a.telemetry} for a in self.local.values()}
+
     def agent_list(self) -> list[dict[str, Any]]:
         agents = [a.record(self.node_id) | {"node_name": self.name} for a in self.local.values()]
         for peer in self.peers.values():
             if peer.state is PeerState.OFFLINE:
                 continue
-            for rec in peer.agents.values():
-                agents.append(dict(rec) | {"node": peer.node_id, "node_name": peer.name})
+            for name, rec in peer.agents.items():
+                live = peer.telemetry.get(name)
+                extra = live if isinstance(live, dict) else {}
+                agents.append(dict(rec) | extra | {"node": peer.node_id, "node_name": peer.name})
         return sorted(agents, key=lambda r: str(r.get("name")))
 
     def peer_list(self) -> list[dict[str, Any]]:

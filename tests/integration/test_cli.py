@@ -138,3 +138,35 @@ def test_default_socket_found_by_daemon_and_meshctl_alike(tmp_path: Path) -> Non
         assert daemon.wait(15) == 0
         import shutil
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_meshctl_top_shows_remote_agents_state_and_telemetry(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    code = (
+        "import asyncio\n"
+        "from meshd import Agent\n"
+        "async def main():\n"
+        f"    async with Agent('thinker', socket={str(b.socket)!r}, capabilities=['plan'],"
+        " heartbeat_interval=0.2) as me:\n"
+        "        me.set_telemetry(context_used_pct=42.0, tasks_summary='2 open')\n"
+        "        await asyncio.sleep(60)\n"
+        "asyncio.run(main())\n"
+    )
+    thinker = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        def seen_at_a() -> dict[str, object] | None:
+            rec = next((x for x in a.query("agents") if x["name"] == "thinker"), None)
+            tele = (rec or {}).get("telemetry") or {}
+            return rec if isinstance(tele, dict) and tele.get("context_used_pct") == 42.0 else None
+        rec = wait_until(seen_at_a, what="thinker's telemetry at the other node")
+        assert rec["state"] == "online"
+        top = ctl(a, "top", "--once")
+        assert top.returncode == 0, top.stderr
+        line = next(x for x in top.stdout.splitlines() if x.startswith("thinker"))
+        assert all(part in f" {line} " for part in (" b ", "online", "42", "2 open", "plan")), line
+        assert "peers online" in top.stdout
+    finally:
+        thinker.kill()
+        thinker.wait(5)
