@@ -12,6 +12,7 @@ parallel sessions never share hosts, and ``netlab down PREFIX`` always runs at t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -84,8 +85,8 @@ class NetnsDaemon(MeshdProcess):
     Popen pid is the daemon's own and SIGTERM reaches it)."""
 
     def __init__(self, netns: str, name: str, mesh: str, workdir: Path, args: list[str],
-                 secure: bool = False) -> None:
-        super().__init__(name, mesh, workdir, args, secure=secure)
+                 secure: bool = False, env: dict[str, str] | None = None) -> None:
+        super().__init__(name, mesh, workdir, args, secure=secure, env=env)
         self.netns = netns
 
     def command(self) -> list[str]:
@@ -193,19 +194,13 @@ def _prefix() -> str:
     return "mt" + "".join(random.choices(string.ascii_lowercase, k=4))
 
 
-@pytest.fixture(scope="module")
-def multihost(request: pytest.FixtureRequest) -> Iterator[MultiHost]:
-    """Three netlab hosts, each with a meshd and an echo agent; torn down completely afterwards."""
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    lab = Netlab(_prefix())
-    workdir = short_tempdir("mshmh-")
-    mh = MultiHost(lab, workdir, mesh=f"mh{uuid.uuid4().hex[:12]}")
+@contextlib.contextmanager
+def running(request: pytest.FixtureRequest, mh: MultiHost) -> Iterator[MultiHost]:
+    """Bring up ``mh``'s hosts and daemons; always tear everything down (logs shown on failure)."""
     failed_before = request.session.testsfailed
     ok = False
     try:
-        lab.up(HOSTS)
+        mh.lab.up(HOSTS)
         mh.start()
         ok = True
         yield mh
@@ -216,6 +211,17 @@ def multihost(request: pytest.FixtureRequest) -> Iterator[MultiHost]:
                 mh.dump_logs()
         finally:
             try:
-                lab.down()
+                mh.lab.down()
             finally:
-                shutil.rmtree(workdir, ignore_errors=True)
+                shutil.rmtree(mh.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def multihost(request: pytest.FixtureRequest) -> Iterator[MultiHost]:
+    """Three netlab hosts, each with a meshd and an echo agent; torn down completely afterwards."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    mh = MultiHost(Netlab(_prefix()), short_tempdir("mshmh-"), mesh=f"mh{uuid.uuid4().hex[:12]}")
+    with running(request, mh):
+        yield mh

@@ -19,12 +19,9 @@ otherwise. The lab (prefix of random letters) is removed at teardown whatever ha
 from __future__ import annotations
 
 import importlib.util
-import os
 import random
 import shutil
-import signal
 import string
-import subprocess
 import sys
 import time
 import uuid
@@ -35,12 +32,12 @@ from typing import Any
 
 import pytest
 
-from meshd.testing import MeshdProcess, short_tempdir
+from meshd.testing import short_tempdir
+
+from .conftest import FAST, Netlab, NetnsDaemon, skip_reason
 
 pytestmark = pytest.mark.multihost
 
-NETLAB = Path(__file__).resolve().parents[2].parent / "shared" / "netlab"
-FAST = ["--heartbeat-interval", "0.25", "--stale-after", "1", "--offline-after", "2"]
 PARTITION_S = 5.0
 LOSS_PCT = 20
 SENDER_HOST, RECEIVER_HOST = 1, 2
@@ -62,45 +59,8 @@ def _harness() -> ModuleType:
 H = _harness()
 
 
-def skip_reason() -> str | None:
-    if not sys.platform.startswith("linux"):
-        return "multi-host tests need Linux network namespaces"
-    if os.geteuid() != 0:
-        return "multi-host tests need root (they create network namespaces with netlab)"
-    if shutil.which("ip") is None:
-        return "multi-host tests need iproute2 (`ip` not found)"
-    if not NETLAB.is_file():
-        return f"multi-host tests need netlab, not found at {NETLAB}"
-    return None
-
-
 def netlab(*args: str) -> None:
-    done = subprocess.run(["bash", str(NETLAB), *args], capture_output=True, text=True, timeout=30)
-    if done.returncode != 0:
-        raise RuntimeError(f"netlab {' '.join(args)} failed ({done.returncode}): "
-                           f"{done.stderr.strip() or done.stdout.strip()}")
-
-
-class NetnsDaemon(MeshdProcess):
-    """``meshd run`` inside a host's namespace (``ip netns exec`` execs: the pid is the daemon's)."""
-
-    def __init__(self, netns: str, name: str, mesh: str, workdir: Path, args: list[str],
-                 env: dict[str, str]) -> None:
-        super().__init__(name, mesh, workdir, args, env=env)
-        self.netns = netns
-
-    def command(self) -> list[str]:
-        return ["ip", "netns", "exec", self.netns, *super().command()]
-
-    def terminate(self, timeout: float = 5.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+    Netlab("").run(*args)
 
 
 class Lab:

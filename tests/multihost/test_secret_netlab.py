@@ -3,7 +3,6 @@ and a daemon holding another secret on the same LAN that sees nothing and inject
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
 
@@ -12,7 +11,7 @@ import pytest
 from meshd.keys import create_mesh_secret
 from meshd.testing import short_tempdir, wait_until
 
-from .conftest import FAST, MultiHost, Netlab, NetnsDaemon, _prefix, skip_reason
+from .conftest import FAST, MultiHost, Netlab, NetnsDaemon, _prefix, running, skip_reason
 
 pytestmark = pytest.mark.multihost
 
@@ -22,28 +21,12 @@ def secret_mesh(request: pytest.FixtureRequest) -> Iterator[MultiHost]:
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    lab = Netlab(_prefix())
     workdir = short_tempdir("mshsec-")
     secret = workdir / "mesh.secret"
     create_mesh_secret(secret)
-    mh = MultiHost(lab, workdir, mesh=f"sec{uuid.uuid4().hex[:10]}", secret=secret)
-    failed_before = request.session.testsfailed
-    ok = False
-    try:
-        lab.up(3)
-        mh.start()
-        ok = True
+    mh = MultiHost(Netlab(_prefix()), workdir, mesh=f"sec{uuid.uuid4().hex[:10]}", secret=secret)
+    with running(request, mh):
         yield mh
-    finally:
-        try:
-            mh.close()
-            if not ok or request.session.testsfailed > failed_before:
-                mh.dump_logs()
-        finally:
-            try:
-                lab.down()
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_secret_mode_across_three_hosts(secret_mesh: MultiHost) -> None:
