@@ -115,6 +115,12 @@ def test_bad_config_names_the_key_and_exits_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "port" in r.stderr and "MESHD_PORT" in r.stderr
     r = run("--port", "-1")
     assert r.returncode == 2 and "port" in r.stderr
+    # under systemd, ConfigurationDirectory= is where the file is found without --config
+    confdir = tmp_path / "etc-meshd"
+    confdir.mkdir()
+    (confdir / "meshd.toml").write_text("hop_limit = 0\n")
+    r = run(env={**os.environ, "CONFIGURATION_DIRECTORY": str(confdir)})
+    assert r.returncode == 2 and "hop_limit" in r.stderr
 
 
 def test_default_socket_found_by_daemon_and_meshctl_alike(tmp_path: Path) -> None:
