@@ -12,6 +12,7 @@ per-frame Python work, including enum flag arithmetic) with a loop over the Cyth
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgpack
 import zmq
@@ -21,7 +22,7 @@ N = 3000
 NOBLOCK, SNDMORE, RCVMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.RCVMORE)
 
 
-def pair(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:
+def pair(ctx: zmq.Context[Any], name: str) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
     a, b = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
     for s in (a, b):
         s.setsockopt(zmq.SNDHWM, 0)
@@ -32,12 +33,12 @@ def pair(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:
     return a, b
 
 
-def fwd_sugar(src: zmq.Socket, dst: zmq.Socket, n: int) -> None:
+def fwd_sugar(src: zmq.Socket[Any], dst: zmq.Socket[Any], n: int) -> None:
     for _ in range(n):
         dst.send_multipart(src.recv_multipart(zmq.NOBLOCK), zmq.NOBLOCK)
 
 
-def fwd_base(src: zmq.Socket, dst: zmq.Socket, n: int) -> None:
+def fwd_base(src: zmq.Socket[Any], dst: zmq.Socket[Any], n: int) -> None:
     recv, send, get = BaseSocket.recv, BaseSocket.send, BaseSocket.get
     for _ in range(n):
         parts = [recv(src, NOBLOCK)]
@@ -48,7 +49,7 @@ def fwd_base(src: zmq.Socket, dst: zmq.Socket, n: int) -> None:
             send(dst, p, (NOBLOCK | SNDMORE) if i < last else NOBLOCK)
 
 
-def fwd_frames(src: zmq.Socket, dst: zmq.Socket, n: int) -> None:
+def fwd_frames(src: zmq.Socket[Any], dst: zmq.Socket[Any], n: int) -> None:
     recv, send = BaseSocket.recv, BaseSocket.send
     for _ in range(n):
         parts = [recv(src, NOBLOCK, copy=False)]

@@ -1,0 +1,181 @@
+"""The processes the orchestrator starts: helper roles and ``meshd run`` daemons.
+
+Both are started by ``spawn`` (cwd = the repo, output into a log file) and ended by ``end``, by
+PID: ask first (EOF on stdin for a helper, SIGTERM for a daemon), SIGKILL when that takes too long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from common import BENCH_DIR, LOOPBACK, REPO
+
+Proc = subprocess.Popen[bytes]
+
+
+def spawn(cmd: list[str], log_path: Path, *, talk: bool) -> Proc:
+    """Start ``cmd`` in the repo with its stderr in ``log_path``. ``talk``: JSON lines over
+    stdin/stdout (helpers); otherwise stdout goes to the log too and stdin is /dev/null (daemons)."""
+    with open(log_path, "ab") as log:
+        if talk:
+            return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                    cwd=str(REPO))
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=str(REPO))
+
+
+def end(proc: Proc, ask: Callable[[], None] | None = None, grace: float = 0.0) -> None:
+    """End ``proc`` by its PID: ``ask`` it to exit and wait up to ``grace`` s, then SIGKILL."""
+    if ask is not None:
+        with contextlib.suppress(Exception):
+            ask()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(grace)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(5)
+
+
+def log_tail(path: Path, chars: int) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except FileNotFoundError:
+        return ""
+
+
+class Helper:
+    """One helper process (``bench.py --role``): JSON lines out (read by a thread), JSON lines in."""
+
+    def __init__(self, role: str, cfg: dict[str, Any], logdir: Path, tag: str) -> None:
+        self.role = role
+        self.tag = tag
+        self.log_path = logdir / f"{tag}.log"
+        self.proc = spawn([sys.executable, str(BENCH_DIR / "bench.py"), "--role", role,
+                           "--cfg", json.dumps(cfg)], self.log_path, talk=True)
+        self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.seen: dict[str, dict[str, Any]] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            try:
+                self.lines.put(json.loads(raw))
+            except json.JSONDecodeError:
+                continue
+        self.lines.put(None)
+
+    def wait(self, event: str, timeout: float) -> dict[str, Any]:
+        """The helper's ``event`` message (remembered: asking twice returns the same one)."""
+        if event in self.seen:
+            return self.seen[event]
+        end_at = time.monotonic() + timeout
+        while True:
+            left = end_at - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.tag}: no {event!r} within {timeout:g} s\n{self.stderr()}")
+            try:
+                msg = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if msg is None:
+                raise RuntimeError(f"{self.tag} exited before {event!r}:\n{self.stderr()}")
+            self.seen[str(msg.get("event"))] = msg
+            if msg.get("event") == event:
+                return msg
+
+    def send(self, **cmd: Any) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    def stderr(self) -> str:
+        return log_tail(self.log_path, 3000)
+
+    def finish(self, timeout: float = 5.0) -> None:
+        """Close stdin (the helper's stop signal), wait, and kill it by PID if it lingers."""
+        assert self.proc.stdin is not None
+        end(self.proc, self.proc.stdin.close, timeout)
+
+
+class Daemon:
+    """One ``meshd run`` subprocess bound to 127.0.0.1, with a pre-made node id.
+
+    ``secure``: CurveZMQ on (no ``--insecure``); the caller creates the keypair and the
+    authorized-keys folder in ``state_dir`` before ``start`` (see ``Bench.secure_pair``).
+    """
+
+    def __init__(self, name: str, mesh: str, workdir: Path, secure: bool = False) -> None:
+        self.name = name
+        self.dir = workdir / name
+        self.state_dir = self.dir / "state"
+        self.state_dir.mkdir(parents=True, mode=0o700)
+        self.node_id = os.urandom(8).hex()
+        (self.state_dir / "node_id").write_text(self.node_id + "\n")
+        self.socket = self.dir / "s.sock"
+        self.log_path = self.dir / "meshd.log"
+        self.secure = secure
+        self.cmd = [sys.executable, "-m", "meshd", "run", "--name", name, "--mesh", mesh,
+                    "--interface", LOOPBACK, "--state-dir", str(self.state_dir),
+                    "--socket", str(self.socket)] + ([] if secure else ["--insecure"])
+        self.proc: Proc | None = None
+        self.spawned_at = 0.0
+
+    def start(self) -> None:
+        self.spawned_at = time.monotonic()
+        self.proc = spawn(self.cmd, self.log_path, talk=False)
+
+    def wait_ready(self, timeout: float = 15.0) -> float:
+        end_at = time.monotonic() + timeout
+        while not self.socket.exists():
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"meshd {self.name} exited {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > end_at:
+                raise TimeoutError(f"meshd {self.name} not ready after {timeout:g} s:\n{self.log()}")
+            time.sleep(0.005)
+        return time.monotonic() - self.spawned_at
+
+    def stop(self) -> None:
+        """SIGTERM (clean shutdown), SIGKILL if it does not exit in time."""
+        if self.proc is not None:
+            proc = self.proc
+            end(proc, lambda: proc.send_signal(signal.SIGTERM), 8)
+
+    def log(self) -> str:
+        return log_tail(self.log_path, 4000)
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(d: Daemon) -> float:
+    """User+system CPU seconds a daemon has used so far (from /proc; 0 if it is gone)."""
+    if d.proc is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{d.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def cpu_meter(daemons: Iterable[Daemon]) -> Callable[[], dict[str, float]]:
+    """Start measuring: the returned function gives each daemon's CPU seconds since this call."""
+    daemons = tuple(daemons)
+    start = {d.name: cpu_seconds(d) for d in daemons}
+    return lambda: {d.name: cpu_seconds(d) - start[d.name] for d in daemons}
