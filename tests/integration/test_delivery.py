@@ -4,6 +4,7 @@ backpressure, qos 1 and dead letters."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -336,6 +337,13 @@ def test_qos1_waits_for_an_absent_receiver_then_dead_letters_and_replays(meshd_f
                               capture_output=True, text=True, timeout=30)
     listed = ctl("deadletters", "list")
     assert listed.returncode == 0 and "UNDELIVERABLE" in listed.stdout
+    shown = ctl("deadletters", "show", str(letters[0]["seq"]))
+    assert shown.returncode == 0, shown.stderr
+    detail = json.loads(shown.stdout)
+    assert detail["reason"] == "UNDELIVERABLE" and detail["to"] == "latecomer" and detail["attempts"] >= 0
+    assert detail["frames"][0] == P.SIGNATURE.hex()  # the whole message is kept, for replay
+    missing = ctl("deadletters", "show", "999999")
+    assert missing.returncode == 1 and "no dead letter" in missing.stderr
 
     async def replay_to_receiver() -> list[Any]:
         handled: list[Any] = []
