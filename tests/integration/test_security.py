@@ -192,6 +192,17 @@ def test_meshctl_keys_round_trip(tmp_path: Path) -> None:
     assert other not in ctl("list", "--json").stdout
     bad = ctl("trust", "peer-2", "not-a-key")
     assert bad.returncode == 2 and "not a CURVE public key" in bad.stderr
+    # export writes the public certificate another node can trust as a file
+    cert = tmp_path / "me.key"
+    assert ctl("export", "-o", str(cert)).returncode == 0
+    assert "secret-key" not in cert.read_text()
+    assert ctl("trust", "me-again", str(cert)).returncode == 0
+    assert load_or_create_node_keys(state).public in ctl("list", "--json").stdout
+    # a mesh secret is created 0600 and never overwritten
+    secret = tmp_path / "mesh.secret"
+    assert ctl("secret", str(secret)).returncode == 0
+    assert oct(secret.stat().st_mode & 0o777) == "0o600"
+    assert ctl("secret", str(secret)).returncode == 1
 
 
 def test_oversized_payload_refused_at_the_client_and_peer_frames_disconnect_only_that_peer(
