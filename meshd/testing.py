@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import os
 import shutil
 import signal
@@ -45,6 +46,40 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
         if time.monotonic() > end:
             raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+async def async_wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,
+                           what: str = "condition") -> Any:
+    """``wait_until`` inside a test's event loop; ``predicate`` may be sync or async."""
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def wait_listed(agent: Agent, *names: str, present: bool = True, timeout: float = 10.0) -> None:
+    """Wait until ``agent``'s daemon lists every one of ``names`` (or none, with present=False)."""
+    async def check() -> bool:
+        listed = {a["name"] for a in await agent.agents()}
+        return set(names) <= listed if present else not set(names) & listed
+    await async_wait_until(check, timeout, 0.05, what=f"{names} {'listed' if present else 'gone'}")
+
+
+def pip_install(source: Path, target: Path) -> None:
+    """Install a plugin distribution into ``target`` offline, as a third party would ship it;
+    put ``target`` on a daemon's PYTHONPATH and its entry points are found."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+         "--disable-pip-version-check", "--no-cache-dir", "--target", str(target), str(source)],
+        capture_output=True, text=True, timeout=180)
+    if r.returncode != 0:
+        raise RuntimeError(f"pip install of {source} failed:\n{r.stdout}\n{r.stderr}")
 
 
 class MeshdProcess:
@@ -118,6 +153,10 @@ class MeshdProcess:
                 if what == "peers":
                     return await me.peers()
                 return await me.node_info()
+        return self._run(ask)
+
+    @staticmethod
+    def _run(ask: Callable[[], Any]) -> Any:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -138,6 +177,13 @@ class MeshdProcess:
     @property
     def router(self) -> str:
         return str(self.info()["routers"][0])
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """The daemon's dead letters (``meshctl deadletters list``)."""
+        async def ask() -> Any:
+            async with Agent(f"probe-{uuid.uuid4().hex[:8]}", socket=self.socket) as me:
+                return await me.admin("deadletters.list")
+        return list(self._run(ask))
 
     def peer_states(self) -> dict[str, str]:
         return {p["node"]: p["state"] for p in self.query("peers")}
@@ -228,4 +274,5 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return rep
 
 
-__all__ = ["MeshdFactory", "MeshdProcess", "meshd_factory", "short_tempdir", "wait_until"]
+__all__ = ["MeshdFactory", "MeshdProcess", "async_wait_until", "meshd_factory", "pip_install",
+           "short_tempdir", "wait_listed", "wait_until"]

@@ -35,12 +35,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from meshd import Agent
 from meshd.errors import MeshError
+from meshd.testing import wait_until
 
 
 async def _connect(args: argparse.Namespace, deadline: float) -> Agent:
@@ -222,23 +222,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
-
-
 def dead_letters(proc: Any) -> list[dict[str, Any]]:
     """The daemon's dead letters (``proc`` is a meshd.testing.MeshdProcess)."""
-    async def ask() -> Any:
-        async with Agent(f"dl-{os.urandom(3).hex()}", socket=proc.socket) as me:
-            return await me.admin("deadletters.list")
-    return list(asyncio.run(ask()))
+    return list(proc.dead_letters())
 
 
 def agent_listed(proc: Any, name: str) -> bool:
@@ -276,7 +262,7 @@ class Stream:
         ready.unlink(missing_ok=True)
         self.receiver = proc = self._popen("receiver", "--socket", str(self.b.socket), "--name", self.rx,
                                            "--out", str(self.recv_out), *extra)
-        wait_until(lambda: ready.exists() or proc.poll() is not None, 15, "the receiving agent")
+        wait_until(lambda: ready.exists() or proc.poll() is not None, 15, what="the receiving agent")
         assert proc.poll() is None, self.agent_log("receiver")
 
     def start_sender(self, *extra: str) -> None:
@@ -299,10 +285,11 @@ class Stream:
             return ""
 
     def wait_handled(self, n: int, timeout: float = 20.0) -> None:
-        wait_until(lambda: count_lines(self.recv_out) >= n, timeout, f"{n} handler runs", interval=0.005)
+        wait_until(lambda: count_lines(self.recv_out) >= n, timeout, what=f"{n} handler runs", interval=0.005)
 
     def wait_confirmed(self, n: int, timeout: float = 20.0) -> None:
-        wait_until(lambda: count_lines(self.sent_out) >= n, timeout, f"{n} confirmed sends", interval=0.005)
+        wait_until(lambda: count_lines(self.sent_out) >= n, timeout, what=f"{n} confirmed sends",
+                   interval=0.005)
 
     def cleanup(self) -> None:
         for proc in self.started:  # only the agent processes this stream started
@@ -330,9 +317,9 @@ class Stream:
         def all_handled() -> bool:
             return set(read_confirmed(self.sent_out)) <= set(read_handled(self.recv_out))
 
-        wait_until(all_handled, timeout, "every confirmed message handled", interval=0.1)
+        wait_until(all_handled, timeout, what="every confirmed message handled", interval=0.1)
         wait_until(lambda: self.a.query("node")["qos1"]["pending"] == 0, timeout,
-                   "the sending daemon's outbox to drain", interval=0.1)
+                   what="the sending daemon's outbox to drain", interval=0.1)
         time.sleep(0.3)  # acks and suppressed retries in flight
         return self.summary(scenario)
 

@@ -17,7 +17,7 @@ import zmq
 
 from meshd import DEFER, Agent, HopLimit, InboxFull, RequestTimeout
 from meshd import protocol as P
-from meshd.testing import MeshdFactory, MeshdProcess
+from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed
 
 
 def three(meshd_factory: MeshdFactory, *extra: str) -> tuple[MeshdProcess, MeshdProcess, MeshdProcess]:
@@ -26,13 +26,6 @@ def three(meshd_factory: MeshdFactory, *extra: str) -> tuple[MeshdProcess, Meshd
     c = meshd_factory.spawn("c", *extra)
     meshd_factory.wait_mesh([a, b, c])
     return a, b, c
-
-
-async def until_listed(agent: Agent, *names: str, timeout: float = 10) -> None:
-    end = time.monotonic() + timeout
-    while not set(names) <= {a["name"] for a in await agent.agents()}:
-        assert time.monotonic() < end, f"{names} never all listed"
-        await asyncio.sleep(0.05)
 
 
 def test_delegate_chain_and_hop_limit(meshd_factory: MeshdFactory) -> None:
@@ -65,7 +58,7 @@ def test_delegate_chain_and_hop_limit(meshd_factory: MeshdFactory) -> None:
                 await ping.delegate(msg, "middle")
                 return DEFER
 
-            await until_listed(asker, "middle", "expert", "ping")
+            await wait_listed(asker, "middle", "expert", "ping")
             reply = await asker.request("middle", "question", {"q": "life"}, timeout=5)
             assert reply == {"answer": 42, "asked_by": "asker"}
             sender, reply_to, corr, hops = seen["expert"]
@@ -77,15 +70,8 @@ def test_delegate_chain_and_hop_limit(meshd_factory: MeshdFactory) -> None:
                 await asker.request("middle", "loop", {}, timeout=10)
             assert time.monotonic() - t0 < 5
     asyncio.run(scenario())
-    letters = [d for p in (a, b, c) for d in _dead_letters(p)]
+    letters = [d for p in (a, b, c) for d in p.dead_letters()]
     assert any(d["reason"] == "HOP_LIMIT" for d in letters), letters
-
-
-def _dead_letters(proc: MeshdProcess) -> list[dict[str, Any]]:
-    async def ask() -> Any:
-        async with Agent(f"dl-{os.urandom(3).hex()}", socket=proc.socket) as me:
-            return await me.admin("deadletters.list")
-    return list(asyncio.run(ask()))
 
 
 def test_handoff_accept_reject_and_handler_error(meshd_factory: MeshdFactory) -> None:
@@ -104,7 +90,7 @@ def test_handoff_accept_reject_and_handler_error(meshd_factory: MeshdFactory) ->
                     raise RuntimeError("disk on fire")
                 return {"accepted": True, "data": {"queued": task["context"]["step"]}}
 
-            await until_listed(boss, "worker")
+            await wait_listed(boss, "worker")
             ok = await boss.handoff("worker", "t-1", context={"step": 3}, artifacts=["a.txt"], timeout=5)
             assert ok.accepted and ok.data == {"queued": 3}
             no = await boss.handoff("worker", "too-big", timeout=5)
@@ -158,14 +144,14 @@ def test_progress_cancel_and_expired_deadline(meshd_factory: MeshdFactory) -> No
                     started.append("relay-refused")
                 return DEFER
 
-            await until_listed(req, "slow", "relay")
+            await wait_listed(req, "slow", "relay")
             notes: list[str] = []
             reply = await req.request("slow", "think", {"n": "1"}, timeout=5, on_progress=notes.append)
             assert reply == "thought"
             assert notes == ["step 0", "step 1", "step 2"]
 
             task = asyncio.ensure_future(req.request("slow", "forever", {}, timeout=30))
-            await asyncio_wait_until(lambda: "forever" in started)
+            await async_wait_until(lambda: "forever" in started)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -173,7 +159,7 @@ def test_progress_cancel_and_expired_deadline(meshd_factory: MeshdFactory) -> No
 
             with pytest.raises(RequestTimeout):
                 await req.request("relay", "think", {"n": "late"}, timeout=0.5)
-            await asyncio_wait_until(lambda: "relay-refused" in started)
+            await async_wait_until(lambda: "relay-refused" in started)
             assert "relay-told" in started
             assert "late" not in started  # a delegated request whose deadline passed is not started
     asyncio.run(scenario())
@@ -190,7 +176,7 @@ def test_progress_cancel_and_expired_deadline(meshd_factory: MeshdFactory) -> No
             ran: list[Any] = []
             slow2.on("think")(lambda m: ran.append(m))
             async with Agent("watch", socket=a.socket) as watch:
-                await until_listed(watch, "slow2")
+                await wait_listed(watch, "slow2")
             raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
                                 msgpack.packb({"name": "rawrelay"})])
             assert raw.poll(5000)
@@ -212,13 +198,6 @@ def test_progress_cancel_and_expired_deadline(meshd_factory: MeshdFactory) -> No
     finally:
         raw.close(0)
         ctx.term()
-
-
-async def asyncio_wait_until(check: Any, timeout: float = 10) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < end, "condition not met"
-        await asyncio.sleep(0.01)
 
 
 def _rss_kib(pid: int) -> int:
@@ -254,7 +233,7 @@ def test_inbox_full_backpressure_and_bounded_memory(meshd_factory: MeshdFactory)
             def on_error(err: Any, corr: Any) -> None:
                 counts["inbox_full" if isinstance(err, InboxFull) else "other"] += 1
             me.on_error = on_error
-            await until_listed(me, "stuck")
+            await wait_listed(me, "stuck")
             payload = {"blob": "x" * 200}
             rss_before = _rss_kib(b.pid)
             for i in range(50_000):
@@ -295,10 +274,10 @@ def test_qos1_send_is_durable_and_handled_once(meshd_factory: MeshdFactory) -> N
                 Agent("consumer", socket=b.socket) as consumer:
             handled: list[int] = []
             consumer.on("job")(lambda m: handled.append(m.payload["i"]))
-            await until_listed(producer, "consumer")
+            await wait_listed(producer, "consumer")
             await asyncio.gather(*(producer.send("consumer", "job", {"i": i}, qos=1) for i in range(500)))
-            await asyncio_wait_until(lambda: len(handled) >= 500)
-            await asyncio_wait_until(lambda: producer_pending(a) == 0)
+            await async_wait_until(lambda: len(handled) >= 500)
+            await async_wait_until(lambda: producer_pending(a) == 0)
             assert sorted(handled) == list(range(500))
     asyncio.run(scenario())
 
@@ -322,13 +301,13 @@ def test_qos1_waits_for_an_absent_receiver_then_dead_letters_and_replays(meshd_f
             handled: list[Any] = []
             async with Agent("latecomer", socket=b.socket) as late:
                 late.on("job")(lambda m: handled.append(m.payload))
-                await asyncio_wait_until(lambda: handled == [{"i": 1}])  # it waited, then arrived
+                await async_wait_until(lambda: handled == [{"i": 1}])  # it waited, then arrived
             # now the receiver is gone for good: after the ttl it becomes a dead letter
             await producer.send("latecomer", "job", {"i": 2}, qos=1)
-            await asyncio_wait_until(lambda: errors, timeout=10)
+            await async_wait_until(lambda: errors, timeout=10)
             assert errors[0].code == "UNDELIVERABLE"
     asyncio.run(scenario())
-    letters = [d for d in _dead_letters(a) if d["reason"] == "UNDELIVERABLE"]
+    letters = [d for d in a.dead_letters() if d["reason"] == "UNDELIVERABLE"]
     assert letters and letters[0]["to"] == "latecomer"
 
     def ctl(*args: str) -> subprocess.CompletedProcess[str]:
@@ -350,10 +329,10 @@ def test_qos1_waits_for_an_absent_receiver_then_dead_letters_and_replays(meshd_f
         async with Agent("latecomer", socket=b.socket) as late:
             late.on("job")(lambda m: handled.append(m.payload))
             async with Agent("checker", socket=a.socket) as checker:
-                await until_listed(checker, "latecomer")
+                await wait_listed(checker, "latecomer")
             replay = ctl("deadletters", "replay", "--reason", "UNDELIVERABLE")
             assert replay.returncode == 0 and "replayed 1" in replay.stdout, replay
-            await asyncio_wait_until(lambda: handled)
+            await async_wait_until(lambda: handled)
         return handled
     assert asyncio.run(replay_to_receiver()) == [{"i": 2}]
     assert ctl("deadletters", "purge").returncode == 0
@@ -381,22 +360,15 @@ def test_qos1_publish_reaches_durable_subscribers_once(meshd_factory: MeshdFacto
                 recs = {r["name"]: r for r in await pub.agents()}
                 return all(n in recs for n in ("keeper", "glance", "local")) and \
                     "ledger" in recs["keeper"].get("durable", [])
-            await wait_until_async(ready)
+            await async_wait_until(ready)
             counts = await asyncio.gather(*(pub.publish("ledger", {"i": i}, qos=1) for i in range(300)))
             assert set(counts) == {3}
-            await asyncio_wait_until(lambda: len(kept) >= 300 and len(locals_) >= 300 and len(glanced) >= 300)
+            await async_wait_until(lambda: len(kept) >= 300 and len(locals_) >= 300 and len(glanced) >= 300)
             await asyncio.sleep(0.2)
             assert sorted(kept) == list(range(300)) and sorted(locals_) == list(range(300))
             assert sorted(glanced) == list(range(300))
-            await asyncio_wait_until(lambda: producer_pending(a) == 0)
+            await async_wait_until(lambda: producer_pending(a) == 0)
     asyncio.run(scenario())
-
-
-async def wait_until_async(check: Any, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < end, "condition not met"
-        await asyncio.sleep(0.05)
 
 
 def test_cancel_follows_a_delegation(meshd_factory: MeshdFactory) -> None:
@@ -423,7 +395,7 @@ def test_cancel_follows_a_delegation(meshd_factory: MeshdFactory) -> None:
                     raise
                 return "never"
 
-            await until_listed(boss, "manager", "worker")
+            await wait_listed(boss, "manager", "worker")
             task = asyncio.ensure_future(boss.request("manager", "job", {}, timeout=30))
             await asyncio.wait_for(started.wait(), 5)
             task.cancel()
@@ -449,7 +421,7 @@ def test_sigterm_with_unacked_qos1_and_a_paused_peer(meshd_factory: MeshdFactory
         async with Agent("consumer", socket=b.socket) as consumer:
             consumer.on("job")(lambda m: handled.append(m.payload["i"]))
             async with Agent("producer", socket=a.socket) as producer:
-                await until_listed(producer, "consumer")
+                await wait_listed(producer, "consumer")
                 os.kill(b.pid, sig.SIGSTOP)
                 try:
                     await asyncio.gather(*(producer.send("consumer", "job", {"i": i}, qos=1)
@@ -462,7 +434,7 @@ def test_sigterm_with_unacked_qos1_and_a_paused_peer(meshd_factory: MeshdFactory
                     a.start()
                 finally:
                     os.kill(b.pid, sig.SIGCONT)
-                await asyncio_wait_until(lambda: len(handled) >= 200, timeout=30)
-                await asyncio_wait_until(lambda: producer_pending(a) == 0, timeout=30)
+                await async_wait_until(lambda: len(handled) >= 200, timeout=30)
+                await async_wait_until(lambda: producer_pending(a) == 0, timeout=30)
     asyncio.run(scenario())
     assert sorted(handled) == list(range(200)), f"{len(handled)} handled, {len(set(handled))} unique"

@@ -15,7 +15,7 @@ import zmq
 
 from meshd import Agent, HandlerError, NameTaken, NoSuchAgent
 from meshd import protocol as P
-from meshd.testing import MeshdFactory, wait_until
+from meshd.testing import MeshdFactory, async_wait_until, wait_listed, wait_until
 
 
 def agent_names(proc: Any) -> set[str]:
@@ -51,7 +51,7 @@ def test_send_request_publish_across_daemons(meshd_factory: MeshdFactory) -> Non
             def note(msg: Any) -> None:
                 got.put_nowait(msg)
 
-            await wait_for_directory(planner, "researcher")
+            await wait_listed(planner, "researcher")
             reply = await planner.request("researcher", "verify", {"claim": "x"}, timeout=5)
             assert reply == {"ok": True, "claim": "x", "from": "planner"}
             # name@node addressing
@@ -73,38 +73,22 @@ def test_send_request_publish_across_daemons(meshd_factory: MeshdFactory) -> Non
             await planner.subscribe("findings")  # idempotent
             topics: asyncio.Queue[Any] = asyncio.Queue()
             planner.on("findings")(lambda m: topics.put_nowait(m))
-            await wait_until_async(lambda: researcher_sees_subscriber(researcher, "findings"))
+            await async_wait_until(lambda: researcher_sees_subscriber(researcher, "findings"))
             assert await researcher.publish("findings", {"f": 1}) == 1
             assert await researcher.publish("findings-other", {"f": 2}) == 0
             m = await asyncio.wait_for(topics.get(), 5)
             assert (m.kind, m.topic, m.payload, m.sender) == ("publish", "findings", {"f": 1}, "researcher")
             await planner.unsubscribe("findings")
             await planner.unsubscribe("findings")
-            await wait_until_async(lambda: researcher_sees_subscriber(researcher, "findings", 0))
+            await async_wait_until(lambda: researcher_sees_subscriber(researcher, "findings", 0))
             assert await researcher.publish("findings", {"f": 3}) == 0
 
     asyncio.run(scenario())
 
 
-async def wait_for_directory(agent: Agent, name: str, present: bool = True, timeout: float = 10) -> None:
-    async def check() -> bool:
-        return (name in {a["name"] for a in await agent.agents()}) is present
-    await wait_until_async(check, timeout)
-
-
 async def researcher_sees_subscriber(agent: Agent, topic: str, count: int = 1) -> bool:
     n = sum(1 for a in await agent.agents() if topic in (a.get("topics") or []))
     return n == count
-
-
-async def wait_until_async(check: Any, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while True:
-        if await check():
-            return
-        if time.monotonic() > end:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(0.02)
 
 
 def test_unknown_agent_fails_fast_and_handler_errors_come_back(meshd_factory: MeshdFactory) -> None:
@@ -126,7 +110,7 @@ def test_unknown_agent_fails_fast_and_handler_errors_come_back(meshd_factory: Me
             with pytest.raises(NoSuchAgent):
                 await asker.request("nobody", "x", {}, timeout=30)
             assert time.monotonic() - t0 < 5, "NO_SUCH_AGENT must come back at once, not at the timeout"
-            await wait_for_directory(asker, "worker")
+            await wait_listed(asker, "worker")
             with pytest.raises(HandlerError) as info:
                 await asker.request("worker", "boom", {}, timeout=5)
             assert info.value.remote_type == "KeyError" and "no such key" in info.value.message
@@ -137,14 +121,10 @@ def test_unknown_agent_fails_fast_and_handler_errors_come_back(meshd_factory: Me
             errors: list[Any] = []
             asker.on_error = lambda err, corr: errors.append(err)
             await asker.send("nobody", "x", {})
-            await wait_until_async(lambda: _true(bool(errors)))
+            await async_wait_until(lambda: errors)
             assert isinstance(errors[0], NoSuchAgent)
 
     asyncio.run(scenario())
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 def test_duplicate_name_refused_anywhere_in_the_mesh(meshd_factory: MeshdFactory) -> None:
@@ -157,7 +137,7 @@ def test_duplicate_name_refused_anywhere_in_the_mesh(meshd_factory: MeshdFactory
             with pytest.raises(NameTaken, match="this node"):
                 async with Agent("unique", socket=a.socket):
                     pass
-            await wait_for_directory(first, "unique")
+            await wait_listed(first, "unique")
             wait_until(lambda: "unique" in agent_names(b))
             with pytest.raises(NameTaken, match=a.node_id):
                 async with Agent("unique", socket=b.socket):
@@ -225,7 +205,7 @@ def test_static_peers_and_gossip_without_mdns(meshd_factory: MeshdFactory) -> No
     async def scenario() -> None:
         async with Agent("echo", socket=b.socket) as echo, Agent("caller", socket=c.socket) as caller:
             echo.on("ping")(lambda m: m.payload)
-            await wait_for_directory(caller, "echo")
+            await wait_listed(caller, "echo")
             assert await caller.request("echo", "ping", [1, 2], timeout=5) == [1, 2]
 
     asyncio.run(scenario())
@@ -279,7 +259,7 @@ def test_malformed_frames_counted_and_daemon_keeps_serving(meshd_factory: MeshdF
         async def still_serving() -> None:
             async with Agent("svc", socket=b.socket) as svc, Agent("cli", socket=a.socket) as cli:
                 svc.on("ok")(lambda m: "fine")
-                await wait_for_directory(cli, "svc")
+                await wait_listed(cli, "svc")
                 assert await cli.request("svc", "ok", None, timeout=5) == "fine"
 
         asyncio.run(still_serving())

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -15,7 +13,7 @@ from typing import Any
 import pytest
 
 from meshd import Agent, NoSuchAgent
-from meshd.testing import MeshdFactory, wait_until
+from meshd.testing import MeshdFactory, pip_install, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,12 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def installed_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("site")
-    r = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-         "--disable-pip-version-check", "--no-cache-dir", "--target", str(target),
-         str(REPO / "plugins" / "meshd-example-observer")],
-        capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, f"pip install of the example plugin failed:\n{r.stdout}\n{r.stderr}"
+    pip_install(REPO / "plugins" / "meshd-example-observer", target)
     return target
 
 

@@ -8,8 +8,6 @@ import asyncio
 import itertools
 import re
 import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from meshd import Agent, NoSuchAgent
-from meshd.testing import MeshdFactory, MeshdProcess, wait_until
+from meshd.testing import MeshdFactory, MeshdProcess, pip_install, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 REQUESTS = 5
@@ -33,12 +31,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 @pytest.fixture(scope="module")
 def installed_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("prom-site")
-    r = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-         "--disable-pip-version-check", "--no-cache-dir", "--target", str(target),
-         str(REPO / "plugins" / "meshd-prometheus")],
-        capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, f"pip install of meshd-prometheus failed:\n{r.stdout}\n{r.stderr}"
+    pip_install(REPO / "plugins" / "meshd-prometheus", target)
     return target
 
 

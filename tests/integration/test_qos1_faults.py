@@ -104,7 +104,8 @@ def test_kill9_receiving_daemon(stream: Any, trigger: str) -> None:
     b.start()
     try:
         H.wait_until(lambda: H.agent_listed(b, stream.rx), 10,
-                     "the receiving agent to register again after its daemon restarted", interval=0.1)
+                     what="the receiving agent to register again after its daemon restarted",
+                     interval=0.1)
     except TimeoutError:
         stream.notes.append("the receiving agent did not register again by itself: restarted it")
         assert stream.receiver is not None
@@ -206,6 +207,6 @@ def test_handled_unit_is_not_dead_lettered_when_its_ack_died_with_the_sender(
     assert a.proc is not None
     a.proc.wait(5)
     a.start()
-    H.wait_until(lambda: a.query("node")["qos1"]["pending"] == 0, 15, "a's outbox to settle")
+    H.wait_until(lambda: a.query("node")["qos1"]["pending"] == 0, 15, what="a's outbox to settle")
     letters = H.dead_letters(a)
     assert not letters, [(d["reason"], d["detail"]) for d in letters]
