@@ -229,7 +229,6 @@ class Node:
             self.plugins.register(JsonlDeadLetterSink(settings.state_dir / "deadletters.jsonl"),
                                   name="meshd.jsonl_dead_letters")
         self.outcomes = Outcomes(self.plugins)
-        self._bounced_code: str | None = None
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -937,9 +936,7 @@ class Node:
             self._route(to, header, frames[1:])
             return
         sends = self.outcomes.outgoing(header, frames[1:])
-        self._bounced_code = None
-        self._route(to, header, frames[1:])
-        self.outcomes.sends_routed(sends, self._last_bounce())
+        self.outcomes.sends_routed(sends, self._route(to, header, frames[1:]))
 
     def _refuse(self, rid: bytes, header: dict[str, Any], frames: list[bytes], code: str,
                 message: str) -> None:
@@ -952,76 +949,79 @@ class Node:
         for msg_id in ids:
             self._send_agent_error(rid, msg_id, code, message)
 
-    def _route(self, to: str, header: dict[str, Any], msg: list[bytes]) -> None:
-        """Deliver ``msg`` (signature, header, payload frames) to agent ``to`` wherever it is."""
+    def _route(self, to: str, header: dict[str, Any], msg: list[bytes]) -> str | None:
+        """Deliver ``msg`` (signature, header, payload frames) to agent ``to`` wherever it is.
+
+        Returns None when it went on its way, else the error code it bounced with.
+        """
         name, _, node = to.partition("@")
         agent = self.local.get(name)
         if agent is not None and (not node or node in (self.node_id, self.name)):
-            self._deliver_local(agent, header, msg, self.node_id)
-            return
+            return self._deliver_local(agent, header, msg, self.node_id)
         peer = self.remote.get(name)
         if peer is None or (node and node not in (peer.node_id, peer.name)):
-            self._bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"no agent named {to!r} in the mesh")
-            return
+            return self._bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"no agent named {to!r} in the mesh")
         if peer.state is PeerState.OFFLINE or peer.dealer is None:
-            self._bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
-                         f"node {peer.node_id} hosting {name!r} is offline", retry=True)
-            return
+            return self._bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
+                                f"node {peer.node_id} hosting {name!r} is offline", retry=True)
         try:
             peer.dealer.send_multipart(msg, zmq.NOBLOCK)
-            self.stats["forwarded"] += 1
         except zmq.ZMQError:
-            self._bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
-                         f"node {peer.node_id} is not accepting messages", retry=True)
+            return self._bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
+                                f"node {peer.node_id} is not accepting messages", retry=True)
+        self.stats["forwarded"] += 1
+        return None
 
     def _deliver_local(self, agent: LocalAgent, header: dict[str, Any], msg: list[bytes],
-                       origin: str) -> None:
+                       origin: str) -> str | None:
         unit_id = header.get(P.ID) if header.get(P.QOS) == 1 else None
         if unit_id is not None and not self.qos.admit(str(unit_id), origin, agent.rid, self._rid_alive):
-            return
+            return None  # a duplicate: already handled or in the agent's hands
         if self.outcomes.inflight:
             self.outcomes.answer(agent.name, header, msg)
+        code: str | None = None
         try:
             self.agents_sock.send_multipart([agent.rid, *msg], zmq.NOBLOCK)
             self.stats["delivered"] += 1
         except zmq.Again:
             if unit_id is not None:
                 self.qos.not_delivered(str(unit_id))
-            self._bounce(header, msg, P.ErrorCode.INBOX_FULL, f"inbox of {agent.name!r} is full",
-                         retry=True, retry_after=0.1, origin=origin)
+            code = self._bounce(header, msg, P.ErrorCode.INBOX_FULL, f"inbox of {agent.name!r} is full",
+                                retry=True, retry_after=0.1, origin=origin)
         except zmq.ZMQError:
             if unit_id is not None:
                 self.qos.not_delivered(str(unit_id))
             self._remove_local(agent, "connection gone")
-            self._bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"agent {agent.name!r} disconnected",
-                         origin=origin)
+            code = self._bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"agent {agent.name!r} disconnected",
+                                origin=origin)
         assert self._reactor is not None
         self._reactor.kick(self.agents_sock)
+        return code
 
     def _bounce(self, header: dict[str, Any], msg: list[bytes], code: str, message: str, *,
-                retry: bool = False, retry_after: float | None = None, origin: str | None = None) -> None:
+                retry: bool = False, retry_after: float | None = None, origin: str | None = None) -> str:
         """Tell the sender of an undeliverable message why, as an error envelope per message.
 
         A qos-1 unit of ours does not bounce: it waits in the outbox for another try. A delegated
         request's error goes to its origin (the original requester), with its correlation id.
+        Returns ``code``, so routing can report why a message did not go through.
         """
         self.stats[f"undeliverable_{code.lower()}"] += 1
-        self._bounced_code = code
         if header.get(P.QOS) == 1:
             unit_id = str(header.get(P.ID))
             if self.qos.bounced(unit_id, code):
-                return  # ours: it waits in our outbox
+                return code  # ours: it waits in our outbox
             # Another daemon's unit: it still holds it. Tell that daemon (not the agent, which
             # may be gone), so the unit waits there instead of using up an attempt.
             peer = self.peers.get(origin) if origin else None
             if peer is not None:
                 self._send_peer(peer, P.error_header(header.get(P.FROM), unit_id, code, message, retry=True,
                                                      sender=f"meshd@{self.node_id}"))
-            return
+            return code
         self._dead_letter(code, message, msg, header)
         sender = header.get(P.ORIGIN) or header.get(P.FROM)
         if not isinstance(sender, str):
-            return
+            return code
         if header[P.KIND] == Kind.BATCH:
             inner: list[tuple[Any, Any]] = []
             with contextlib.suppress(FrameError):
@@ -1031,16 +1031,17 @@ class Node:
         elif header[P.KIND] in (Kind.SEND, Kind.REQUEST):
             ids = [header.get(P.CORR) or header.get(P.ID)]
         else:
-            return  # replies and errors never bounce: no loops
+            return code  # replies and errors never bounce: no loops
         ids = [i for i in ids if isinstance(i, str)]
         if not ids:
-            return
+            return code
         # One envelope for the whole batch (``ids``), so a refused batch of 64 is one message back.
         err = P.error_header(sender, ids[0] if len(ids) == 1 else None, code, message, retry=retry,
                              retry_after=retry_after, sender=f"meshd@{self.node_id}")
         if len(ids) > 1:
             err[P.IDS] = ids
         self._route(sender, err, [P.SIGNATURE, P.pack(err), b""])
+        return code
 
     # ----------------------------------------------------------------------------- qos 1
 
@@ -1120,10 +1121,6 @@ class Node:
     def _agent_event(self, agent: LocalAgent, old: str, new: str) -> None:
         self.plugins.agent_state({"name": agent.name, "node": self.node_id,
                                   "capabilities": list(agent.capabilities)}, old, new)
-
-    def _last_bounce(self) -> str | None:
-        """The error code ``_bounce`` recorded during the last ``_route`` (None: it went through)."""
-        return self._bounced_code
 
     def _dead_letter(self, reason: str, detail: str, frames: list[bytes], header: dict[str, Any] | None,
                      attempts: int = 0) -> None:
