@@ -161,7 +161,9 @@ def test_a_raising_plugin_does_not_stop_the_next_one(make_host: Callable[..., Pl
     host.agent_state({"name": "a", "node": "n", "capabilities": []}, "absent", "online")
     host.stop(timeout=10)
 
-    assert order == ["raiser", "good"] * 3 + ["raiser-agent", "good-agent"]
+    # each plugin has its own worker: per plugin, every event in order
+    assert [o for o in order if o.startswith("raiser")] == ["raiser"] * 3 + ["raiser-agent"]
+    assert [o for o in order if not o.startswith("raiser")] == ["good"] * 3 + ["good-agent"]
     assert host.stats["failed:raiser"] == 4
     assert host.stats["failed:good"] == 0
     assert host.stats["called"] == 8
@@ -287,7 +289,7 @@ def test_all_observer_hooks_reach_the_worker_thread(make_host: Callable[..., Plu
                                                     "agent_state"]
     assert recorder.calls[1][1]["frames"] == _letter(1)["frames"]
     assert recorder.calls[2][1][1:] == ("online", "stale")
-    assert recorder.threads == {"meshd-plugins"}
+    assert recorder.threads == {"meshd-plugin-recorder"}  # its own worker thread
 
 
 def test_async_hook_impls_are_awaited_in_the_worker_loop(make_host: Callable[..., PluginHost]) -> None:
@@ -479,7 +481,7 @@ def test_entry_points_load_in_isolation(make_host: Callable[..., PluginHost], pl
     assert host.stats["load_failed:fake_broken"] == 1
     assert plugins["fake_good"] == {"name": "fake_good", "status": "loaded", "module": "meshd_test_ep_good",
                                     "dist": "meshd-fake-plugins 1.0", "hooks": ["meshd_collaboration"],
-                                    "error": None}
+                                    "error": None, "isolation": "thread", "queue_size": 10_000}
 
 
 def test_blocked_plugins_are_not_even_imported(
@@ -527,7 +529,7 @@ def test_list_plugins_describes_registered_objects(make_host: Callable[..., Plug
     assert entry == {"name": "recorder", "status": "loaded", "module": f"{__name__}.Recorder", "dist": None,
                      "hooks": ["meshd_agent_state", "meshd_collaboration", "meshd_dead_letter",
                                "meshd_peer_state"],
-                     "error": None}
+                     "error": None, "isolation": "thread", "queue_size": 10_000}
 
 
 def test_register_rejects_a_plugin_that_does_not_match_the_specs(
