@@ -268,40 +268,34 @@ def child_main(name: str, spec: str, section: dict[str, Any], node: NodeSnapshot
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s plugin {name}[%(process)d] %(message)s")
     from . import plugins  # the child's own host: same loading, same calls
 
-    pending: _Counter[str] = _Counter()
-
-    def count(key: str, n: int = 1) -> int:
-        pending[key] += n
-        return pending[key] + totals[key]
-
-    totals: _Counter[str] = _Counter()
+    # The child's own host: the same loading, configuration (meshd_configure) and isolated calls.
+    host = plugins.PluginHost(load_entrypoints=False, environ={}, hook_timeout=hook_timeout,
+                              sections={name: section})
+    sent: _Counter[str] = _Counter()
 
     def flush(block: bool = False) -> None:
-        if not pending:
+        """Send the host's counts not sent yet; when the pipe is full they wait for the next try."""
+        delta = host.stats - sent
+        if not delta:
             return
         try:
             if block:
-                results.put(dict(pending), timeout=2.0)
+                results.put(dict(delta), timeout=2.0)
             else:
-                results.put_nowait(dict(pending))
+                results.put_nowait(dict(delta))
         except (queue.Full, ValueError, OSError):
             return
-        totals.update(pending)
-        pending.clear()
+        sent.update(delta)
 
-    host = plugins.PluginHost(load_entrypoints=False, environ={})
-    host.register(_import_spec(spec), name=name)
     loop = asyncio.new_event_loop()
 
     def call(hook: str, kwargs: Mapping[str, Any]) -> None:
         for impl in reversed(getattr(host.pm.hook, hook).get_hookimpls()):
             if not (impl.wrapper or impl.hookwrapper):
-                call_impl(loop, name, impl, hook, kwargs, hook_timeout, count)
+                call_impl(loop, name, impl, hook, kwargs, hook_timeout, host.count)
 
     try:
-        config = host.validate_section(name, section)  # checked by the daemon already
-        if config is not None:
-            call("meshd_configure", {"config": config})
+        host.register(_import_spec(spec), name=name)  # validates the section, calls meshd_configure
         if node is not None:
             call("meshd_startup", {"node": node})
         flush()

@@ -477,6 +477,10 @@ class PluginHost:
 
     # -- accounting -----------------------------------------------------------------------------
 
+    def count(self, key: str, n: int = 1) -> int:
+        """Add ``n`` to counter ``key`` (thread-safe) and return its total."""
+        return self._count(key, n)
+
     def _count(self, key: str, n: int = 1) -> int:
         if n == 0:
             return self.stats[key]
