@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -315,3 +318,27 @@ def test_what_the_hooks_see_across_two_daemons(meshd_factory: MeshdFactory) -> N
         assert hooks[-1] == "meshd_shutdown" and hooks.count("meshd_shutdown") == 1, hooks
         assert {e["pid"] for e in events} == {events[0]["pid"]}  # thread mode: the daemon's process
     assert ev["a"][1]["node"] == a.node_id and ev["a"][1]["name"] == "a"
+
+
+def test_the_whole_plugin_example_in_the_docs_passes(tmp_path: Path) -> None:
+    """docs/plugins.md "A whole plugin, tested": the plugin and its test, run as a plugin author would."""
+    doc = (REPO / "docs" / "plugins.md").read_text()
+    files = dict(re.findall(r"<!-- file: (\S+) -->\n```python\n(.*?)```", doc, flags=re.DOTALL))
+    assert set(files) == {"meshd_audit.py", "test_meshd_audit.py"}
+    for name, source in files.items():
+        (tmp_path / name).write_text(source)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=180, check=False)
+    assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr
+
+
+def test_node_query_shows_the_documented_plugin_counters(meshd_factory: MeshdFactory) -> None:
+    work = meshd_factory.workdir
+    site = _site(work, recorder=RECORDER)
+    conf = _config(work / "a.toml", ["recorder"], {"recorder": {"out": str(work / "r.jsonl")}})
+    a = meshd_factory.spawn("a", "--config", str(conf), env={"PYTHONPATH": str(site)})
+    plugins = a.query("node")["plugins"]
+    # docs/plugins.md, "Counters: where to read them"
+    assert set(plugins) == {"stats", "queued", "queues", "loaded"}
+    assert plugins["loaded"] == ["recorder"] and plugins["queues"] == {"recorder": 0}
+    assert plugins["stats"]["called"] >= 2  # meshd_configure, meshd_startup
