@@ -59,6 +59,9 @@ CHILD_PLUGIN = """
     def meshd_collaboration(outcome):
         if outcome["id"] == _fail_on:
             raise RuntimeError("plugin bug")
+        if outcome["id"] == "slow":
+            import asyncio
+            return asyncio.sleep(30)  # an awaitable the child awaits with the hook timeout
         if outcome["id"] == "exit":
             os._exit(3)  # a crash: the child dies without cleaning up
         _emit(hook="collaboration", id=outcome["id"])
@@ -113,24 +116,26 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 def test_hooks_run_in_a_child_with_the_same_accounting(make_host: Callable[..., PluginHost],
                                                        child_plugin: Path) -> None:
-    host = make_host(sections={"meshd_test_child": {"isolation": "process", "out": str(child_plugin),
+    host = make_host(hook_timeout=0.3,
+                     sections={"meshd_test_child": {"isolation": "process", "out": str(child_plugin),
                                                     "fail_on": "2"}})
     host.load()
     assert host.options["meshd_test_child"].isolation == "process"
     assert not child_plugin.exists()  # not configured in the daemon's process: only in the child
     asyncio.run(host.startup(FakeNode()))
     host.start()
-    for i in range(5):
+    for i in [0, 1, 2, "slow", 3, 4]:
         host.collaboration(_outcome(i))
-    wait_until(lambda: host.stats["called"] >= 7, what="the child's counts")  # configure, startup, 5
+    wait_until(lambda: host.stats["called"] >= 8, what="the child's counts")  # configure, startup, 6
     assert host.stats["failed:meshd_test_child"] == 1
+    assert host.stats["timed_out:meshd_test_child"] == 1
     asyncio.run(host.shutdown(FakeNode()))
     events = _lines(child_plugin)
     assert [e["hook"] for e in events] == ["configure", "startup"] + ["collaboration"] * 4 + ["shutdown"]
     assert {e["pid"] for e in events} != {os.getpid()} and len({e["pid"] for e in events}) == 1
     assert [e["id"] for e in events if e["hook"] == "collaboration"] == ["0", "1", "3", "4"]
     assert events[1]["node"] == "n1" and events[1]["mesh"] == "m" and events[1]["info"]["node"] == "n1"
-    assert host.stats["called"] == 8
+    assert host.stats["called"] == 9
 
 
 def test_a_child_that_dies_is_restarted_and_counted(make_host: Callable[..., PluginHost],

@@ -364,6 +364,7 @@ def test_stop_is_bounded_by_its_timeout(make_host: Callable[..., PluginHost]) ->
     assert host.stats["dropped"] == 1
     release.set()
     assert _wait_for(lambda: host.stats["abandoned"] == 4), host.stats
+    assert host.stats["abandoned:stuck"] == 4 and host.stats["dropped:stuck"] == 1
 
 
 # -- lifecycle hooks in the caller's loop -------------------------------------------------------
