@@ -2,9 +2,12 @@
 
 Precedence, highest first: command-line flags > ``MESHD_*`` environment variables > the TOML file >
 built-in defaults. The TOML file has flat top-level keys named like the fields below (see
-``conf/meshd.toml`` for a commented example of every setting). An environment variable is
-``MESHD_`` + the field name in upper case (``MESHD_PUB_PORT``); list settings are comma-separated
-there and booleans accept 1/0/true/false/yes/no/on/off. Any bad value raises
+``conf/meshd.toml`` for a commented example of every setting), plus one ``[plugins.NAME]`` table
+per plugin: those sections are kept raw in :attr:`Settings.plugin_sections` and validated by the
+plugin host against each plugin's own model (meshd.plugin_config). With sections, the module list
+is written ``[plugins] modules = [...]`` (TOML cannot hold ``plugins = [...]`` beside them).
+An environment variable is ``MESHD_`` + the field name in upper case (``MESHD_PUB_PORT``); list
+settings are comma-separated there and booleans accept 1/0/true/false/yes/no/on/off. Any bad value raises
 :class:`meshd.errors.ConfigError` naming the key and where the value came from.
 """
 
@@ -22,7 +25,15 @@ from socket import gethostname
 from typing import Any, Literal, get_origin
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from meshd.errors import ConfigError
 
@@ -215,6 +226,17 @@ class Settings(BaseModel):
         default_factory=list,
         description="Extra plugin modules to load, by import name (installed entry points load anyway).",
     )
+    plugin_queue_size: int = Field(
+        default=10_000, ge=1,
+        description="Observer events queued per plugin before its events are dropped (and counted).",
+    )
+    # [plugins.NAME] sections, raw: the plugin host validates them against each plugin's model.
+    _plugin_sections: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
+
+    @property
+    def plugin_sections(self) -> dict[str, dict[str, Any]]:
+        """Each ``[plugins.NAME]`` table of the config file, by plugin name, as written."""
+        return self._plugin_sections
 
     @field_validator("name")
     @classmethod
@@ -368,6 +390,19 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError("config", f"cannot read config file {path}: {exc.strerror or exc}")
 
 
+def _split_plugins_table(table: dict[str, Any], path: Path) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """``[plugins]`` as a table: its ``modules`` list (or None) and its ``[plugins.NAME]`` sections."""
+    sections: dict[str, dict[str, Any]] = {}
+    for name, section in table.items():
+        if name == "modules":
+            continue
+        if not isinstance(section, dict):
+            raise ConfigError(f"plugins.{name}", f"expected a [plugins.{name}] table, or the module list "
+                              f"as plugins.modules (in {path})")
+        sections[name] = section
+    return table.get("modules"), sections
+
+
 def _from_env(key: str, var: str, raw: str) -> Any:
     if key in _LIST_FIELDS:
         return [item.strip() for item in raw.split(",") if item.strip()]
@@ -397,8 +432,13 @@ def load_settings(
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
 
+    sections: dict[str, dict[str, Any]] = {}
     if config_file is not None:
         data = _read_file(config_file)
+        if isinstance(data.get("plugins"), dict):
+            data["plugins"], sections = _split_plugins_table(data["plugins"], config_file)
+            if data["plugins"] is None:
+                del data["plugins"]
         for key, value in data.items():
             if key not in Settings.model_fields:
                 raise _unknown_key(key, str(config_file))
@@ -425,7 +465,9 @@ def load_settings(
         values["state_dir"] = default_state_dir(env)
 
     try:
-        return Settings.model_validate(values)
+        settings = Settings.model_validate(values)
+        settings._plugin_sections = sections
+        return settings
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         loc = err.get("loc", ())

@@ -17,13 +17,20 @@ routing. Every hook is documented, with the keys of its dicts and an example, in
 
 Hook families:
 
+* configuration (:func:`meshd_plugin_config`, :func:`meshd_configure`): called once at start-up,
+  before anything else, with the plugin's own ``[plugins.NAME]`` config section validated.
 * lifecycle (:func:`meshd_startup`, :func:`meshd_shutdown`): called in the node's event loop, one
-  plugin at a time; an awaitable result is awaited with the host's hook timeout.
+  plugin at a time; an awaitable result is awaited with the host's hook timeout. ``meshd_startup``
+  comes before the plugin's first observer call, ``meshd_shutdown`` after its last.
 * observers and sinks (:func:`meshd_dead_letter`, :func:`meshd_collaboration`,
-  :func:`meshd_peer_state`, :func:`meshd_agent_state`): queued by the routing loop on a bounded
-  queue and called on the plugin worker thread; when the queue is full the event is dropped and
-  counted. They get plain copies of the data and their results are ignored (an awaitable result is
-  awaited, with the timeout, in the worker thread's own event loop).
+  :func:`meshd_peer_state`, :func:`meshd_agent_state`): queued by the routing loop on the plugin's
+  own bounded queue and called by its own worker (a thread, or a child process with
+  ``isolation = "process"``); when its queue is full the event is dropped and counted for it.
+  They get plain copies of the data and their results are ignored (an awaitable result is
+  awaited, with the timeout, in the worker's own event loop).
+
+In process mode every hook runs in the plugin's child process, and ``node`` is a
+:class:`meshd.plugin_process.NodeSnapshot` (the node as it was when the child started).
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ from collections.abc import Awaitable
 from typing import Any
 
 import pluggy
+from pydantic import BaseModel
+
+from .view import NodeView
 
 __all__ = [
     "PROJECT",
@@ -39,8 +49,10 @@ __all__ = [
     "hookspec",
     "meshd_agent_state",
     "meshd_collaboration",
+    "meshd_configure",
     "meshd_dead_letter",
     "meshd_peer_state",
+    "meshd_plugin_config",
     "meshd_shutdown",
     "meshd_startup",
 ]
@@ -52,18 +64,56 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
+# -- configuration ------------------------------------------------------------------------------
+
+
+@hookspec
+def meshd_plugin_config() -> type[BaseModel] | None:
+    """Declare this plugin's settings: return the pydantic model its ``[plugins.NAME]`` section is
+    validated with (NAME is the plugin's name: its entry-point or module name).
+
+    The section's keys ``isolation`` and ``queue_size`` are the host's and never reach the model. A
+    value the model refuses, or a missing required key, stops the daemon at start-up with a config
+    error naming ``plugins.NAME.KEY`` (exit status 2). A plugin without this hook may have a section
+    holding only the host's keys.
+
+    Returns the model class (not an instance), or None for no settings.
+
+    Called once per plugin while the daemon loads plugins, before any other hook, in the thread
+    that loads them (and again in the child in process mode); an exception makes the plugin a load
+    failure.
+    """
+
+
+@hookspec
+def meshd_configure(config: BaseModel) -> None:
+    """Receive this plugin's validated settings (an instance of the model
+    :func:`meshd_plugin_config` returned, defaults filled in).
+
+    :param config: The validated settings.
+
+    Returns None.
+
+    Called once per plugin that declares settings, right after loading and before
+    :func:`meshd_startup` (in process mode: in the child, each time it starts); exceptions are
+    logged and counted.
+    """
+
+
 # -- lifecycle ----------------------------------------------------------------------------------
 
 
 @hookspec
-def meshd_startup(node: Any) -> Awaitable[None] | None:
+def meshd_startup(node: NodeView) -> Awaitable[None] | None:
     """The node has started: its sockets are bound, discovery runs, and it routes messages.
 
-    Use it to open connections, start background tasks in the node's loop, or read the node's
-    identity (``node.node_id``, ``node.name``, ``node.settings``). Do not keep the loop busy: the
-    routing path runs in the same loop.
+    Use it to open connections, start background tasks in the node's loop, or read the node
+    through its :class:`meshd.view.NodeView` members (``node_id``, ``name``, ``mesh``,
+    ``metrics_snapshot()``, ``info()``, ``agents()``, ``peers()``). Do not keep the loop busy: the
+    routing path runs in the same loop. No observer hook of this plugin is called before this one
+    returned.
 
-    :param node: The running :class:`meshd.node.Node`.
+    :param node: The running node, as a :class:`meshd.view.NodeView`.
 
     Returns None, or an awaitable that the host awaits (with the hook timeout) before it calls the
     next plugin.
@@ -74,13 +124,14 @@ def meshd_startup(node: Any) -> Awaitable[None] | None:
 
 
 @hookspec
-def meshd_shutdown(node: Any) -> Awaitable[None] | None:
+def meshd_shutdown(node: NodeView) -> Awaitable[None] | None:
     """The node is stopping: flush and close what :func:`meshd_startup` opened.
 
-    Plugins are called in the reverse of the start-up order. Observer hooks of the same plugin may
-    still be running on the plugin worker thread until the host is stopped.
+    Plugins are called in the reverse of the start-up order. It is the last call a plugin gets:
+    the host first stops taking events and lets each plugin's worker deliver what its queue holds
+    (for at most the hook timeout); events after that point are dropped and counted.
 
-    :param node: The :class:`meshd.node.Node` that is stopping.
+    :param node: The node that is stopping, as a :class:`meshd.view.NodeView`.
 
     Returns None, or an awaitable that the host awaits (with the hook timeout) before it calls the
     next plugin.
@@ -107,8 +158,8 @@ def meshd_dead_letter(letter: dict[str, Any]) -> Awaitable[None] | None:
 
     Returns None, or an awaitable (awaited with the hook timeout); the result is ignored.
 
-    Called for every plugin, on the plugin worker thread, off the routing path; exceptions and
-    timeouts are logged and counted.
+    Called for every plugin, on its own worker (thread or child process), off the routing path;
+    exceptions and timeouts are logged and counted.
     """
 
 
@@ -118,7 +169,7 @@ def meshd_dead_letter(letter: dict[str, Any]) -> Awaitable[None] | None:
 @hookspec
 def meshd_collaboration(outcome: dict[str, Any]) -> Awaitable[None] | None:
     """An agent-to-agent interaction finished, or was handed on: one call per send, request,
-    delegate and handoff (never for publish/broadcast).
+    delegate and handoff (never for publish/broadcast), on the initiator's daemon only.
 
     :param outcome: A plain dict: ``kind`` (``"send"``, ``"request"``, ``"delegate"`` or
         ``"handoff"``), ``id`` (message id), ``initiator`` and ``target`` (agent names),
@@ -128,39 +179,40 @@ def meshd_collaboration(outcome: dict[str, Any]) -> Awaitable[None] | None:
 
     Returns None, or an awaitable (awaited with the hook timeout); the result is ignored.
 
-    Called for every plugin, on the plugin worker thread, off the routing path; exceptions and
-    timeouts are logged and counted.
+    Called for every plugin, on its own worker (thread or child process), off the routing path;
+    exceptions and timeouts are logged and counted.
     """
 
 
 @hookspec
 def meshd_peer_state(peer: dict[str, Any], old: str, new: str) -> Awaitable[None] | None:
-    """Another daemon of the mesh changed liveness state.
+    """Another daemon of the mesh changed liveness state, as this daemon sees it.
 
     :param peer: A plain dict: ``node`` (node id), ``name`` (node name), ``state`` (the new state)
         and ``router`` (the endpoint used to reach it, or ``""``).
-    :param old: The previous state: ``"online"``, ``"stale"`` or ``"offline"``.
+    :param old: The previous state: ``"online"``, ``"stale"`` or ``"offline"`` (``"offline"`` for
+        a peer seen for the first time).
     :param new: The new state, one of the same.
 
     Returns None, or an awaitable (awaited with the hook timeout); the result is ignored.
 
-    Called for every plugin, on the plugin worker thread, off the routing path; exceptions and
-    timeouts are logged and counted.
+    Called for every plugin, on its own worker (thread or child process), off the routing path;
+    exceptions and timeouts are logged and counted.
     """
 
 
 @hookspec
 def meshd_agent_state(agent: dict[str, Any], old: str, new: str) -> Awaitable[None] | None:
-    """An agent anywhere in the mesh registered, went stale, came back, or left.
+    """An agent attached to this daemon registered, went stale, came back, or left (it fires only
+    on the agent's own daemon, never for agents of other daemons).
 
-    :param agent: A plain dict: ``name`` (agent name), ``node`` (node id of its daemon) and
-        ``capabilities`` (list of str).
-    :param old: The previous state: ``"absent"`` (not known before), ``"online"``, ``"stale"`` or
-        ``"offline"``.
+    :param agent: A plain dict: ``name`` (agent name), ``node`` (node id of its daemon: this one)
+        and ``capabilities`` (list of str).
+    :param old: The previous state: ``"absent"`` (not known before), ``"online"`` or ``"stale"``.
     :param new: The new state, one of the same (``"absent"`` once it is gone from the directory).
 
     Returns None, or an awaitable (awaited with the hook timeout); the result is ignored.
 
-    Called for every plugin, on the plugin worker thread, off the routing path; exceptions and
-    timeouts are logged and counted.
+    Called for every plugin, on its own worker (thread or child process), off the routing path;
+    exceptions and timeouts are logged and counted.
     """

@@ -11,13 +11,14 @@ Start-up order (``Node.start``):
   4. bind the mesh ROUTER, the XPUB and the local agent socket (mode 0660); start the reactor;
   5. advertise and browse with zeroconf; dial static peers (HELLO);
   6. start the timers (heartbeats, liveness, qos-1 retries, trust reload);
-  7. plugins: worker thread, then ``meshd_startup``; the node is ready (sd_notify READY=1).
+  7. plugins: ``meshd_startup``, then each plugin's worker; the node is ready (sd_notify READY=1).
 Shutdown (``Node.stop``), the reverse:
-  1. STOPPING=1; ``meshd_shutdown``; stop the timers; from here on nobody is greeted;
+  1. STOPPING=1; plugins drain their queues, then ``meshd_shutdown``; stop the timers; from here
+     on nobody is greeted;
   2. send BYE to every peer (they drop us at once); unregister from mDNS (goodbye packets);
   3. stop the reactor; commit and close the delivery store; close sockets with a bounded
      linger; terminate the context; remove the agent socket file (only if we bound it);
-  4. stop the plugin worker (bounded).
+  4. stop the plugin workers (bounded; a no-op after a drained shutdown).
 """
 
 from __future__ import annotations
@@ -223,7 +224,10 @@ class Node:
         self._static_keys: dict[str, str] = {}
         self._authenticated_key = ""
         self.notifier = Notifier()
-        self.plugins = PluginHost(settings.plugins)
+        # [plugins] edit: each plugin's own config section and queue bound reach the host; load()
+        # raises ConfigError (exit 2) for a section its plugin's model refuses.
+        self.plugins = PluginHost(settings.plugins, queue_size=settings.plugin_queue_size,
+                                  sections=settings.plugin_sections)
         self.plugins.load()
         if settings.dead_letter_jsonl:
             self.plugins.register(JsonlDeadLetterSink(settings.state_dir / "deadletters.jsonl"),
@@ -286,8 +290,10 @@ class Node:
             " INSECURE (plaintext mesh)" if s.insecure else "",
         )
         self.outcomes.enabled = self.plugins.wants("meshd_collaboration")
-        self.plugins.start()
+        # [plugins] edit: meshd_startup before the workers start, so no observer hook of a plugin
+        # runs before its startup returned (events meanwhile wait in its queue).
         await self.plugins.startup(self)
+        self.plugins.start()
         self.ready.set()
         self.notifier.ready(self.status_line())
         self._timers.append(asyncio.create_task(self._status_loop(), name="meshd-status"))
@@ -1661,7 +1667,9 @@ class Node:
             "peers": sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE),
             "stats": dict(self.stats),
             "dead_letters": self.dead_letters.total,
+            # [plugins] edit: "queues" (events waiting per plugin) added beside the totals.
             "plugins": {"stats": dict(self.plugins.stats), "queued": self.plugins.queued,
+                        "queues": self.plugins.queue_depths(),
                         "loaded": [p["name"] for p in self.plugins.list_plugins()
                                    if p["status"] == "loaded"]},
             "qos1": {"pending": self.qos.pending, "in_flight": self.qos.in_flight, **self.qos.stats,

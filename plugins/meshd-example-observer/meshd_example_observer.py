@@ -1,8 +1,14 @@
 """meshd-example-observer: a meshd plugin that writes one JSON line per hook call.
 
-The output file is named by the environment variable ``MESHD_EXAMPLE_OBSERVER_OUT`` (read on every
-call, so it can be set after the daemon imported the plugin); when it is unset, each call is logged
-at INFO on the ``meshd_example_observer`` logger instead.
+The output file is the ``out`` setting of its config section::
+
+    [plugins.example_observer]
+    out = "/tmp/observer.jsonl"
+
+declared by :func:`meshd_plugin_config` (a pydantic model) and received, validated, by
+:func:`meshd_configure`. Without the setting, the environment variable ``MESHD_EXAMPLE_OBSERVER_OUT``
+names the file (read on every call); when neither is set, each call is logged at INFO on the
+``meshd_example_observer`` logger instead.
 
 meshd loads this module through the entry point in pyproject.toml::
 
@@ -13,8 +19,9 @@ and registers the module itself as the plugin: every module-level function marke
 ``@hookimpl`` and named like a hook in ``meshd.hookspecs`` is an implementation. A hook may take
 any subset of the hook's arguments, by name (see :func:`meshd_peer_state`).
 
-Threads: the observer and dead-letter hooks run on meshd's plugin worker thread, the lifecycle
-hooks in the daemon's event loop. Both may write here at once, hence the lock.
+Threads: the observer and dead-letter hooks run on this plugin's own worker thread, the lifecycle
+hooks in the daemon's event loop. Both may write here at once, hence the lock. With
+``isolation = "process"`` in the section, every hook runs in a child process instead.
 """
 
 from __future__ import annotations
@@ -25,16 +32,22 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from meshd.hookspecs import hookimpl
 
 __all__ = [
     "OUT_ENV",
+    "ObserverSettings",
     "meshd_agent_state",
     "meshd_collaboration",
+    "meshd_configure",
     "meshd_dead_letter",
     "meshd_peer_state",
+    "meshd_plugin_config",
     "meshd_shutdown",
     "meshd_startup",
 ]
@@ -43,12 +56,20 @@ OUT_ENV = "MESHD_EXAMPLE_OBSERVER_OUT"
 
 log = logging.getLogger("meshd_example_observer")
 _lock = threading.Lock()
+_out: Path | None = None
+
+
+class ObserverSettings(BaseModel):
+    """What ``[plugins.example_observer]`` may hold (besides meshd's own isolation and queue_size)."""
+
+    #: The JSON-lines file to append to; None: $MESHD_EXAMPLE_OBSERVER_OUT, else the log.
+    out: Path | None = None
 
 
 def _emit(hook: str, **fields: Any) -> None:
-    """Append ``{"hook": hook, **fields}`` as one JSON line to $MESHD_EXAMPLE_OBSERVER_OUT, or log it."""
+    """Append ``{"hook": hook, **fields}`` as one JSON line to the ``out`` file, or log it."""
     line = json.dumps({"hook": hook, **fields}, default=str)
-    path = os.environ.get(OUT_ENV)
+    path = _out or os.environ.get(OUT_ENV)
     if not path:
         log.info("%s", line)
         return
@@ -56,13 +77,30 @@ def _emit(hook: str, **fields: Any) -> None:
         out.write(line + "\n")
 
 
+# -- settings: once, while the daemon loads plugins ----------------------------------------------
+
+
+@hookimpl
+def meshd_plugin_config() -> type[BaseModel]:
+    """The model this plugin's config section is validated with: a bad value stops the daemon at
+    start-up with an error naming ``plugins.example_observer.<key>``."""
+    return ObserverSettings
+
+
+@hookimpl
+def meshd_configure(config: ObserverSettings) -> None:
+    """The validated section (defaults filled in), before :func:`meshd_startup`."""
+    global _out
+    _out = config.out
+
+
 # -- lifecycle: in the daemon's event loop -------------------------------------------------------
 
 
 @hookimpl
 def meshd_startup(node: Any) -> None:
-    """The daemon is up. ``node`` is the live Node: read its identity, don't keep references to
-    its internals (they are not an API).
+    """The daemon is up. ``node`` is a ``meshd.view.NodeView``: read its identity (``node_id``,
+    ``name``, ``mesh``) and, on the event loop, ``info()``, ``agents()``, ``peers()``.
 
     This one is a plain function because its work is one small append; anything slower belongs in
     a coroutine (see :func:`meshd_shutdown`), since the routing path shares this event loop.
@@ -112,7 +150,7 @@ def meshd_peer_state(peer: dict[str, Any], new: str) -> None:
 
 @hookimpl
 def meshd_agent_state(agent: dict[str, Any], old: str, new: str) -> None:
-    """An agent somewhere in the mesh changed state; ``old`` is ``"absent"`` for a new agent and
+    """An agent of this daemon changed state; ``old`` is ``"absent"`` for a new agent and
     ``new`` is ``"absent"`` for one that left the directory."""
     _emit("meshd_agent_state", agent=agent.get("name"), node=agent.get("node"),
           capabilities=agent.get("capabilities"), old=old, new=new, at=time.time())

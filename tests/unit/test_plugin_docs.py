@@ -75,3 +75,76 @@ def test_hook_docstring(name: str) -> None:
 def test_no_section_for_unknown_hook(doc: str) -> None:
     stale = set(_sections(doc)) - set(HOOKS)
     assert not stale, f"docs/plugins.md documents hooks that do not exist: {sorted(stale)}"
+
+
+# -- the rest of docs/plugins.md, checked against the code -----------------------------------------
+
+MESHD_DIR = Path(__file__).resolve().parents[2] / "meshd"
+
+
+def _table(doc: str, heading: str) -> dict[str, list[str]]:
+    """First column -> the other cells, for the first Markdown table after ``heading``."""
+    start = doc.index(heading)
+    rows: dict[str, list[str]] = {}
+    for line in doc[start:].splitlines()[1:]:
+        if line.startswith("|"):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            if set(cells[0]) <= {"-", " ", ":"} or cells[0] in {"member", "key", "counter", ""}:
+                continue
+            rows[cells[0].strip("`")] = cells[1:]
+        elif rows:
+            break
+    return rows
+
+
+def doc_files(doc: str) -> dict[str, str]:
+    """The code blocks marked ``<!-- file: NAME -->`` in the docs, by file name."""
+    return {m.group(1): m.group(2) for m in re.finditer(
+        r"<!-- file: (\S+) -->\n```python\n(.*?)```", doc, flags=re.DOTALL)}
+
+
+def test_counter_table_matches_the_counters_the_code_makes(doc: str) -> None:
+    source = "\n".join(path.read_text() for path in MESHD_DIR.glob("plugin*.py"))
+    made = set()
+    for m in re.finditer(r"count\(f?\"([a-z_]+)(:\{[^}]*\})?\"", source):
+        made.add(m.group(1) + (":<plugin>" if m.group(2) else ""))
+    documented = set(_table(doc, "The plugin host counts"))
+    assert made == documented, f"in code only: {made - documented}; in docs only: {documented - made}"
+
+
+def test_host_keys_table_matches_the_code(doc: str) -> None:
+    from meshd.config import Settings
+    from meshd.plugin_config import HOST_KEYS, ISOLATION_MODES
+
+    table = _table(doc, "meshd's own keys in a plugin's section")
+    assert set(table) == HOST_KEYS
+    assert table["isolation"][0] == f'`"{ISOLATION_MODES[0]}"`'
+    for mode in ISOLATION_MODES:
+        assert f'`"{mode}"`' in table["isolation"][1]
+    default = Settings.model_fields["plugin_queue_size"].default
+    assert table["queue_size"][0] == f"`plugin_queue_size` ({default:,})"
+
+
+def test_node_view_table_matches_the_protocol(doc: str) -> None:
+    from meshd.view import NodeView
+
+    members = {name for name in vars(NodeView) if not name.startswith("_")}
+    documented = {name.removesuffix("()") for name in _table(doc, "| member | what |")}
+    assert documented == members
+
+
+def test_documented_counter_places_exist(doc: str) -> None:
+    from meshd.view import MetricsSnapshot
+
+    # the snapshot fields the docs send plugins to
+    assert {"plugin_stats", "plugin_queue"} <= set(MetricsSnapshot.__dataclass_fields__)
+    for name in ("plugin_stats", "plugin_queue"):
+        assert f"`{name}`" in doc
+
+
+def test_example_files_are_complete_python(doc: str) -> None:
+    files = doc_files(doc)
+    assert set(files) == {"meshd_audit.py", "test_meshd_audit.py"}
+    for name, source in files.items():
+        compile(source, name, "exec")
+        assert source.startswith(f"# {name}\n")

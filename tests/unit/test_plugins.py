@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from meshd.builtin_plugins import JsonlDeadLetterSink
+from meshd.errors import ConfigError
 from meshd.hookspecs import hookimpl
 from meshd.plugins import BLOCKED_ENV, PluginHost
 
@@ -161,7 +162,9 @@ def test_a_raising_plugin_does_not_stop_the_next_one(make_host: Callable[..., Pl
     host.agent_state({"name": "a", "node": "n", "capabilities": []}, "absent", "online")
     host.stop(timeout=10)
 
-    assert order == ["raiser", "good"] * 3 + ["raiser-agent", "good-agent"]
+    # each plugin has its own worker: per plugin, every event in order
+    assert [o for o in order if o.startswith("raiser")] == ["raiser"] * 3 + ["raiser-agent"]
+    assert [o for o in order if not o.startswith("raiser")] == ["good"] * 3 + ["good-agent"]
     assert host.stats["failed:raiser"] == 4
     assert host.stats["failed:good"] == 0
     assert host.stats["called"] == 8
@@ -287,7 +290,7 @@ def test_all_observer_hooks_reach_the_worker_thread(make_host: Callable[..., Plu
                                                     "agent_state"]
     assert recorder.calls[1][1]["frames"] == _letter(1)["frames"]
     assert recorder.calls[2][1][1:] == ("online", "stale")
-    assert recorder.threads == {"meshd-plugins"}
+    assert recorder.threads == {"meshd-plugin-recorder"}  # its own worker thread
 
 
 def test_async_hook_impls_are_awaited_in_the_worker_loop(make_host: Callable[..., PluginHost]) -> None:
@@ -361,6 +364,7 @@ def test_stop_is_bounded_by_its_timeout(make_host: Callable[..., PluginHost]) ->
     assert host.stats["dropped"] == 1
     release.set()
     assert _wait_for(lambda: host.stats["abandoned"] == 4), host.stats
+    assert host.stats["abandoned:stuck"] == 4 and host.stats["dropped:stuck"] == 1
 
 
 # -- lifecycle hooks in the caller's loop -------------------------------------------------------
@@ -479,7 +483,7 @@ def test_entry_points_load_in_isolation(make_host: Callable[..., PluginHost], pl
     assert host.stats["load_failed:fake_broken"] == 1
     assert plugins["fake_good"] == {"name": "fake_good", "status": "loaded", "module": "meshd_test_ep_good",
                                     "dist": "meshd-fake-plugins 1.0", "hooks": ["meshd_collaboration"],
-                                    "error": None}
+                                    "error": None, "isolation": "thread", "queue_size": 10_000}
 
 
 def test_blocked_plugins_are_not_even_imported(
@@ -527,7 +531,7 @@ def test_list_plugins_describes_registered_objects(make_host: Callable[..., Plug
     assert entry == {"name": "recorder", "status": "loaded", "module": f"{__name__}.Recorder", "dist": None,
                      "hooks": ["meshd_agent_state", "meshd_collaboration", "meshd_dead_letter",
                                "meshd_peer_state"],
-                     "error": None}
+                     "error": None, "isolation": "thread", "queue_size": 10_000}
 
 
 def test_register_rejects_a_plugin_that_does_not_match_the_specs(
@@ -568,18 +572,19 @@ def test_example_distribution_is_found_through_its_entry_point(
         example_site: Path, make_host: Callable[..., PluginHost], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "observer.jsonl"
-    monkeypatch.setenv("MESHD_EXAMPLE_OBSERVER_OUT", str(out))
+    monkeypatch.delenv("MESHD_EXAMPLE_OBSERVER_OUT", raising=False)  # the file comes from its section
     monkeypatch.syspath_prepend(str(example_site))
     sys.modules.pop("meshd_example_observer", None)
     try:
-        host = make_host(load_entrypoints=True)  # after sys.path has the install
+        host = make_host(load_entrypoints=True,  # after sys.path has the install
+                         sections={"example_observer": {"out": str(out)}})
         host.load()
         plugins = {p["name"]: p for p in host.list_plugins()}
         assert "example_observer" in plugins, plugins
         entry = plugins["example_observer"]
         assert entry["status"] == "loaded"
         assert entry["dist"] == "meshd-example-observer 0.1.0"
-        assert entry["hooks"] == ALL_HOOKS
+        assert entry["hooks"] == sorted([*ALL_HOOKS, "meshd_configure", "meshd_plugin_config"])
         module_file = Path(sys.modules["meshd_example_observer"].__file__ or "")
         assert module_file.parent == example_site
 
@@ -588,8 +593,8 @@ def test_example_distribution_is_found_through_its_entry_point(
             name = "host-a"
 
         node = FakeNode()
-        host.start()
         asyncio.run(host.startup(node))
+        host.start()
         host.collaboration(_outcome("m1", outcome="ok", latency_ms=1.5, kind="request"))
         host.dead_letter(_letter(7))
         host.peer_state({"node": "n2", "name": "b", "state": "online", "router": "tcp://127.0.0.1:7700"},
@@ -669,3 +674,188 @@ def test_jsonl_sink_logs_write_errors_once_and_recovers(
     sink.close()
     assert sink.written == 1
     assert json.loads(path.read_text())["seq"] == 9
+
+
+# -- a queue per plugin ---------------------------------------------------------------------------
+
+
+def test_a_blocked_plugin_never_starves_a_healthy_one(make_host: Callable[..., PluginHost]) -> None:
+    release = threading.Event()
+    healthy: list[str] = []
+
+    class Blocker:
+        @hookimpl
+        def meshd_collaboration(self, outcome: dict[str, Any]) -> None:
+            release.wait(30)
+
+    class Healthy:
+        @hookimpl
+        def meshd_collaboration(self, outcome: dict[str, Any]) -> None:
+            healthy.append(outcome["id"])
+
+    host = make_host(queue_size=50)
+    host.register(Blocker(), "blocker")
+    host.register(Healthy(), "healthy")
+    host.start()
+    for i in range(2000):  # 40 times the bound
+        host.collaboration(_outcome(i))
+        if i % 50 == 49:  # let the healthy worker keep up, as a daemon's routing loop would
+            assert _wait_for(lambda i=i: len(healthy) == i + 1), (len(healthy), i)
+    assert healthy == [str(i) for i in range(2000)]
+    assert host.stats["dropped:healthy"] == 0
+    assert host.stats["dropped:blocker"] >= 2000 - 51  # its own queue, plus the call it is in
+    assert host.stats["dropped"] == host.stats["dropped:blocker"]
+    assert host.queue_depths()["blocker"] == 50
+    release.set()
+    host.stop(timeout=10)
+
+
+# -- [plugins.NAME] settings ----------------------------------------------------------------------
+
+
+SETTINGS_MODULE = """
+    from pathlib import Path
+    from pydantic import BaseModel, Field
+    from meshd.hookspecs import hookimpl
+
+    class Settings(BaseModel):
+        db_path: Path
+        batch: int = Field(default=100, ge=1)
+
+    configured = []
+
+    @hookimpl
+    def meshd_plugin_config():
+        return Settings
+
+    @hookimpl
+    def meshd_configure(config):
+        configured.append(config)
+"""
+
+
+def test_a_plugin_reads_its_own_section(make_host: Callable[..., PluginHost], plugin_dir: Path) -> None:
+    _write_module(plugin_dir, "meshd_test_settings", SETTINGS_MODULE)
+    host = make_host("meshd_test_settings",
+                     sections={"meshd_test_settings": {"db_path": "/tmp/x.db", "queue_size": 7}})
+    host.load()
+    module = sys.modules["meshd_test_settings"]
+    (config,) = module.configured
+    assert config.db_path == Path("/tmp/x.db") and config.batch == 100  # defaults filled in
+    assert host.configs["meshd_test_settings"] is config
+    assert host.options["meshd_test_settings"].queue_size == 7  # meshd's key, never the model's
+
+
+@pytest.mark.parametrize(("section", "key", "words"), [
+    ({}, "plugins.meshd_test_settings.db_path", "Field required"),
+    ({"db_path": "/x", "batch": 0}, "plugins.meshd_test_settings.batch", "greater than or equal to 1"),
+    ({"db_path": "/x", "isolation": "fork"}, "plugins.meshd_test_settings.isolation", "'thread', 'process'"),
+    ({"db_path": "/x", "queue_size": 0}, "plugins.meshd_test_settings.queue_size", "integer >= 1"),
+])
+def test_a_bad_section_is_an_error_naming_plugin_and_key(
+        make_host: Callable[..., PluginHost], plugin_dir: Path, section: dict[str, Any], key: str,
+        words: str) -> None:
+    _write_module(plugin_dir, "meshd_test_settings", SETTINGS_MODULE)
+    host = make_host("meshd_test_settings", sections={"meshd_test_settings": section})
+    with pytest.raises(ConfigError) as err:
+        host.load()
+    assert err.value.key == key
+    assert words in str(err.value) and "meshd_test_settings" in str(err.value)
+    assert sys.modules["meshd_test_settings"].configured == []
+
+
+def test_a_section_for_a_plugin_without_settings_is_an_error(make_host: Callable[..., PluginHost],
+                                                             plugin_dir: Path) -> None:
+    _write_module(plugin_dir, "meshd_test_good", GOOD_MODULE)
+    host = make_host("meshd_test_good", sections={"meshd_test_good": {"db_path": "/x"}})
+    with pytest.raises(ConfigError) as err:
+        host.load()
+    assert err.value.key == "plugins.meshd_test_good.db_path"
+    assert "declares no settings" in str(err.value)
+    # meshd's own keys are fine without a model
+    host = make_host("meshd_test_good", sections={"meshd_test_good": {"queue_size": 3}})
+    host.load()
+    assert host.list_plugins()[0]["queue_size"] == 3
+
+
+def test_a_section_for_a_plugin_not_loaded_is_logged_and_ignored(
+        make_host: Callable[..., PluginHost], plugin_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _write_module(plugin_dir, "meshd_test_good", GOOD_MODULE)
+    host = make_host("meshd_test_good", sections={"not_installed": {"anything": 1}})
+    with caplog.at_level(logging.WARNING, logger="meshd.plugins"):
+        host.load()
+    assert "[plugins.not_installed] names no loaded plugin; ignored" in caplog.text
+    assert [p["name"] for p in host.list_plugins()] == ["meshd_test_good"]
+
+
+def test_a_plugin_config_hook_that_raises_is_a_load_failure(make_host: Callable[..., PluginHost],
+                                                            plugin_dir: Path) -> None:
+    _write_module(plugin_dir, "meshd_test_badcfg", """
+        from meshd.hookspecs import hookimpl
+
+        @hookimpl
+        def meshd_plugin_config():
+            raise RuntimeError("bug")
+    """)
+    _write_module(plugin_dir, "meshd_test_good", GOOD_MODULE)
+    host = make_host("meshd_test_badcfg", "meshd_test_good")
+    host.load()
+    plugins = {p["name"]: p["status"] for p in host.list_plugins()}
+    assert plugins == {"meshd_test_badcfg": "failed", "meshd_test_good": "loaded"}
+    assert host.stats["load_failed:meshd_test_badcfg"] == 1
+
+
+def test_observers_start_after_startup_and_end_before_shutdown(make_host: Callable[..., PluginHost]) -> None:
+    calls: list[str] = []
+
+    class P:
+        @hookimpl
+        async def meshd_startup(self) -> None:
+            await asyncio.sleep(0.05)
+            calls.append("startup")
+
+        @hookimpl
+        def meshd_collaboration(self, outcome: dict[str, Any]) -> None:
+            calls.append(outcome["id"])
+
+        @hookimpl
+        def meshd_shutdown(self) -> None:
+            calls.append("shutdown")
+
+    host = make_host()
+    host.register(P(), "p")
+
+    async def node_lifecycle() -> None:
+        host.collaboration(_outcome("early"))  # before start-up: waits in the queue
+        await host.startup(object())
+        host.start()
+        host.collaboration(_outcome("during"))
+        await host.shutdown(object())
+        host.collaboration(_outcome("late"))  # after shutdown: dropped and counted
+
+    asyncio.run(node_lifecycle())
+    assert calls == ["startup", "early", "during", "shutdown"]
+    assert host.stats["dropped:p"] == 1
+
+
+def test_config_file_sections_and_module_list(tmp_path: Path) -> None:
+    from meshd.config import load_settings
+
+    conf = tmp_path / "meshd.toml"
+    conf.write_text('plugin_queue_size = 50\n[plugins]\nmodules = ["my_audit"]\n\n'
+                    '[plugins.my_audit]\ndb_path = "/x.db"\nisolation = "process"\n\n[plugins.other]\n')
+    s = load_settings(conf, environ={"HOME": str(tmp_path)})
+    assert s.plugins == ["my_audit"]
+    assert s.plugin_sections == {"my_audit": {"db_path": "/x.db", "isolation": "process"}, "other": {}}
+    assert s.plugin_queue_size == 50
+    conf.write_text('[plugins.my_audit]\ndb_path = "/x.db"\n')  # sections alone: entry points only
+    s = load_settings(conf, environ={"HOME": str(tmp_path)})
+    assert s.plugins == [] and s.plugin_sections == {"my_audit": {"db_path": "/x.db"}}
+    conf.write_text("[plugins]\nmy_audit = 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(conf, environ={"HOME": str(tmp_path)})
+    assert err.value.key == "plugins.my_audit"
+    conf.write_text("plugin_queue_size = 0\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(conf, environ={"HOME": str(tmp_path)})
+    assert err.value.key == "plugin_queue_size"
