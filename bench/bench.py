@@ -133,6 +133,9 @@ class Bench:
         for r in receivers:
             r.wait("ready", 30)
         ready = sender.wait("ready", ready_timeout)
+        if sender.cfg.get("warm"):  # NATS, Zenoh, PUB/SUB: go once every receiver heard the warm-up
+            for r in receivers:
+                r.wait("warmed", 20)
         cpu = cpu_meter(daemons)
         sender.send(cmd="go")
         # raw_source reports once ("result"); the others report "sent", and "result" on "stop".
