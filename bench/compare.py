@@ -61,9 +61,12 @@ def missing_systems() -> dict[str, str]:
 class Compare(Bench):
     def __init__(self, quick: bool, soak_s: float, soak_rate: float, tiny: bool = False) -> None:
         super().__init__(quick)
-        self.duration = 0.3 if tiny else 1.5 if quick else 4.0
+        self.duration = 0.3 if tiny else 1.5 if quick else 5.0
         self.rtt_cfg = {"n": 50 if tiny else 500 if quick else 2000, "warmup": 20 if tiny else 100,
                         "max_time": 15}
+        # Same count and time bounds for every system: the slowest receiver must drain it in time.
+        self.max_n = 20_000 if tiny else 100_000 if quick else 300_000
+        self.wire_max_n = self.max_n
         self.soak_s, self.soak_rate = soak_s, soak_rate
         self.tiny = tiny
         self.skipped = missing_systems()
@@ -97,7 +100,7 @@ class Compare(Bench):
     def readme_one_way(self, a: Daemon, b: Daemon, tag: str, async_handler: bool = True,
                        label: str = "meshd one-way (async def handler, plain send loop)") -> dict[str, Any]:
         return self.a_to_b(label, a, b, tag, "r" if async_handler else "s", "mesh_recv",
-                           {"topic": "bench", "async_handler": async_handler}, "mesh_send", max_n=3_000_000)
+                           {"topic": "bench", "async_handler": async_handler}, "mesh_send", max_n=self.max_n)
 
     def readme_rtt(self, a: Daemon, b: Daemon, sync_handler: bool = False) -> dict[str, Any]:
         kind = "sync" if sync_handler else "async"
@@ -112,7 +115,7 @@ class Compare(Bench):
         subs = [self.ready_helper("mesh_recv", name=f"sub{k}-{window}-{tag}", socket=str(b.socket),
                                   topic=topic, subscribe=True, async_handler=True) for k in range(N_SUBS)]
         pub = self.helper("mesh_pub", name=f"pub{window}-{tag}", socket=str(a.socket), topic=topic,
-                          subscribers=N_SUBS, window=window, max_n=3_000_000, duration=self.duration)
+                          subscribers=N_SUBS, window=window, max_n=self.max_n, duration=self.duration)
         how = "plain awaited loop" if window == 1 else f"{window} in flight"
         return self.one_way(f"meshd publish to {N_SUBS} ({how})", subs, pub, daemons=(a, b))
 
@@ -120,7 +123,7 @@ class Compare(Bench):
         assert self.nats is not None
         subject = f"bench.{tag}"
         subs = [self.ready_helper("nats_recv", url=self.nats.url, subject=subject) for _ in range(n_subs)]
-        snd = self.helper("nats_send", url=self.nats.url, subject=subject, warm=True, max_n=3_000_000,
+        snd = self.helper("nats_send", url=self.nats.url, subject=subject, warm=True, max_n=self.max_n,
                           duration=self.duration)
         what = "one-way" if n_subs == 1 else f"publish to {n_subs}"
         return self.one_way(f"NATS {what} (async callback, plain publish loop)", subs, snd,
@@ -137,7 +140,7 @@ class Compare(Bench):
         ports = [free_port() for _ in range(n_subs)]
         subs = [self.ready_helper("zenoh_recv", key=key, port=p) for p in ports]
         snd = self.helper("zenoh_send", key=key, port=free_port(), connect_ports=ports, warm=True,
-                          max_n=3_000_000, duration=self.duration)
+                          max_n=self.max_n, duration=self.duration)
         what = "one-way" if n_subs == 1 else f"publish to {n_subs}"
         return self.one_way(f"Zenoh peer {what} (callback, plain put loop)", subs, snd)
 
@@ -149,7 +152,7 @@ class Compare(Bench):
         return self._rtt("Zenoh peer request/reply (plain session.get loop)", rtt, [echo])
 
     def raw_publish(self, tag: str) -> dict[str, Any]:
-        pub = self.ready_helper("raw_pub", warm=True, max_n=3_000_000, duration=self.duration)
+        pub = self.ready_helper("raw_pub", warm=True, max_n=self.max_n, duration=self.duration)
         subs = [self.ready_helper("raw_sub", endpoint=pub.seen["ready"]["endpoint"]) for _ in range(N_SUBS)]
         return self.one_way(f"raw pyzmq PUB -> {N_SUBS} SUB", subs, pub)
 
@@ -315,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.role:
         run_role(args.role, json.loads(args.cfg or "{}"))
         return 0
+    if args.soak_s is not None and not 0 < args.soak_s <= 70:
+        ap.error("--soak-s must be in (0, 70]: every helper ends itself after 90 s")
     t0 = time.monotonic()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the finally below still cleans up
     quick = args.quick or args.tiny
