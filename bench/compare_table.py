@@ -132,6 +132,14 @@ def soak(r: R) -> Cells:
     return (text, "", "", "", "", "", max(growth.values()) <= 2.0)
 
 
+def rss_after_load(r: R) -> Cells:
+    after, idle = r.get("rss_after_load") or {}, (r.get("idle") or {}).get("meshd_daemon") or {}
+    text = " / ".join(f"{v:.0f}" for v in after.values())
+    if idle:
+        text += f" (idle: {' / '.join(f'{v:.0f}' for v in idle.values())})"
+    return (text or "ERROR", "", "", "", "", "", None)
+
+
 def extra_tp(key: str) -> Callable[[R], Cells]:
     def f(r: R) -> Cells:
         x = r.get(key)
@@ -167,6 +175,7 @@ ROWS: list[tuple[str, Callable[[R], Cells], str]] = [
     ("  daemon-side modules the agent imports", agent_imports, "none"),
     ("CPU us/msg one-way: daemons A / B | server", cpu, "(info)"),
     ("RSS growth MiB under steady load, A / B", soak, "<= +2"),
+    ("daemon RSS MiB after all the runs above, A / B", rss_after_load, "(info)"),
     ("(extra) one-way, plain def handler", extra_tp("x_sync_oneway"), "(info)"),
     ("(extra) publish, 256 in flight, per sub", extra_tp("x_publish_256"), "(info)"),
     ("(extra) request/reply, plain def handler", extra_rtt, "(info)"),
