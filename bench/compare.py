@@ -257,7 +257,8 @@ class Compare(Bench):
         if self.have("zenoh"):
             r["zenoh_rtt"] = self.guarded("zenoh_rtt", self.zenoh_rtt, "rr")
         r["raw_rtt"] = self.guarded("raw_rtt", self.raw_rtt)
-        if not self.tiny:
+        if not self.tiny:  # where the microseconds go: the daemons alone, and 6 bare Python hops
+            r["wire_rtt"] = self.guarded("wire_rtt", self.mesh_rtt, a, b, True)
             r["relay_rtt"] = self.guarded("relay_rtt", self.relay_rtt)
         print(f"publish to {N_SUBS} subscribers (plain awaited loop):", flush=True)
         for k in range(self.reps):
@@ -275,6 +276,7 @@ class Compare(Bench):
         if not self.tiny:
             r["x_wire_tp"] = self.guarded("x_wire_tp", self.wire_throughput, a, b, "x", False)
         r["rss_after_load"] = {d.name: rss_mib(d.proc.pid) for d in (a, b) if d.proc is not None}
+        r["daemon_stats_after_load"] = {d.name: self._daemon_stats(d) for d in (a, b)}
         print("memory under steady load:", flush=True)
         r["soak"] = self.guarded("soak", self.soak, a, b)
         for key in list(self._runs):

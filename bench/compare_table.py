@@ -140,6 +140,19 @@ def rss_after_load(r: R) -> Cells:
     return (text or "ERROR", "", "", "", "", "", None)
 
 
+# Daemon counters of messages dropped (each one a loss the table's 'lost' rows may explain).
+DROPS = ("publish_local_dropped", "publish_remote_dropped", "topic_dropped", "malformed")
+
+
+def daemon_drops(r: R) -> Cells:
+    stats = r.get("daemon_stats_after_load") or {}
+    if not stats:
+        return ("ERROR", "", "", "", "", "", None)
+    drops = " / ".join(str(sum(st.get(k, 0) for k in DROPS)) for st in stats.values())
+    stale = " / ".join(str(st.get("peer_stale", 0)) for st in stats.values())
+    return (f"{drops} (peers flipped stale: {stale})", "", "", "", "", "", None)
+
+
 def extra_tp(key: str) -> Callable[[R], Cells]:
     def f(r: R) -> Cells:
         x = r.get(key)
@@ -150,14 +163,13 @@ def extra_tp(key: str) -> Callable[[R], Cells]:
     return f
 
 
-def extra_rtt(r: R) -> Cells:
-    x = r.get("x_sync_rtt")
-    return (f"{x['p50_us']:.0f} / {x['p99_us']:.0f}" if x else "ERROR", "", "", "", "", "", None)
-
-
-def relay_floor(r: R) -> Cells:
-    x = r.get("relay_rtt")
-    return (f"{x['p50_us']:.0f} / {x['p99_us']:.0f}" if x else "", "", "", "", "", "", None)
+def rtt_of(key: str) -> Callable[[R], Cells]:
+    def f(r: R) -> Cells:
+        x = r.get(key)
+        if x is None:
+            return ("ERROR" if key in r.get("errors", {}) else "not run", "", "", "", "", "", None)
+        return (f"{x['p50_us']:.0f} / {x['p99_us']:.0f}", "", "", "", "", "", None)
+    return f
 
 
 def _skip(r: R, system: str) -> str:
@@ -176,11 +188,13 @@ ROWS: list[tuple[str, Callable[[R], Cells], str]] = [
     ("CPU us/msg one-way: daemons A / B | server", cpu, "(info)"),
     ("RSS growth MiB under steady load, A / B", soak, "<= +2"),
     ("daemon RSS MiB after all the runs above, A / B", rss_after_load, "(info)"),
+    ("batches dropped in daemons A / B, all runs", daemon_drops, "(info)"),
     ("(extra) one-way, plain def handler", extra_tp("x_sync_oneway"), "(info)"),
     ("(extra) publish, 256 in flight, per sub", extra_tp("x_publish_256"), "(info)"),
-    ("(extra) request/reply, plain def handler", extra_rtt, "(info)"),
+    ("(extra) request/reply, plain def handler", rtt_of("x_sync_rtt"), "(info)"),
     ("(extra) one-way, pre-encoded raw-wire sender", extra_tp("x_wire_tp"), "(info)"),
-    ("(extra) rtt floor: 2 bare pyzmq relays, 6 hops", relay_floor, "(info)"),
+    ("(extra) rtt, raw-wire agents: the daemons' share", rtt_of("wire_rtt"), "(info)"),
+    ("(extra) rtt floor: 2 bare pyzmq relays, 6 hops", rtt_of("relay_rtt"), "(info)"),
 ]
 
 
