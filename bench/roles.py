@@ -366,8 +366,7 @@ async def mesh_recv(cfg: Cfg) -> None:
     async with _agent(cfg) as me:
         topic = cfg["topic"]
 
-        @me.on(topic)
-        def on_msg(msg: Any) -> None:
+        def count(msg: Any) -> None:
             if msg.payload.get("warm"):
                 extra["warm"] += 1
                 return
@@ -378,6 +377,13 @@ async def mesh_recv(cfg: Cfg) -> None:
                     return
                 seen_seqs.add(seq)
             tally.add(1)
+
+        if cfg.get("async_handler"):  # the README's way: an ``async def`` handler
+            @me.on(topic)
+            async def on_msg_async(msg: Any) -> None:
+                count(msg)
+        else:  # (extra rows) a plain ``def`` handler, which the client runs inline
+            me.on(topic)(count)
 
         if cfg.get("subscribe"):
             await me.subscribe(topic)
@@ -413,11 +419,14 @@ async def mesh_send(cfg: Cfg) -> None:
         t0 = time.perf_counter()
         cpu0 = time.process_time()
         i = 0
+        rate = float(cfg.get("rate") or 0)  # > 0: a steady load of this many msgs/s (soak)
         if qos == 0:
             seen_refusals = 0
             while i < max_n:
                 await send(to, "bench", make_payload(i))
                 i += 1
+                if rate and not i & 63 and (ahead := t0 + i / rate - time.perf_counter()) > 0:
+                    await asyncio.sleep(ahead)
                 if not i & 1023:
                     if time.perf_counter() > deadline:
                         break
@@ -480,9 +489,13 @@ async def mesh_send(cfg: Cfg) -> None:
 
 async def mesh_echo(cfg: Cfg) -> None:
     async with _agent(cfg) as me:
-        @me.on("rr")
         def echo(msg: Any) -> Any:
             return msg.payload
+
+        async def echo_async(msg: Any) -> Any:  # the README's way: an ``async def`` handler
+            return msg.payload
+
+        me.on("rr")(echo if cfg.get("sync_handler") else echo_async)
 
         emit({"event": "ready"})
         await wait_cmd_async()
@@ -525,7 +538,18 @@ async def mesh_pub(cfg: Cfg) -> None:
         i = 0
         counts: dict[int, int] = {}
         failures = 0
-        while i < max_n and time.perf_counter() < deadline:
+        publish = me.publish
+        while window == 1 and i < max_n:  # the README's way: a plain awaited loop
+            try:
+                got = await publish(topic, make_payload(i))
+                reach = got if isinstance(got, int) else -1  # -1: this API gave no reach count
+                counts[reach] = counts.get(reach, 0) + 1
+            except Exception:
+                failures += 1
+            i += 1
+            if not i & 255 and time.perf_counter() > deadline:
+                break
+        while window > 1 and i < max_n and time.perf_counter() < deadline:
             k = min(window, max_n - i)
             results = await asyncio.gather(
                 *(me.publish(topic, make_payload(i + j)) for j in range(k)), return_exceptions=True
@@ -788,7 +812,12 @@ ROLES: dict[str, Callable[[Cfg], Any]] = {
 def run_role(name: str, cfg: Cfg) -> None:
     """Run one helper role. Async (Agent) roles run under the hard timeout; sync ones bound every
     wait themselves. Every socket made by zsocket is closed on the way out."""
-    role = ROLES[name]
+    if name in ROLES:
+        role = ROLES[name]
+    else:  # NATS, Zenoh, raw PUB/SUB (imported only by the helpers that need them)
+        from roles_peers import PEER_ROLES
+
+        role = PEER_ROLES[name]
     try:
         if inspect.iscoroutinefunction(role):
             asyncio.run(asyncio.wait_for(role(cfg), HELPER_HARD_TIMEOUT))
