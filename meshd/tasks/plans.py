@@ -103,7 +103,8 @@ def _topological(items: dict[str, PlanItem]) -> list[PlanItem]:
 
 
 def _find_cycle(items: dict[str, PlanItem], left: set[str]) -> list[str]:
-    """One cycle among ``left`` (every node there has a dep in ``left``), as a closed path."""
+    """One cycle among ``left`` (every node there has a dep in ``left``), as a closed path in which
+    each task depends on the next."""
     start = min(left)
     path = [start]
     seen = {start: 0}
