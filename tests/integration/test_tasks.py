@@ -26,7 +26,7 @@ import pytest
 from meshd import Agent
 from meshd.config import Settings
 from meshd.errors import NoSuchTask, ValidationFailed
-from meshd.tasks import TaskCall, TaskService, TaskWorker
+from meshd.tasks import REPLAN_TOPIC, TaskCall, TaskService, TaskWorker
 from meshd.testing import MeshdFactory, async_wait_until, wait_listed, wait_until
 
 AGENTS = Path(__file__).with_name("task_agents.py")
@@ -346,3 +346,40 @@ def test_kill9_of_owner_mid_plan_every_task_done_exactly_once(
         if rec["deps"]:
             deps = rec["result"]["deps"]
             assert deps and all(v["by"].startswith("w-") for v in deps.values())
+
+
+def test_plan_rounds_ask_the_creator_and_stop_when_it_says_so(meshd_factory: MeshdFactory,
+                                                              tmp_path: Path) -> None:
+    a = meshd_factory.spawn("a")
+
+    async def scenario() -> None:
+        async with Agent("planner", socket=a.socket) as planner, \
+                Agent("doubler", socket=a.socket, capabilities=["double"]) as doubler:
+            TaskWorker(doubler, lambda t: t.input * 2)
+            asked: list[dict[str, Any]] = []
+
+            @planner.on(REPLAN_TOPIC)
+            def replan(msg: Any) -> Any:
+                asked.append(msg.payload)
+                if msg.payload["round"] == 1:  # one more round, fed with this round's result
+                    return {"tasks": [{"id": "again", "title": "double again", "capability": "double",
+                                       "input": msg.payload["results"]["d"]}]}
+                return None  # enough
+
+            await wait_listed(planner, "doubler")
+            service = TaskService(planner, tmp_path / "tasks.db", settings())
+            await service.start()
+            try:
+                plan = await service.create_plan(creator="planner", rounds=3, tasks=[
+                    {"id": "d", "title": "double", "capability": "double", "input": 5}])
+                await async_wait_until(lambda: service.plan_status(plan["id"])["state"] != "running",
+                                       what="the plan to finish")
+                status = service.plan_status(plan["id"])
+                assert status["state"] == "done" and status["round"] == 2 and status["rounds"] == 2
+                assert [(t["key"], t["round"], t["result"]) for t in status["tasks"]] == [("d", 1, 10),
+                                                                                         ("again", 2, 20)]
+                assert [(p["round"], p["results"]) for p in asked] == [(1, {"d": 10}), (2, {"again": 20})]
+            finally:
+                await service.stop()
+
+    asyncio.run(scenario())
