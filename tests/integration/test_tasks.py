@@ -383,3 +383,49 @@ def test_plan_rounds_ask_the_creator_and_stop_when_it_says_so(meshd_factory: Mes
                 await service.stop()
 
     asyncio.run(scenario())
+
+
+def test_cancel_running_task_cancels_the_handler_and_fails_dependants(meshd_factory: MeshdFactory,
+                                                                     tmp_path: Path) -> None:
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+
+    async def scenario() -> None:
+        async with Agent("owner", socket=a.socket) as owner, \
+                Agent("slow", socket=b.socket, capabilities=["slow"]) as slow:
+            started = asyncio.Event()
+            stopped = asyncio.Event()
+
+            async def forever(task: TaskCall) -> Any:
+                started.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    stopped.set()
+                    raise
+
+            TaskWorker(slow, forever)
+            await wait_listed(owner, "slow")
+            events = Events()
+            service = TaskService(owner, tmp_path / "tasks.db", settings(), emit=events)
+            await service.start()
+            try:
+                plan = await service.create_plan(creator="owner", tasks=[
+                    {"id": "long", "title": "long", "capability": "slow"},
+                    {"id": "next", "title": "next", "capability": "slow", "deps": ["long"]}])
+                await asyncio.wait_for(started.wait(), 10)
+                long_id = next(t["id"] for t in plan["tasks"] if t["key"] == "long")
+                record = service.cancel_task(long_id, by="owner")
+                assert record["state"] == "cancelled" and record["error"] == "cancelled by owner"
+                await asyncio.wait_for(stopped.wait(), 10)  # the worker's handler was cancelled
+                status = service.plan_status(plan["id"])
+                assert status["state"] == "failed"
+                assert [(t["key"], t["state"]) for t in status["tasks"]] == [("long", "cancelled"),
+                                                                            ("next", "failed")]
+                assert service.cancel_task(long_id, by="again")["error"] == "cancelled by owner"
+                assert ("task.cancelled", "owner") in [(n, d.get("by")) for n, d in events.items]
+            finally:
+                await service.stop()
+
+    asyncio.run(scenario())
