@@ -119,8 +119,14 @@ def meshd_main(argv: list[str] | None = None) -> int:
     _run_parser(sub)
     demo = sub.add_parser("demo", help="start a 3-node mesh on 127.0.0.1 and run a collaboration")
     demo.add_argument("--keep-logs", action="store_true", help="print the daemons' logs afterwards")
+    demo.add_argument("--plan", action="store_true",
+                      help="the plan scenario instead: tasks picked by capability and load (docs/tasks.md)")
     args = parser.parse_args(argv)
     if args.command == "demo":
+        if args.plan:  # the tasks scenario (meshd/demo_plan.py)
+            from .demo_plan import run_plan_demo
+
+            return int(run_plan_demo(keep_logs=args.keep_logs))
         from .demo import run_demo
 
         return int(run_demo(keep_logs=args.keep_logs))

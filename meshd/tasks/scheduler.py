@@ -89,6 +89,10 @@ class Directory:
             if fetching.done() and self._fetching is fetching:
                 self._fetching = None
 
+    def cached(self, name: str) -> dict[str, Any]:
+        """The last record seen of agent ``name`` ({} if none), without asking the daemon."""
+        return self._agents.get(name, {})
+
     async def _fetch(self) -> dict[str, dict[str, Any]]:
         listed = await self.agent.agents()
         self._agents = {str(a.get("name")): a for a in listed if isinstance(a, dict)}
