@@ -132,9 +132,11 @@ class TaskService:
         record = self._new_record(item, creator=creator, deadline=deadline, plan_id=None, deps=[], round_no=0)
         record["key"] = None
         store.add_task(record)
-        await store.commit()
-        self.event("created", record)
+        # Started before the commit: when the directory is fresh the assignment is staged in this
+        # loop turn and shares the creation's fsync; the request still leaves only after it.
         self._drive(record)
+        await self._commit_created([record])
+        self.event("created", record)
         return public(record)
 
     async def create_plan(self, *, creator: str, tasks: list[dict[str, Any]], rounds: int = 1,
@@ -157,13 +159,13 @@ class TaskService:
                 "round": 1, "created_at": time.time(), "deadline": deadline, "error": None}
         records = self._add_round(plan, items, round_no=1)
         store.add_plan(plan)
-        await store.commit()
+        ready = [r for r in records if r["state"] == "ready"]
+        for record in ready:  # before the commit, as in create_task
+            self._drive(record)
+        await self._commit_created(records, plan)
         self.event("created", plan, kind="plan")
         for record in records:
             self.event("created", record)
-        for record in records:
-            if record["state"] == "ready":
-                self._drive(record)
         return self.plan_status(str(plan["id"]))
 
     def task_status(self, task_id: str) -> dict[str, Any]:
@@ -318,6 +320,22 @@ class TaskService:
         finally:
             if self._drivers.get(record["id"]) is asyncio.current_task():
                 del self._drivers[record["id"]]
+
+    async def _commit_created(self, records: list[dict[str, Any]],
+                              plan: dict[str, Any] | None = None) -> None:
+        """Commit new records; if that fails, forget them (and stop their drivers) and raise."""
+        store = self._store()
+        try:
+            await store.commit()
+        except BaseException:
+            for record in records:
+                driver = self._drivers.pop(record["id"], None)
+                if driver is not None:
+                    driver.cancel()
+                store.tasks.pop(record["id"], None)
+            if plan is not None:
+                store.plans.pop(plan["id"], None)
+            raise
 
     def _deps_done(self, record: dict[str, Any]) -> bool:
         tasks = self._store().tasks
