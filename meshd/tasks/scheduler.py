@@ -65,6 +65,12 @@ def agent_load(record: dict[str, Any], in_flight: int = 0) -> tuple[float, float
     return (load, _number(tele.get("context_used_pct")), str(record.get("name", "")))
 
 
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned request's outcome, so asyncio does not report it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 class Directory:
     """The agent directory as the daemon reports it, fetched at most once per ``refresh`` seconds."""
 
@@ -121,6 +127,8 @@ class Scheduler:
         self.host = host
         self.directory = Directory(agent, settings.directory_refresh)
         self.in_flight: Counter[str] = Counter()
+        #: Set by the service's stop(): dispatches in flight are abandoned, not cancelled.
+        self.stopping = False
 
     # ------------------------------------------------------------------ picking
 
@@ -177,7 +185,13 @@ class Scheduler:
             await asyncio.wait({request, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not request.done():
-                request.cancel()
+                if self.stopping:
+                    # The service is stopping, not the task: let the assignee finish (no cancel
+                    # sent). After the restart it is re-asked with this attempt and answers from
+                    # its window instead of running the task again.
+                    request.add_done_callback(_consume)
+                else:
+                    request.cancel()
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, MeshError):
                 await watch

@@ -99,6 +99,7 @@ class TaskService:
     async def stop(self) -> None:
         """Stop driving tasks (they stay stored as they are and resume at the next start)."""
         self._stopping = True
+        self.scheduler.stopping = True
         pending = list(self._drivers.values()) + list(self._background)
         for task in pending:
             task.cancel()

@@ -51,7 +51,8 @@ class TaskWorker:
     """Serves tasks on ``agent``: ``handlers`` maps a capability to its handler (or one handler
     takes every capability). ``window`` results are kept to answer re-asked tasks.
 
-    ``runs`` counts handler starts, ``replayed`` re-asks answered without running.
+    ``runs`` counts handler starts, ``done`` handlers that returned, ``replayed`` re-asks answered
+    without running (joined to a running handler, or from the window).
     """
 
     def __init__(self, agent: Any, handlers: dict[str, TaskHandler] | TaskHandler, *,
@@ -62,6 +63,7 @@ class TaskWorker:
         self.handlers = handlers
         self.window = window
         self.runs = 0
+        self.done = 0
         self.replayed = 0
         self._done: OrderedDict[str, tuple[bool, Any, int]] = OrderedDict()
         self._running: dict[str, asyncio.Future[Any]] = {}
@@ -76,7 +78,7 @@ class TaskWorker:
         return handler
 
     def _summary(self) -> None:
-        self.agent.set_telemetry(tasks_summary={"running": len(self._running), "done": self.runs})
+        self.agent.set_telemetry(tasks_summary={"running": len(self._running), "done": self.done})
 
     async def _on_task(self, msg: Any) -> Any:
         body = msg.payload if isinstance(msg.payload, dict) else {}
@@ -123,6 +125,7 @@ class TaskWorker:
             self._remember(call.task_id, False, exc, call.attempt)
             raise
         else:
+            self.done += 1
             self._remember(call.task_id, True, result, call.attempt)
             return result
         finally:

@@ -429,3 +429,40 @@ def test_cancel_running_task_cancels_the_handler_and_fails_dependants(meshd_fact
                 await service.stop()
 
     asyncio.run(scenario())
+
+
+def test_graceful_stop_mid_task_then_restart_runs_the_handler_once(meshd_factory: MeshdFactory,
+                                                                   tmp_path: Path) -> None:
+    a = meshd_factory.spawn("a")
+
+    async def scenario() -> None:
+        async with Agent("owner", socket=a.socket) as owner, \
+                Agent("worker", socket=a.socket, capabilities=["slow"]) as worker:
+            started = asyncio.Event()
+            release = asyncio.Event()
+
+            async def slow(task: TaskCall) -> Any:
+                started.set()
+                await release.wait()
+                return "finished"
+
+            tw = TaskWorker(worker, slow)
+            await wait_listed(owner, "worker")
+            first = TaskService(owner, tmp_path / "tasks.db", settings())
+            await first.start()
+            rec = await first.create_task(creator="owner", title="slow", input=None, capability="slow")
+            await asyncio.wait_for(started.wait(), 10)
+            await first.stop()  # the daemon stops while the worker is busy with the task
+            release.set()
+            await async_wait_until(lambda: tw.done == 1, what="the worker to finish the first run")
+            second = TaskService(owner, tmp_path / "tasks.db", settings())
+            await second.start()
+            try:
+                assert second.task_status(rec["id"])["state"] == "running"  # resumed, same attempt
+                done = await second.wait_task(rec["id"], 10)
+                assert done["state"] == "done" and done["result"] == "finished" and done["attempts"] == 1
+                assert (tw.runs, tw.replayed) == (1, 1)  # answered from the window, not run again
+            finally:
+                await second.stop()
+
+    asyncio.run(scenario())
