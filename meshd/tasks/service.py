@@ -37,6 +37,7 @@ log = logging.getLogger("meshd.tasks")
 REPLAN_TOPIC = "meshd.plan.round"
 
 _MAX_TITLE = 500
+_DISPATCH_OVERHEAD = 4096  # room in a dispatch payload for everything but the input and deps
 _MAX_CAPABILITY = 128
 _SUMMARY_KEYS = ("id", "title", "capability", "state", "assignee", "attempts", "error", "creator", "plan_id",
                  "key", "round", "why")
@@ -453,9 +454,13 @@ class TaskService:
 
     def _check_input(self, value: Any, where: str) -> None:
         try:
-            encode_payload(value)
+            size = len(encode_payload(value))
         except ValidationFailed as exc:
             raise ValidationFailed(f"{where}: {exc.message}") from None
+        limit = self.settings.max_payload_bytes - _DISPATCH_OVERHEAD
+        if size > limit:  # it could never be dispatched
+            raise ValidationFailed(f"{where}: {size} bytes encoded, more than the {limit} a dispatch can "
+                                   "carry (max_payload_bytes less room for the task's other fields)")
 
     def _deadline(self, deadline_s: float | None) -> float:
         if deadline_s is None:

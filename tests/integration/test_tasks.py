@@ -282,6 +282,13 @@ def test_plan_validation_creates_nothing(meshd_factory: MeshdFactory, tmp_path: 
                         await service.create_plan(creator="owner", tasks=tasks)
                 with pytest.raises(ValidationFailed, match="rounds"):
                     await service.create_plan(creator="owner", tasks=[one], rounds=99)
+                with pytest.raises(ValidationFailed, match=r"tasks\[a\]\.input: \d+ bytes encoded"):
+                    await service.create_plan(creator="owner", tasks=[{**one, "input": "x" * 2_000_000}])
+                with pytest.raises(ValidationFailed, match="input: payload is not msgpack-encodable"):
+                    await service.create_task(creator="owner", title="t", input=object(), capability="c")
+                with pytest.raises(ValidationFailed, match="deadline_s"):
+                    await service.create_task(creator="owner", title="t", input=1, capability="c",
+                                              deadline_s=0)
                 assert service.list_tasks() == []
                 assert service.store is not None and service.store.plans == {}
             finally:
