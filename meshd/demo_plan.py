@@ -20,12 +20,24 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, TextIO
 
 from .client import Agent
 from .config import Settings, TaskSettings
-from .demo import Demo, DemoFailed, _quiet_client_logs, _sigterm_as_interrupt, summarize
+from .demo import (
+    LOOPBACK,
+    NODE_NAMES,
+    Daemon,
+    Demo,
+    DemoFailed,
+    _quiet_client_logs,
+    _sigterm_as_interrupt,
+    summarize,
+    wait_for_sockets,
+)
 from .errors import MeshError
 from .tasks import TaskCall, TaskService, TaskWorker
 
@@ -55,6 +67,22 @@ class PlanDemo(Demo):
         self.service: TaskService | None = None
         self.t0 = time.perf_counter()
         self.plan_state = "not run"
+
+    def start_daemons(self) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="meshd-demo-", dir="/tmp"))
+        self.say(f"meshd demo --plan: three daemons, four workers and a planner on {LOOPBACK} "
+                 "(nothing leaves this host)")
+        self.say()
+        self.say(f"  mesh      {self.mesh}")
+        self.say(f"  temp dir  {self.workdir}")
+        self.current = "starting the daemons"
+        self.launched = time.perf_counter()
+        for i, name in enumerate(NODE_NAMES, 1):
+            daemon = Daemon(name, self.mesh, self.workdir / f"n{i}",
+                            log_level="info" if self.keep_logs else "warning")
+            self.daemons.append(daemon)
+            daemon.start()
+        wait_for_sockets(self.daemons)
 
     def _line(self, text: str) -> None:
         self.say(f"  +{(time.perf_counter() - self.t0) * 1000:6.0f} ms  {text}")
@@ -161,6 +189,7 @@ def run_plan_demo(keep_logs: bool = False) -> int:
     demo = PlanDemo(sys.stdout, keep_logs)
     status = 1
     error = None
+    ended: list[str] = []
     with _sigterm_as_interrupt(), _quiet_client_logs():
         try:
             demo.start_daemons()
@@ -171,11 +200,15 @@ def run_plan_demo(keep_logs: bool = False) -> int:
         except (DemoFailed, MeshError, OSError) as exc:
             error = f"step failed while {demo.current}: {exc}"
         finally:
-            if error is not None:
-                print(f"\nmeshd demo --plan: {error}", file=sys.stderr, flush=True)
-                if status == 1:
-                    demo.print_log_tails()
-            ended = demo.cleanup()
+            try:
+                if error is not None:
+                    print(f"\nmeshd demo --plan: {error}", file=sys.stderr, flush=True)
+                    if status == 1:
+                        demo.print_log_tails()
+            except OSError:  # stdout closed (a pipe): the daemons must still be stopped
+                pass
+            finally:
+                ended = demo.cleanup()
     if status == 0:
         demo.footer(ended)
     demo.print_logs()
