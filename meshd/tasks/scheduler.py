@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from ..config import TaskSettings
 from ..errors import MeshError
+from ..logonce import LogOnce
 from .store import FINISHED, TaskStore
 
 __all__ = ["TASK_TOPIC", "Directory", "Scheduler", "TaskHost", "agent_load"]
@@ -80,6 +81,7 @@ class Directory:
         self._agents: dict[str, dict[str, Any]] = {}
         self._at = -1e9
         self._fetching: asyncio.Future[dict[str, dict[str, Any]]] | None = None
+        self._quiet = LogOnce(log, capacity=4)
 
     async def snapshot(self, max_age: float | None = None) -> dict[str, dict[str, Any]]:
         """Agent name -> directory record, no older than ``max_age`` (default ``refresh``)."""
@@ -100,7 +102,16 @@ class Directory:
         return self._agents.get(name, {})
 
     async def _fetch(self) -> dict[str, dict[str, Any]]:
-        listed = await self.agent.agents()
+        try:
+            listed = await self.agent.agents()
+        except MeshError as exc:
+            # The daemon did not answer (restarting, busy): keep what we knew and ask again soon;
+            # a waiting task keeps waiting instead of losing its driver.
+            self._quiet.log("fetch", "cannot read the agent directory (%s: %s); using the last one seen",
+                            exc.code, exc.message)
+            self._at = time.monotonic() - self.refresh / 2
+            return self._agents
+        self._quiet.forget("fetch")
         self._agents = {str(a.get("name")): a for a in listed if isinstance(a, dict)}
         self._at = time.monotonic()
         return self._agents

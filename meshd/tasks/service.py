@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..backoff import backoff_delay
 from ..client import encode_payload
 from ..config import Settings
 from ..errors import MeshError, ValidationFailed
@@ -313,12 +314,19 @@ class TaskService:
         self._drivers[record["id"]] = task
 
     async def _run_driver(self, record: dict[str, Any]) -> None:
+        failures = 0
         try:
-            await self.scheduler.drive(record)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("task %s: the scheduler failed", record["id"])
+            while True:
+                try:
+                    await self.scheduler.drive(record)
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a bug or a store error: never leave a task without its driver
+                    failures += 1
+                    log.exception("task %s: the scheduler failed (%d time(s)); trying again", record["id"],
+                                  failures)
+                    await asyncio.sleep(backoff_delay(failures, 0.5, 30.0))
         finally:
             if self._drivers.get(record["id"]) is asyncio.current_task():
                 del self._drivers[record["id"]]

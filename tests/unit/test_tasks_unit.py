@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from meshd.config import Settings
-from meshd.errors import TaskStoreFull, ValidationFailed
+from meshd.errors import DaemonUnreachable, TaskStoreFull, ValidationFailed
 from meshd.hookspecs import hookimpl
 from meshd.plugins import PluginHost
 from meshd.spawn import Spawner, make_spawner
 from meshd.tasks.plans import compile_plan, plan_state
-from meshd.tasks.scheduler import agent_load
+from meshd.tasks.scheduler import Directory, agent_load
 from meshd.tasks.store import TaskStore
 
 
@@ -126,3 +126,29 @@ def test_spawner_hook_replaces_or_stops(tmp_path: Path) -> None:
     broken.register(BrokenSpawner(), name="broken")
     with pytest.raises(RuntimeError, match="plugin broken failed in meshd_spawner: no container runtime"):
         make_spawner(settings, tmp_path / "s.sock", None, broken)
+
+
+class FlakyDirectory:
+    """An agent whose daemon answers the directory query once, then stops answering."""
+
+    name = "owner"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def agents(self) -> list[dict[str, Any]]:
+        self.calls += 1
+        if self.calls > 1:
+            raise DaemonUnreachable("meshd did not answer")
+        return [{"name": "w", "state": "online", "capabilities": ["c"]}]
+
+
+def test_directory_keeps_the_last_view_when_the_daemon_does_not_answer() -> None:
+    async def scenario() -> None:
+        flaky = FlakyDirectory()
+        directory = Directory(flaky, refresh=0.01)
+        assert set(await directory.snapshot()) == {"w"}
+        await asyncio.sleep(0.02)
+        assert set(await directory.snapshot()) == {"w"}  # stale, but a task waiting on it goes on
+        assert flaky.calls == 2
+    asyncio.run(scenario())
