@@ -92,9 +92,14 @@ class TaskService:
             if record["state"] in ("ready", "running"):
                 self._drive(record)
                 resumed += 1
-        for plan in self.store.plans.values():
-            if plan.get("state") == "running":
-                self._plan_changed(plan)
+        for plan in list(self.store.plans.values()):
+            if plan.get("state") != "running":
+                continue
+            for task_id in plan["tasks"]:  # a failure whose cascade had not reached the disk
+                ended = self.store.tasks.get(task_id)
+                if ended is not None and ended["state"] in ("failed", "cancelled"):
+                    self._fail_dependants(plan, ended)
+            self._plan_changed(plan)
         if resumed:
             log.info("resuming %d task(s) from %s", resumed, self.store_path)
 

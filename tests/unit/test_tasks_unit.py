@@ -14,6 +14,7 @@ from meshd.errors import DaemonUnreachable, TaskStoreFull, ValidationFailed
 from meshd.hookspecs import hookimpl
 from meshd.plugins import PluginHost
 from meshd.spawn import Spawner, make_spawner
+from meshd.tasks import TaskService
 from meshd.tasks.plans import compile_plan, plan_state
 from meshd.tasks.scheduler import Directory, agent_load
 from meshd.tasks.store import TaskStore
@@ -152,3 +153,26 @@ def test_directory_keeps_the_last_view_when_the_daemon_does_not_answer() -> None
         assert set(await directory.snapshot()) == {"w"}  # stale, but a task waiting on it goes on
         assert flaky.calls == 2
     asyncio.run(scenario())
+
+
+def test_restart_finishes_a_cascade_the_crash_cut_short(tmp_path: Path) -> None:
+    store = TaskStore(tmp_path / "tasks.db", max_tasks=100)
+    store.add_plan({"id": "p-1", "creator": "c", "state": "running", "tasks": ["t-a", "t-b"], "rounds": 1,
+                    "round": 1, "deadline": 1e12, "error": None})
+    base = {"capability": "c", "creator": "c", "plan_id": "p-1", "round": 1, "attempts": 0, "title": "x"}
+    store.add_task({**base, "id": "t-a", "key": "a", "state": "failed", "deps": [], "error": "boom"})
+    store.add_task({**base, "id": "t-b", "key": "b", "state": "pending", "deps": ["t-a"]})
+    store.close()
+
+    async def scenario() -> dict[str, Any]:
+        service = TaskService(None, tmp_path / "tasks.db", Settings(state_dir=tmp_path))
+        await service.start()
+        try:
+            return service.plan_status("p-1")
+        finally:
+            await service.stop()
+
+    status = asyncio.run(scenario())
+    assert status["state"] == "failed"
+    assert [(t["key"], t["state"], t["error"]) for t in status["tasks"]] == [
+        ("a", "failed", "boom"), ("b", "failed", "dependency 'a' failed")]
