@@ -119,8 +119,14 @@ def meshd_main(argv: list[str] | None = None) -> int:
     _run_parser(sub)
     demo = sub.add_parser("demo", help="start a 3-node mesh on 127.0.0.1 and run a collaboration")
     demo.add_argument("--keep-logs", action="store_true", help="print the daemons' logs afterwards")
+    demo.add_argument("--plan", action="store_true",
+                      help="the plan scenario instead: tasks picked by capability and load (docs/tasks.md)")
     args = parser.parse_args(argv)
     if args.command == "demo":
+        if args.plan:  # the tasks scenario (meshd/demo_plan.py)
+            from .demo_plan import run_plan_demo
+
+            return int(run_plan_demo(keep_logs=args.keep_logs))
         from .demo import run_demo
 
         return int(run_demo(keep_logs=args.keep_logs))
@@ -244,11 +250,27 @@ def _top_frame(node: dict[str, Any], peers: list[dict[str, Any]], agents: list[d
             "agent": a.get("name"), "node": a.get("node_name"), "state": a.get("state"),
             "ctx%": f"{pct:.0f}" if isinstance(pct, (int, float)) else "-",
             "queue": tele.get("queue_depth", "-"),
-            "tasks": str(tele.get("tasks_summary", ""))[:40],
+            "tasks": task_summary_cell(tele.get("tasks_summary")),
             "caps": ",".join(a.get("capabilities") or []),
         })
     lines += _table_lines(agent_rows, ["agent", "node", "state", "ctx%", "queue", "tasks", "caps"])
     return "\n".join(lines)
+
+
+def task_summary_cell(summary: Any, width: int = 40) -> str:
+    """A ``tasks_summary`` (a map of counts, or a coms-net list of {title, status}) on one line."""
+    if isinstance(summary, list):
+        counts: dict[str, int] = {}
+        for item in summary:
+            if isinstance(item, dict):
+                status = str(item.get("status", "?"))
+                counts[status] = counts.get(status, 0) + 1
+        summary = counts
+    if isinstance(summary, dict):
+        text = " ".join(f"{k}={v}" for k, v in summary.items())
+    else:
+        text = "" if summary is None else str(summary)
+    return text[:width]
 
 
 def _table_lines(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
@@ -305,6 +327,35 @@ async def _deadletters(me: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _tasks(me: Any, args: argparse.Namespace) -> int:
+    """meshctl tasks list|show|cancel, through the daemon's task tools (docs/tasks.md)."""
+    call = getattr(me, "call_tool", None)
+    if call is None:
+        print("meshctl: NOT_WIRED: this meshd has no tool calls (Agent.call_tool), so no task tools",
+              file=sys.stderr)
+        return 1
+    if args.tasks_cmd == "list":
+        query: dict[str, Any] = {"limit": args.limit}
+        if args.state:
+            query["state"] = args.state
+        rows = list(await call("list_tasks", query))
+        if args.json:
+            _print_json(rows)
+            return 0
+        for row in rows:
+            row["note"] = str(row.get("why") or row.get("error") or "")[:60]
+            row["plan"] = row.get("plan_id") or ""
+        _table(rows, ["id", "state", "title", "capability", "assignee", "attempts", "plan", "note"])
+    elif args.tasks_cmd == "show":
+        key = "plan_id" if str(args.id).startswith("p-") else "task_id"
+        _print_json(await call("task_status", {key: args.id}))
+    elif args.tasks_cmd == "cancel":
+        record = await call("cancel_task", {"task_id": args.id})
+        print(f"{record.get('id', args.id)}: {record.get('state')}"
+              + (f" ({record['error']})" if record.get("error") else ""))
+    return 0
+
+
 async def _ctl(args: argparse.Namespace) -> int:
     from .client import Agent
 
@@ -348,6 +399,8 @@ async def _ctl(args: argparse.Namespace) -> int:
             return await _deadletters(me, args)
         elif args.cmd == "top":
             return await _top(me, args)
+        elif args.cmd == "tasks":
+            return await _tasks(me, args)
         elif args.cmd in ("tail", "agent"):
             done = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -356,8 +409,11 @@ async def _ctl(args: argparse.Namespace) -> int:
 
             @me.on()
             def show(msg: Any) -> Any:
-                _print_json({"kind": msg.kind, "from": msg.sender, "topic": msg.topic, "id": msg.id,
-                             "payload": msg.payload, "ts": time.time()})
+                line = {"kind": msg.kind, "from": msg.sender, "topic": msg.topic, "id": msg.id,
+                        "payload": msg.payload, "ts": time.time()}
+                if msg.tasks:
+                    line["tasks"] = msg.tasks
+                _print_json(line)
                 if msg.is_request and getattr(args, "echo", False):
                     return msg.payload
                 return None
@@ -418,6 +474,16 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     dr.add_argument("--to", help="all addressed to this agent")
     dr.add_argument("--all", action="store_true", help="every replayable dead letter")
     dsub.add_parser("purge", help="forget all dead letters")
+    tk = sub.add_parser("tasks", help="tasks this daemon owns (docs/tasks.md)")
+    tksub = tk.add_subparsers(dest="tasks_cmd", required=True)
+    tl = tksub.add_parser("list", help="tasks, newest first")
+    tl.add_argument("--state", choices=["pending", "ready", "running", "done", "failed", "cancelled"])
+    tl.add_argument("--limit", type=int, default=50)
+    tl.add_argument("--json", action="store_true")
+    ts = tksub.add_parser("show", help="one task, or a plan (an id starting with p-), as JSON")
+    ts.add_argument("id")
+    tc = tksub.add_parser("cancel", help="cancel a task (its dependants fail)")
+    tc.add_argument("id")
     k = sub.add_parser("keys", help="node keys and trusted keys (works on files; no daemon needed)")
     k.add_argument("--config", type=Path, help="meshd config file (for state_dir, authorized_keys_dir)")
     k.add_argument("--state-dir", type=Path)

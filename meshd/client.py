@@ -94,6 +94,17 @@ class Message:
         return self.kind == Kind.REQUEST
 
     @property
+    def tasks(self) -> list[dict[str, Any]]:
+        """The task list the sender attached (``headers={"tasks": [{"title", "status"}, ...]}``,
+        coms-net style): well-formed items only, at most 100; [] when there is none."""
+        items = self.headers.get("tasks")
+        if not isinstance(items, list):
+            return []
+        return [{"title": i["title"], "status": i["status"]} for i in items[:100]
+                if isinstance(i, dict) and isinstance(i.get("title"), str)
+                and isinstance(i.get("status"), str)]
+
+    @property
     def time_left(self) -> float | None:
         """Seconds until the requester gives up (None if it set no deadline)."""
         return None if self.deadline is None else self.deadline - time.time()

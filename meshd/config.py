@@ -40,6 +40,9 @@ from meshd.errors import ConfigError
 __all__ = [
     "ENV_PREFIX",
     "Settings",
+    "SpawnSettings",
+    "SpawnTemplate",
+    "TaskSettings",
     "default_runtime_dir",
     "default_socket_path",
     "default_state_dir",
@@ -101,6 +104,89 @@ def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
         return xdg / "meshd"
     home = _env_dir(env, "HOME") or Path.home()
     return home / ".local" / "state" / "meshd"
+
+
+# -- [tasks] and [spawn] sections (issue 9, "tasks" block) ------------------------------------------
+
+
+class TaskSettings(BaseModel):
+    """``[tasks]``: the task store, the scheduler and plans (meshd/tasks/)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_plan_tasks: int = Field(
+        default=256, ge=1, le=100_000,
+        description="Most tasks one create_plan may hold (one round); a bigger plan is refused.")
+    max_rounds: int = Field(
+        default=5, ge=1, le=100, description="Most re-plan rounds a plan may ask for (create_plan rounds).")
+    max_attempts: int = Field(
+        default=3, ge=1, le=100,
+        description="Dispatches of one task (each to another agent where one exists) before it fails.")
+    dispatch_timeout: float = Field(
+        default=30.0, gt=0, description="Seconds one dispatch (a request to the agent) may take.")
+    default_deadline: float = Field(
+        default=3600.0, gt=0,
+        description="Seconds a task may take in all, waiting for a capable agent included, unless "
+        "the caller gives a deadline.")
+    resume_grace: float = Field(
+        default=15.0, gt=0,
+        description="After a restart, seconds a running task waits for its assignee to be online "
+        "again (to be re-asked with the same attempt) before it is retried elsewhere.")
+    max_stored_tasks: int = Field(
+        default=10_000, ge=10,
+        description="Tasks kept in the store; finished ones are pruned oldest first, and when "
+        "only unfinished ones remain, creating more fails with TASK_STORE_FULL.")
+    fsync: bool = Field(
+        default=True,
+        description="Commit the task store with fsync (SQLite synchronous=FULL, like the qos-1 "
+        "outbox). false: synchronous=NORMAL, which survives a kill -9 of the daemon but not a "
+        "power cut, and dispatches faster.")
+    directory_refresh: float = Field(
+        default=0.25, gt=0, le=10,
+        description="Seconds between the scheduler's looks at the agent directory while a task waits.")
+
+
+class SpawnTemplate(BaseModel):
+    """One ``[[spawn.templates]]`` entry: an agent command the daemon may start and supervise."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Template name spawn_agent uses.")
+    command: list[str] = Field(min_length=1, description="argv of the agent process (no shell).")
+    capabilities: list[str] = Field(default_factory=list,
+                                    description="Capabilities the child is told to register.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    cwd: Path | None = Field(default=None, description="Working directory (default: the state dir).")
+    max_instances: int = Field(default=1, ge=1, le=1000, description="Children of this template at once.")
+    restart: Literal["never", "on-failure", "always"] = Field(
+        default="never", description="Restart the child when it exits: never, on-failure, always.")
+
+
+class SpawnSettings(BaseModel):
+    """``[spawn]``: supervised agent children started by spawn_agent (meshd/spawn.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_children: int = Field(default=16, ge=0, le=1000,
+                              description="Children of all templates at once.")
+    stop_timeout: float = Field(default=5.0, gt=0,
+                                description="Seconds a child gets after SIGTERM before SIGKILL.")
+    log_line_bytes: int = Field(default=2000, ge=80, le=65536,
+                                description="Longest child output line logged (longer ones are cut).")
+    max_restarts: int = Field(default=10, ge=0,
+                              description="Restarts of one child before it is given up on.")
+    templates: list[SpawnTemplate] = Field(default_factory=list,
+                                           description="The agent templates spawn_agent may start.")
+
+    @field_validator("templates")
+    @classmethod
+    def _unique_names(cls, value: list[SpawnTemplate]) -> list[SpawnTemplate]:
+        seen: set[str] = set()
+        for template in value:
+            if template.name in seen:
+                raise ValueError(f"template name {template.name!r} is used twice")
+            seen.add(template.name)
+        return value
 
 
 class Settings(BaseModel):
@@ -237,6 +323,11 @@ class Settings(BaseModel):
     def plugin_sections(self) -> dict[str, dict[str, Any]]:
         """Each ``[plugins.NAME]`` table of the config file, by plugin name, as written."""
         return self._plugin_sections
+    # [tasks] and [spawn] sections (issue 9, "tasks" block)
+    tasks: TaskSettings = Field(default_factory=TaskSettings,
+                                description="[tasks]: task store, scheduler and plans.")
+    spawn: SpawnSettings = Field(default_factory=SpawnSettings,
+                                 description="[spawn]: supervised agent children (spawn_agent).")
 
     @field_validator("name")
     @classmethod

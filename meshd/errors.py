@@ -151,6 +151,51 @@ ERRORS_BY_CODE: dict[str, type[MeshError]] = {
 }
 
 
+# -- tasks, plans and spawning (issue 9, "tasks" block) ---------------------------------------------
+
+
+class NoSuchTask(MeshError, LookupError):
+    """No task (or plan) with that id in this daemon's task store."""
+
+    code = "NO_SUCH_TASK"
+
+
+class TaskFailed(MeshError):
+    """A task ended failed or cancelled; ``message`` says why (its last error)."""
+
+    code = "TASK_FAILED"
+
+
+class TaskStoreFull(MeshError):
+    """The task store holds ``tasks.max_stored_tasks`` unfinished tasks: finish or cancel some first."""
+
+    code = "TASK_STORE_FULL"
+    retryable = True
+
+
+class NoSuchTemplate(MeshError, LookupError):
+    """``spawn_agent`` named a template that is not in the config's ``[[spawn.templates]]``."""
+
+    code = "NO_SUCH_TEMPLATE"
+
+
+class SpawnQuota(MeshError):
+    """A template's ``max_instances`` (or ``spawn.max_children``) children are already running."""
+
+    code = "SPAWN_QUOTA"
+    retryable = True
+
+
+class SpawnFailed(MeshError):
+    """The template's command could not be started (not found, not executable, bad cwd)."""
+
+    code = "SPAWN_FAILED"
+
+
+ERRORS_BY_CODE.update({cls.code: cls for cls in (NoSuchTask, TaskFailed, TaskStoreFull, NoSuchTemplate,
+                                                 SpawnQuota, SpawnFailed)})
+
+
 def error_from_wire(wire: Any) -> MeshError:
     """Turn the ``error`` map of an error envelope into the matching typed exception."""
     if not isinstance(wire, dict):

@@ -216,3 +216,49 @@ def meshd_agent_state(agent: dict[str, Any], old: str, new: str) -> Awaitable[No
     Called for every plugin, on its own worker (thread or child process), off the routing path;
     exceptions and timeouts are logged and counted.
     """
+
+
+# -- tasks and spawning (issue 9, "tasks" block) --------------------------------------------------
+
+__all__ += ["meshd_spawner", "meshd_task_event"]
+
+
+@hookspec
+def meshd_task_event(event: str, data: dict[str, Any]) -> Awaitable[None] | None:
+    """A task, a plan or a spawned agent changed: created, assigned, done, failed, cancelled...
+
+    :param event: ``"task.<what>"`` (``created``, ``assigned``, ``waiting``, ``retry``, ``done``,
+        ``failed``, ``cancelled``), ``"plan.<what>"`` (``created``, ``round``, ``done``,
+        ``failed``, ``cancelled``) or ``"spawn.<what>"`` (``started``, ``exited``, ``crashed``,
+        ``restarted``, ``stopped``).
+    :param data: A plain dict. For tasks: ``id``, ``title``, ``capability``, ``state``,
+        ``assignee``, ``attempts``, ``error``, ``creator``, ``plan_id``, ``key``, ``round``,
+        ``why`` and ``event``; ``task.failed`` adds ``dead_letter`` (True when the task itself
+        failed, False when it failed because a dependency did). For plans: ``id``, ``creator``,
+        ``state``, ``round``, ``rounds``, ``error``, ``tasks`` (count) and ``event``. For
+        spawned agents: ``id``, ``name``, ``template``, ``requester``, ``state``, ``pid``,
+        ``returncode``, ``restarts``, ``capabilities``, ``started_at``, ``log_lines``, ``event``.
+
+    Returns None, or an awaitable (awaited with the hook timeout); the result is ignored.
+
+    Called for every plugin, on the plugin worker thread, off the routing path; exceptions and
+    timeouts are logged and counted.
+    """
+
+
+@hookspec(firstresult=True)
+def meshd_spawner(settings: Any, socket_path: Any, emit: Any) -> Any:
+    """Replace the built-in spawner (for example with containers or ``systemd-run``).
+
+    :param settings: The daemon's :class:`meshd.config.Settings` (``settings.spawn.templates``
+        are the only agents it may start).
+    :param socket_path: The agent socket (a :class:`pathlib.Path`) the children attach to.
+    :param emit: A function ``emit(event, data)`` for ``spawn.*`` events, or None.
+
+    Returns None to leave the choice to the next plugin (and finally the built-in
+    :class:`meshd.spawn.Spawner`), or an object with ``async spawn(template, *, requester,
+    name=None) -> dict``, ``list() -> list[dict]`` and ``async stop_all()``.
+
+    Called once when the daemon's tools start, in the node's event loop; stops at the first
+    non-None result. An exception stops the start-up with the plugin's name.
+    """

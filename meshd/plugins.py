@@ -65,7 +65,8 @@ BLOCKED_ENV: Final = "MESHD_BLOCKED_PLUGINS"
 #: The entry-point group third-party distributions register their plugin under.
 ENTRYPOINT_GROUP: Final = hookspecs.PROJECT
 #: Hooks called by each plugin's worker, through its queue.
-OBSERVER_HOOKS: Final = ("meshd_dead_letter", "meshd_collaboration", "meshd_peer_state", "meshd_agent_state")
+OBSERVER_HOOKS: Final = ("meshd_dead_letter", "meshd_collaboration", "meshd_peer_state", "meshd_agent_state",
+                         "meshd_task_event")
 #: Hooks the host calls itself, never through a queue.
 LIFECYCLE_HOOKS: Final = ("meshd_plugin_config", "meshd_configure", "meshd_startup", "meshd_shutdown")
 
@@ -422,6 +423,33 @@ class PluginHost:
         """Queue ``meshd_agent_state(agent, old, new)`` for each plugin implementing it."""
         if "meshd_agent_state" in self._routes:
             self._offer("meshd_agent_state", {"agent": agent, "old": old, "new": new})
+
+    # -- tasks and spawning (issue 9, "tasks" block) ----------------------------------------------
+
+    def task_event(self, event: str, data: Mapping[str, Any]) -> None:
+        """Queue ``meshd_task_event(event, data)`` for the worker thread."""
+        if "meshd_task_event" in self._routes:
+            self._offer("meshd_task_event", {"event": event, "data": data})
+
+    def spawner(self, *, settings: Any, socket_path: Any, emit: Any) -> Any:
+        """The first non-None ``meshd_spawner`` result, or None (use the built-in spawner).
+
+        Unlike observers this is a decision: a plugin that raises stops the caller with a
+        RuntimeError naming it, rather than silently falling back to plain processes.
+        """
+        for impl in reversed(self.pm.hook.meshd_spawner.get_hookimpls()):
+            if impl.wrapper or impl.hookwrapper:
+                continue
+            kwargs = {"settings": settings, "socket_path": socket_path, "emit": emit}
+            try:
+                result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+            except Exception as exc:
+                self._count(f"failed:{impl.plugin_name}")
+                raise RuntimeError(f"plugin {impl.plugin_name} failed in meshd_spawner: {exc}") from exc
+            if result is not None:
+                log.info("plugin %s provides the spawner", impl.plugin_name)
+                return result
+        return None
 
     @property
     def queued(self) -> int:

@@ -10,9 +10,11 @@ from socket import gethostname
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from meshd.config import (
     Settings,
+    SpawnTemplate,
     default_runtime_dir,
     default_socket_path,
     default_state_dir,
@@ -294,13 +296,41 @@ def test_ensure_dirs_not_a_directory(tmp_path: Path) -> None:
 # --- the commented example in conf/ ---------------------------------------------------------------
 
 
-def example_settings() -> dict[str, str]:
-    found: dict[str, str] = {}
+SECTION_LINE = re.compile(r"^#\s?\[\[?([a-z_.]+)\]\]?\s*$")
+EXAMPLE_ONLY = frozenset({"spawn.templates"})  # an example entry, not a default
+ARRAY_TABLES = frozenset({"spawn.templates"})
+
+
+def example_sections() -> dict[str, dict[str, str]]:
+    """The commented settings of the example, by section ("" = top level, "tasks", "spawn"...)."""
+    found: dict[str, dict[str, str]] = {"": {}}
+    section = ""
     for line in EXAMPLE.read_text().splitlines():
+        head = SECTION_LINE.match(line)
+        if head:
+            section = head.group(1)
+            found.setdefault(section, {})
+            continue
         m = SETTING_LINE.match(line)
         if m:
-            found[m.group(1)] = line.lstrip("#").strip()
+            found[section][m.group(1)] = line.lstrip("#").strip()
     return found
+
+
+def example_settings() -> dict[str, str]:
+    return example_sections()[""]
+
+
+def example_toml(skip: frozenset[str] = frozenset()) -> str:
+    """The example with every setting uncommented (sections in ``skip`` left out)."""
+    parts = []
+    for section, settings in example_sections().items():
+        if section in skip:
+            continue
+        if section:
+            parts.append(f"[[{section}]]" if section in ARRAY_TABLES else f"[{section}]")
+        parts += list(settings.values())
+    return "\n".join(parts) + "\n"
 
 
 def test_example_is_all_comments() -> None:
@@ -309,15 +339,38 @@ def test_example_is_all_comments() -> None:
 
 
 def test_example_covers_every_field() -> None:
-    found = example_settings()
-    assert set(found) == set(Settings.model_fields)
+    sections = example_sections()
+    nested = {name for name, f in Settings.model_fields.items()
+              if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)}
+    assert set(sections[""]) | nested == set(Settings.model_fields)
+    for name in nested:
+        model = Settings.model_fields[name].annotation
+        assert set(sections[name]) | {"templates"} >= set(model.model_fields), name  # type: ignore[union-attr]
+        assert set(sections[name]) <= set(model.model_fields), name  # type: ignore[union-attr]
+    assert set(sections["spawn.templates"]) == set(SpawnTemplate.model_fields)
+
+
+def test_example_template_loads(tmp_path: Path) -> None:
+    s = load(write(tmp_path, example_toml()), environ={"HOME": "/home/u"})
+    assert [t.name for t in s.spawn.templates] == ["summarizer"]
+    assert s.spawn.templates[0].restart == "on-failure"
 
 
 def test_example_values_are_the_defaults(tmp_path: Path) -> None:
-    path = write(tmp_path, "\n".join(example_settings().values()) + "\n")
+    path = write(tmp_path, example_toml(EXAMPLE_ONLY))
     s = load(path, environ={"HOME": "/home/u"})
     defaults = load(environ={"HOME": "/home/u"})
     for key in Settings.model_fields:
         if key in {"name", "state_dir", "socket", "authorized_keys_dir", "mesh_secret_file"}:  # examples
             continue
         assert getattr(s, key) == getattr(defaults, key), key
+
+
+def test_sections_name_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"tasks\.max_attemps"):
+        load(write(tmp_path, "[tasks]\nmax_attemps = 2\n"))
+    with pytest.raises(ConfigError, match=r"spawn\.templates"):
+        load(write(tmp_path, '[[spawn.templates]]\nname = "a"\ncommand = ["x"]\n'
+                             '[[spawn.templates]]\nname = "a"\ncommand = ["y"]\n'))
+    with pytest.raises(ConfigError, match=r"spawn\.templates\.0\.command"):
+        load(write(tmp_path, '[[spawn.templates]]\nname = "a"\ncommand = []\n'))
