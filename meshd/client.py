@@ -476,6 +476,27 @@ class Agent:
         result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "node"})
         return dict(result or {})
 
+    # ------------------------------------------------------------------ syscall tools (issue 9)
+
+    async def tools(self, *, format: str | None = None) -> list[dict[str, Any]]:
+        """The tools this daemon serves: name, description, input_schema, side_effects, plugin
+        (or, with ``format`` = ``openai`` / ``anthropic`` / ``mcp``, the shape that API takes)."""
+        from .tools.names import TOPIC_LIST, system_agent_name
+
+        result = await self.request(system_agent_name(str(self.node)), TOPIC_LIST,
+                                    {"format": format} if format else None, timeout=CONTROL_TIMEOUT)
+        return list(result or [])
+
+    async def call_tool(self, name: str, args: dict[str, Any] | None = None, *,
+                        timeout: float = DEFAULT_REQUEST_TIMEOUT) -> Any:
+        """Call tool ``name`` with ``args`` on the local daemon and return its result. Failures are
+        typed: NoSuchTool, ValidationFailed (names the field), Forbidden, QuotaExceeded,
+        ApprovalDenied, NotWired, RequestTimeout (a held call not decided within ``timeout``)."""
+        from .tools.names import TOPIC_CALL, system_agent_name
+
+        return await self.request(system_agent_name(str(self.node)), TOPIC_CALL,
+                                  {"name": name, "args": args or {}}, timeout=timeout)
+
     # ----------------------------------------------------------------------------- internals
 
     def _require_loop(self) -> asyncio.AbstractEventLoop:

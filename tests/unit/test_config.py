@@ -294,11 +294,20 @@ def test_ensure_dirs_not_a_directory(tmp_path: Path) -> None:
 # --- the commented example in conf/ ---------------------------------------------------------------
 
 
-def example_settings() -> dict[str, str]:
+SECTION_LINE = re.compile(r"^#\s?\[([a-z_.]+)\]\s*$")
+
+
+def example_settings(section: str | None = None) -> dict[str, str]:
+    """The commented ``key = value`` lines of the example: top-level ones, or one ``[section]``'s."""
     found: dict[str, str] = {}
+    current: str | None = None
     for line in EXAMPLE.read_text().splitlines():
+        header = SECTION_LINE.match(line)
+        if header:
+            current = header.group(1)
+            continue
         m = SETTING_LINE.match(line)
-        if m:
+        if m and current == section:
             found[m.group(1)] = line.lstrip("#").strip()
     return found
 
@@ -310,7 +319,17 @@ def test_example_is_all_comments() -> None:
 
 def test_example_covers_every_field() -> None:
     found = example_settings()
-    assert set(found) == set(Settings.model_fields)
+    sections = {"tools"}  # tables: their own section in the example, checked below
+    assert set(found) | sections == set(Settings.model_fields)
+
+
+def test_example_tools_section_is_complete_and_default(tmp_path: Path) -> None:
+    from meshd.config import ToolsSettings
+
+    found = example_settings("tools")
+    assert set(found) == set(ToolsSettings.model_fields)
+    path = write(tmp_path, "[tools]\n" + "\n".join(found.values()) + "\n")
+    assert load(path, environ={"HOME": "/home/u"}).tools == ToolsSettings()
 
 
 def test_example_values_are_the_defaults(tmp_path: Path) -> None:
