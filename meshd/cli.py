@@ -348,6 +348,10 @@ async def _ctl(args: argparse.Namespace) -> int:
             return await _deadletters(me, args)
         elif args.cmd == "top":
             return await _top(me, args)
+        elif args.cmd in ("tools", "approvals"):  # issue 9: syscall tools (meshd/tools/ctl.py)
+            from .tools import ctl as tools_ctl
+
+            return await tools_ctl.run(me, args)
         elif args.cmd in ("tail", "agent"):
             done = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -435,6 +439,9 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     lst.add_argument("--json", action="store_true")
     sec = ksub.add_parser("secret", help="create a new mesh secret file (trust_mode secret)")
     sec.add_argument("path")
+    from .tools import ctl as tools_ctl  # issue 9: meshctl tools|approvals
+
+    tools_ctl.add_parsers(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="meshctl: %(message)s")
     if args.cmd == "keys":
