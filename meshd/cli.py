@@ -119,7 +119,17 @@ def meshd_main(argv: list[str] | None = None) -> int:
     _run_parser(sub)
     demo = sub.add_parser("demo", help="start a 3-node mesh on 127.0.0.1 and run a collaboration")
     demo.add_argument("--keep-logs", action="store_true", help="print the daemons' logs afterwards")
+    mcp = sub.add_parser("mcp", help="stdio MCP server attached to the local daemon as an agent "
+                         "(needs the 'mcp' extra)")  # issue 9 (meshd/mcp_server.py)
+    mcp.add_argument("--socket", type=Path, default=None, help="the daemon's agent socket")
+    mcp.add_argument("--name", default=None, help="agent name (default: mcp-<pid>)")
+    mcp.add_argument("--capability", action="append", default=[], help="capability to register (repeatable)")
+    mcp.add_argument("--inbox", type=int, default=100, help="unread messages kept for wait_message")
     args = parser.parse_args(argv)
+    if args.command == "mcp":
+        from .mcp_server import run_mcp_server
+
+        return run_mcp_server(args.socket, args.name, args.capability, max(1, args.inbox))
     if args.command == "demo":
         from .demo import run_demo
 

@@ -112,6 +112,12 @@ class WaitTaskArgs(_Args):
     timeout_s: float = Field(default=60.0, gt=0, description="Seconds to wait at most.")
 
 
+class ListTasksArgs(_Args):
+    state: str | None = Field(default=None, description="Only tasks in this state (pending, ready, "
+                              "running, done, failed, cancelled).")
+    limit: int = Field(default=50, ge=1, le=1000, description="At most this many, newest first.")
+
+
 class CancelTaskArgs(_Args):
     task_id: str = Field(description="The task to cancel.", min_length=1)
 
@@ -285,6 +291,11 @@ async def wait_task(args: WaitTaskArgs, ctx: ToolContext) -> dict[str, Any]:
     return dict(await tasks.wait_task(args.task_id, _bounded(ctx, args.timeout_s)))
 
 
+async def list_tasks(args: ListTasksArgs, ctx: ToolContext) -> list[dict[str, Any]]:
+    tasks = _tasks(ctx, "list_tasks")
+    return list(tasks.list_tasks(state=args.state, limit=args.limit))
+
+
 async def cancel_task(args: CancelTaskArgs, ctx: ToolContext) -> dict[str, Any]:
     tasks = _tasks(ctx, "cancel_task")
     return dict(tasks.cancel_task(args.task_id, by=ctx.caller))
@@ -317,6 +328,8 @@ def builtin_tools() -> list[Tool]:
              TaskStatusArgs, task_status),
         Tool("wait_task", "Wait until a task is done, failed or cancelled (bounded by timeout_s); "
              "returns its record.", WaitTaskArgs, wait_task),
+        Tool("list_tasks", "List the tasks this daemon owns (state, assignee, attempts).", ListTasksArgs,
+             list_tasks),
         Tool("cancel_task", "Cancel a task that has not finished.", CancelTaskArgs, cancel_task,
              side_effects=True),
     ]
