@@ -239,7 +239,7 @@ async def spawn_agent(args: SpawnAgentArgs, ctx: ToolContext) -> dict[str, Any]:
     quotas = _quotas(ctx)
     if quotas is not None:
         def alive(name: str) -> bool:
-            return any(r.get("name") == name and r.get("state") not in ("exited", "stopped", "failed", "gone")
+            return any(r.get("name") == name and r.get("state") in ("starting", "running", "restarting")
                        for r in spawner.list())
         quotas.check_spawn(ctx.caller, alive)
     record: dict[str, Any] = await spawner.spawn(args.template, requester=ctx.caller, name=args.name)

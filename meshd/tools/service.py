@@ -25,7 +25,7 @@ from typing import Any, Final, Protocol
 
 from ..client import DEFER, Agent, Message
 from ..config import Settings
-from ..errors import Forbidden, MeshError, QuotaExceeded, ValidationFailed
+from ..errors import Forbidden, MeshError, NotWired, QuotaExceeded, ValidationFailed
 from ..plugins import PluginHost
 from .builtin import BUILTIN_PLUGIN_NAME, BuiltinTools
 from .names import TOPIC_APPROVALS, TOPIC_CALL, TOPIC_LIST, TOPIC_TASK_EVENTS, system_agent_name
@@ -71,6 +71,9 @@ class SystemAgent:
                                          "max_pending_asks": self.settings.tools.max_pending_asks}
         self.stats: dict[str, int] = {}
         self._publishing: set[asyncio.Task[Any]] = set()
+        # set once the services are wired: a call that arrives while they start waits for them
+        # (else a task tool would answer NOT_WIRED for a service that is about to run)
+        self._started = asyncio.Event()
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -88,6 +91,7 @@ class SystemAgent:
         self.agent = agent
         await self._wire_tasks(agent)
         self._wire_spawner()
+        self._started.set()
         log.info("system agent %s serves %d tools (%s)%s", self.name, len(self.registry),
                  ", ".join(self.registry.names()),
                  "".join(f"; {k} not wired: {v}" for k, v in self.not_wired.items()))
@@ -109,12 +113,14 @@ class SystemAgent:
 
     def _wire_spawner(self) -> None:
         try:
-            from ..spawn import Spawner  # type: ignore[import-not-found,unused-ignore]
+            # make_spawner: a meshd_spawner plugin's spawner (systemd-run, containers), else the
+            # built-in Spawner
+            from ..spawn import make_spawner  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
             self.not_wired["spawn"] = f"meshd.spawn is not available ({exc})"
             return
         try:
-            self.spawner = Spawner(self.settings, self.node.socket_path, emit=self.emit)
+            self.spawner = make_spawner(self.settings, self.node.socket_path, self.emit, self.node.plugins)
         except Exception as exc:
             log.exception("the spawner failed to start; spawn_agent will fail with NOT_WIRED")
             self.not_wired["spawn"] = f"the spawner failed to start: {exc}"
@@ -172,6 +178,15 @@ class SystemAgent:
 
     # ----------------------------------------------------------------------------- requests
 
+    async def _wait_started(self, msg: Message) -> None:
+        if self._started.is_set():
+            return
+        left = msg.time_left
+        try:
+            await asyncio.wait_for(self._started.wait(), None if left is None else max(left, 0.0))
+        except TimeoutError:
+            raise NotWired("the daemon's tool services are still starting") from None
+
     def _local_caller(self, msg: Message) -> str:
         caller = msg.sender
         if caller not in self.node.local or caller == self.name:
@@ -183,6 +198,7 @@ class SystemAgent:
         fmt = msg.payload.get("format") if isinstance(msg.payload, dict) else None
         try:
             self._local_caller(msg)
+            await self._wait_started(msg)
             return self.registry.describe() if fmt is None else self.registry.schemas(str(fmt))
         except MeshError as exc:
             return await self._fail(msg, exc)
@@ -195,6 +211,7 @@ class SystemAgent:
             if not isinstance(msg.payload, dict):
                 raise ValidationFailed("a tool call is a map {name, args}")
             caller = self._local_caller(msg)
+            await self._wait_started(msg)
             result = await self.call(caller, name, body.get("args"), deadline=msg.deadline)
         except MeshError as exc:
             return await self._fail(msg, exc)
