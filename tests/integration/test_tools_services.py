@@ -1,6 +1,7 @@
-"""spawn_agent through the tool path with a real daemon and its spawner: an unknown template is a
-typed error, the per-agent max_spawned quota holds, and children are gone once the daemon stops.
-Skipped, with the reason, only while this tree has no meshd.spawn (the parallel "tasks" work)."""
+"""The task and spawn tools over the daemon's own services, with real daemons: the per-agent
+max_concurrent_tasks quota; spawn_agent with an unknown template (typed error), the max_spawned
+quota, and children gone once the daemon stops. Each test is skipped, with the reason, only while
+this tree lacks the service it needs (meshd.tasks, meshd.spawn: the parallel "tasks" work)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from meshd.errors import MeshError, QuotaExceeded
 from meshd.testing import MeshdFactory, wait_listed, wait_until
 
 CHILD = Path(__file__).with_name("spawn_child.py")
-pytestmark = pytest.mark.skipif(
+needs_spawner = pytest.mark.skipif(
     importlib.util.find_spec("meshd.spawn") is None or not CHILD.exists(),
     reason="meshd.spawn (the spawner) is not in this tree yet; remove this skip when it lands")
+needs_tasks = pytest.mark.skipif(
+    importlib.util.find_spec("meshd.tasks") is None,
+    reason="meshd.tasks (the task service) is not in this tree yet; remove this skip when it lands")
 
 
 def alive(pid: int) -> bool:
@@ -35,6 +39,31 @@ def alive(pid: int) -> bool:
         return False
 
 
+@needs_tasks
+def test_concurrent_tasks_quota(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    conf = tmp_path / "meshd.toml"
+    conf.write_text("[tools]\nmax_concurrent_tasks = 2\n")
+    a = meshd_factory.spawn("a", "--config", str(conf))
+
+    async def scenario() -> None:
+        async with Agent("boss", socket=a.socket) as boss, Agent("other", socket=a.socket) as other:
+            first = await boss.call_tool("create_task", {"title": "t1", "capability": "nobody"})
+            with pytest.raises(QuotaExceeded, match="max_concurrent_tasks"):
+                await boss.call_tool("create_plan", {"tasks": [
+                    {"id": "a", "title": "a", "capability": "nobody"},
+                    {"id": "b", "title": "b", "capability": "nobody", "deps": ["a"]}]})
+            await boss.call_tool("create_task", {"title": "t2", "capability": "nobody"})
+            with pytest.raises(QuotaExceeded):
+                await boss.call_tool("create_task", {"title": "t3", "capability": "nobody"})
+            assert (await other.call_tool("create_task", {"title": "o1", "capability": "nobody"}))["id"]
+            cancelled = await boss.call_tool("cancel_task", {"task_id": first["id"]})
+            assert cancelled["state"] == "cancelled"
+            assert (await boss.call_tool("create_task", {"title": "t3", "capability": "nobody"}))["id"]
+
+    asyncio.run(scenario())
+
+
+@needs_spawner
 def test_spawn_agent_tool(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
     conf = tmp_path / "meshd.toml"
     conf.write_text(textwrap.dedent(f"""
