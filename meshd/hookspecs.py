@@ -24,6 +24,9 @@ Hook families:
   queue and called on the plugin worker thread; when the queue is full the event is dropped and
   counted. They get plain copies of the data and their results are ignored (an awaitable result is
   awaited, with the timeout, in the worker thread's own event loop).
+* syscall tools (:func:`meshd_tools`, :func:`meshd_approve_tool`, :func:`meshd_authorize`):
+  called in the node's event loop by the system agent (meshd/tools/); :func:`meshd_tool_event` is
+  an observer like the others. docs/tools.md describes the tools and the call path.
 """
 
 from __future__ import annotations
