@@ -1567,9 +1567,14 @@ class Node:
     def status_line(self) -> str:
         """One line for systemd's STATUS= and logs: peers and agents counted."""
         online = sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE)
-        remote = sum(len(p.agents) for p in self.peers.values() if p.state is not PeerState.OFFLINE)
-        return (f"{online}/{len(self.peers)} peers online, {len(self.local)} local agents, "
+        remote = sum(1 for p in self.peers.values() if p.state is not PeerState.OFFLINE
+                     for name in p.agents if not name.startswith(SYSTEM_PREFIX))
+        return (f"{online}/{len(self.peers)} peers online, {self._own_agents()} local agents, "
                 f"{remote} remote agents, mesh {self.settings.mesh!r}")
+
+    def _own_agents(self) -> int:
+        """Local agents, not counting the system agent (issue 9)."""
+        return sum(1 for name in self.local if not name.startswith(SYSTEM_PREFIX))
 
     async def _status_loop(self) -> None:
         """STATUS= when it changes (checked every second) and WATCHDOG=1 at half of WatchdogSec."""
@@ -1683,7 +1688,7 @@ class Node:
             "public_key": self.curve.public if self.curve else None,
             "auth": dict(self._zap.stats) if self._zap else {},
             "uptime": round(time.monotonic() - self.started_at, 3),
-            "agents": len(self.local),
+            "agents": self._own_agents(),
             "peers": sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE),
             "stats": dict(self.stats),
             "dead_letters": self.dead_letters.total,
