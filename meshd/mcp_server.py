@@ -29,6 +29,7 @@ __all__ = ["MCP_EXTRA_HINT", "MeshMcpBridge", "run_mcp_server"]
 
 log = logging.getLogger("meshd.mcp")
 
+CALL_TIMEOUT: Final = 125.0
 MCP_EXTRA_HINT: Final = "the MCP server needs the 'mcp' extra: pip install 'meshd[mcp]'"
 
 _WAIT_SCHEMA: Final = {
@@ -73,14 +74,19 @@ class MeshMcpBridge:
         self.open_requests: collections.OrderedDict[str, Message] = collections.OrderedDict()
         self.dropped = 0
         self._arrived = asyncio.Event()
+        self._failing: set[asyncio.Task[None]] = set()
         agent.on(ANY_TOPIC)(self._on_message)
 
     def _on_message(self, msg: Message) -> Any:
         if len(self.inbox) >= self.inbox_cap:
             self.dropped += 1
             if msg.is_request:
-                raise QueueFull(f"agent {self.agent.name!r} (an MCP client) has {self.inbox_cap} unread "
+                err = QueueFull(f"agent {self.agent.name!r} (an MCP client) has {self.inbox_cap} unread "
                                 "messages; try later")
+                task = asyncio.ensure_future(self.agent.fail(msg, err.message, code=err.code))
+                self._failing.add(task)
+                task.add_done_callback(self._failing.discard)
+                return DEFER
             return None
         self.inbox.append(msg)
         self._arrived.set()
@@ -99,10 +105,12 @@ class MeshMcpBridge:
             return await self.wait_message(float(args.get("timeout_s", 30)))
         if name == "reply_message":
             return await self.reply_message(args.get("id"), args.get("payload"))
-        # a tool that waits (request_agent, wait_task) gets its own wait plus a margin
+        # A tool that waits (request_agent, wait_task) gets its own wait plus a margin; every call
+        # gets at least the default approval_timeout (120 s) and a little, so a held call can be
+        # decided by a person before this side gives up.
         wanted = args.get("timeout_s")
         timeout = float(wanted) + 5 if isinstance(wanted, int | float) and wanted > 0 else 0.0
-        return await self.agent.call_tool(name, args, timeout=max(30.0, timeout))
+        return await self.agent.call_tool(name, args, timeout=max(CALL_TIMEOUT, timeout))
 
     async def wait_message(self, timeout_s: float) -> dict[str, Any] | None:
         if not 0 < timeout_s <= 600:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from meshd import Agent
+from meshd.errors import QueueFull
 from meshd.testing import MeshdFactory, MeshdProcess, wait_listed
 
 pytest.importorskip("mcp", reason="the 'mcp' extra is not installed")
@@ -29,9 +30,9 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 
 @contextlib.asynccontextmanager
-async def mcp_session(proc: MeshdProcess, name: str) -> AsyncIterator[ClientSession]:
-    params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "meshd", "mcp", "--socket", str(proc.socket), "--name", name])
+async def mcp_session(proc: MeshdProcess, name: str, *extra: str) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=sys.executable, args=[
+        "-m", "meshd", "mcp", "--socket", str(proc.socket), "--name", name, *extra])
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
@@ -87,6 +88,26 @@ def test_mcp_lists_tools_asks_across_daemons_and_answers(meshd_factory: MeshdFac
             assert {"meshd://agents", "meshd://tasks", "meshd://tools"} <= resources
             read = await session.read_resource("meshd://agents")
             assert "expert" in {r["name"] for r in json.loads(read.contents[0].text)}
+
+    asyncio.run(scenario())
+
+
+def test_mcp_unread_messages_are_bounded(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a")
+
+    async def scenario() -> None:
+        async with mcp_session(a, "slow-llm", "--inbox", "1") as session, \
+                Agent("asker", socket=a.socket) as asker:
+            await wait_listed(asker, "slow-llm")
+            first = asyncio.ensure_future(asker.request("slow-llm", "q", 1, timeout=20))
+            await asyncio.sleep(0)  # let the first request be queued first (FIFO per sender)
+            # the first request waits unread until the LLM reads it: the inbox (1) is full
+            with pytest.raises(QueueFull, match="unread"):
+                await asker.request("slow-llm", "q", 2, timeout=20)
+            msg = result_of(await session.call_tool("wait_message", {"timeout_s": 5}))
+            assert msg["payload"] == 1
+            await session.call_tool("reply_message", {"id": msg["id"], "payload": "one"})
+            assert await first == "one"
 
     asyncio.run(scenario())
 
