@@ -121,7 +121,17 @@ def meshd_main(argv: list[str] | None = None) -> int:
     demo.add_argument("--keep-logs", action="store_true", help="print the daemons' logs afterwards")
     demo.add_argument("--plan", action="store_true",
                       help="the plan scenario instead: tasks picked by capability and load (docs/tasks.md)")
+    mcp = sub.add_parser("mcp", help="stdio MCP server attached to the local daemon as an agent "
+                         "(needs the 'mcp' extra)")  # issue 9 (meshd/mcp_server.py)
+    mcp.add_argument("--socket", type=Path, default=None, help="the daemon's agent socket")
+    mcp.add_argument("--name", default=None, help="agent name (default: mcp-<pid>)")
+    mcp.add_argument("--capability", action="append", default=[], help="capability to register (repeatable)")
+    mcp.add_argument("--inbox", type=int, default=100, help="unread messages kept for wait_message")
     args = parser.parse_args(argv)
+    if args.command == "mcp":
+        from .mcp_server import run_mcp_server
+
+        return run_mcp_server(args.socket, args.name, args.capability, max(1, args.inbox))
     if args.command == "demo":
         if args.plan:  # the tasks scenario (meshd/demo_plan.py)
             from .demo_plan import run_plan_demo
@@ -401,6 +411,10 @@ async def _ctl(args: argparse.Namespace) -> int:
             return await _top(me, args)
         elif args.cmd == "tasks":
             return await _tasks(me, args)
+        elif args.cmd in ("tools", "approvals"):  # issue 9: syscall tools (meshd/tools/ctl.py)
+            from .tools import ctl as tools_ctl
+
+            return await tools_ctl.run(me, args)
         elif args.cmd in ("tail", "agent"):
             done = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -501,6 +515,9 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     lst.add_argument("--json", action="store_true")
     sec = ksub.add_parser("secret", help="create a new mesh secret file (trust_mode secret)")
     sec.add_argument("path")
+    from .tools import ctl as tools_ctl  # issue 9: meshctl tools|approvals
+
+    tools_ctl.add_parsers(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="meshctl: %(message)s")
     if args.cmd == "keys":

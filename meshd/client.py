@@ -487,6 +487,45 @@ class Agent:
         result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "node"})
         return dict(result or {})
 
+    # ------------------------------------------------------------------ syscall tools (issue 9)
+
+    async def tools(self, *, format: str | None = None) -> list[dict[str, Any]]:
+        """The tools this daemon serves: name, description, input_schema, side_effects, plugin
+        (or, with ``format`` = ``openai`` / ``anthropic`` / ``mcp``, the shape that API takes)."""
+        from .tools.names import TOPIC_LIST
+
+        result = await self._system_request(TOPIC_LIST, {"format": format} if format else None,
+                                            CONTROL_TIMEOUT)
+        return list(result or [])
+
+    async def call_tool(self, name: str, args: dict[str, Any] | None = None, *,
+                        timeout: float = DEFAULT_REQUEST_TIMEOUT) -> Any:
+        """Call tool ``name`` with ``args`` on the local daemon and return its result. Failures are
+        typed: NoSuchTool, ValidationFailed (names the field), Forbidden, QuotaExceeded,
+        ApprovalDenied, NotWired, RequestTimeout (a held call not decided within ``timeout``)."""
+        from .tools.names import TOPIC_CALL
+
+        return await self._system_request(TOPIC_CALL, {"name": name, "args": args or {}}, timeout)
+
+    async def _system_request(self, topic: str, payload: Any, timeout: float) -> Any:
+        """A request to this daemon's system agent. Just after the daemon started, its system agent
+        may not be registered yet: NO_SUCH_AGENT (nothing was delivered) is retried within
+        ``timeout``."""
+        from .errors import NoSuchAgent
+        from .tools.names import system_agent_name
+
+        end = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            try:
+                return await self.request(system_agent_name(str(self.node)), topic, payload,
+                                          timeout=max(end - time.monotonic(), 0.001))
+            except NoSuchAgent:
+                if time.monotonic() + delay >= end:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
     # ----------------------------------------------------------------------------- internals
 
     def _require_loop(self) -> asyncio.AbstractEventLoop:

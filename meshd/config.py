@@ -43,6 +43,7 @@ __all__ = [
     "SpawnSettings",
     "SpawnTemplate",
     "TaskSettings",
+    "ToolsSettings",
     "default_runtime_dir",
     "default_socket_path",
     "default_state_dir",
@@ -189,6 +190,52 @@ class SpawnSettings(BaseModel):
         return value
 
 
+# -- [tools] section (issue 9, "tools" block) --------------------------------------------------------
+
+ApprovalPolicy = Literal["allow", "deny", "hold"]
+
+
+class ToolsSettings(BaseModel):
+    """``[tools]``: syscall tools (meshd/tools/): approval policy, quotas per agent, bounds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    default_approval: ApprovalPolicy = Field(
+        default="allow",
+        description="Policy for a tool with side effects that `approval` does not name: allow, deny "
+        "or hold (wait for a person: meshctl approvals allow|deny ID).")
+    approval: dict[str, ApprovalPolicy] = Field(
+        default_factory=dict,
+        description="Policy per tool name, e.g. {spawn_agent = \"hold\"}; wins over default_approval.")
+    approval_timeout: float = Field(
+        default=120.0, gt=0,
+        description="Seconds a held call waits for a person before it is denied (the caller's own "
+        "deadline may end it sooner).")
+    max_held: int = Field(default=100, ge=1, le=100_000,
+                          description="Held calls at once; one more is refused with QUEUE_FULL.")
+    calls_per_minute: int = Field(default=600, ge=1,
+                                  description="Tool calls one agent may make in any 60 s window.")
+    max_concurrent_tasks: int = Field(
+        default=100, ge=1, description="Unfinished tasks (create_task, create_plan) one agent may own.")
+    max_spawned: int = Field(default=4, ge=0,
+                             description="Live agents one agent may have started with spawn_agent.")
+    max_pending_asks: int = Field(
+        default=1000, ge=1,
+        description="ask_agent questions waiting for their answer at once; one more is refused "
+        "with QUEUE_FULL.")
+    max_wait: float = Field(
+        default=300.0, gt=0,
+        description="Longest wait a tool call may ask for (request_agent, wait_task timeouts).")
+
+    @field_validator("approval")
+    @classmethod
+    def _tool_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+                raise ValueError(f"{name!r} is not a tool name")
+        return value
+
+
 class Settings(BaseModel):
     """Every setting of the meshd daemon, validated."""
 
@@ -328,6 +375,9 @@ class Settings(BaseModel):
                                 description="[tasks]: task store, scheduler and plans.")
     spawn: SpawnSettings = Field(default_factory=SpawnSettings,
                                  description="[spawn]: supervised agent children (spawn_agent).")
+    # [tools] section (issue 9, "tools" block)
+    tools: ToolsSettings = Field(default_factory=ToolsSettings,
+                                 description="[tools]: syscall tools: approval, quotas per agent.")
 
     @field_validator("name")
     @classmethod

@@ -194,6 +194,55 @@ class SpawnFailed(MeshError):
 
 ERRORS_BY_CODE.update({cls.code: cls for cls in (NoSuchTask, TaskFailed, TaskStoreFull, NoSuchTemplate,
                                                  SpawnQuota, SpawnFailed)})
+# -- syscall tools (block owned by the "tools" work; codes travel in agent error envelopes) ------
+
+
+class NoSuchTool(MeshError, LookupError):
+    """No tool of that name is registered on the daemon."""
+
+    code = "NO_SUCH_TOOL"
+
+
+class ApprovalDenied(MeshError, PermissionError):
+    """A tool call with side effects was denied by the approval policy, a plugin or a person."""
+
+    code = "APPROVAL_DENIED"
+
+
+class Forbidden(MeshError, PermissionError):
+    """The authorization hook refused: this agent may not call this tool (or message this agent)."""
+
+    code = "FORBIDDEN"
+
+
+class QuotaExceeded(MeshError):
+    """A per-agent tool quota (calls per minute, concurrent tasks, spawned agents) is used up."""
+
+    code = "QUOTA_EXCEEDED"
+    retryable = True
+
+
+class NotWired(MeshError):
+    """The tool's primitive (task service, spawner) is not running on this daemon: nothing was done."""
+
+    code = "NOT_WIRED"
+
+
+class NoSuchApproval(MeshError, LookupError):
+    """No held tool call has that approval id (decided already, timed out, or never held)."""
+
+    code = "NO_SUCH_APPROVAL"
+
+
+class QueueFull(MeshError):
+    """A bounded table (held approvals) is at its configured limit: retry later."""
+
+    code = "QUEUE_FULL"
+    retryable = True
+
+
+ERRORS_BY_CODE.update({cls.code: cls for cls in (
+    NoSuchTool, ApprovalDenied, Forbidden, QuotaExceeded, NotWired, NoSuchApproval, QueueFull)})
 
 
 def error_from_wire(wire: Any) -> MeshError:

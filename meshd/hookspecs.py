@@ -31,6 +31,13 @@ Hook families:
 
 In process mode every hook runs in the plugin's child process, and ``node`` is a
 :class:`meshd.plugin_process.NodeSnapshot` (the node as it was when the child started).
+  :func:`meshd_peer_state`, :func:`meshd_agent_state`): queued by the routing loop on a bounded
+  queue and called on the plugin worker thread; when the queue is full the event is dropped and
+  counted. They get plain copies of the data and their results are ignored (an awaitable result is
+  awaited, with the timeout, in the worker thread's own event loop).
+* syscall tools (:func:`meshd_tools`, :func:`meshd_approve_tool`, :func:`meshd_authorize`):
+  called in the node's event loop by the system agent (meshd/tools/); :func:`meshd_tool_event` is
+  an observer like the others. docs/tools.md describes the tools and the call path.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "meshd_agent_state",
+    "meshd_approve_tool",
+    "meshd_authorize",
     "meshd_collaboration",
     "meshd_configure",
     "meshd_dead_letter",
@@ -55,6 +64,8 @@ __all__ = [
     "meshd_plugin_config",
     "meshd_shutdown",
     "meshd_startup",
+    "meshd_tool_event",
+    "meshd_tools",
 ]
 
 #: The pluggy project name, and the entry-point group plugins register under.
@@ -261,4 +272,76 @@ def meshd_spawner(settings: Any, socket_path: Any, emit: Any) -> Any:
 
     Called once when the daemon's tools start, in the node's event loop; stops at the first
     non-None result. An exception stops the start-up with the plugin's name.
+    """
+
+
+# -- syscall tools (issue 9, "tools" block) ------------------------------------------------------
+
+
+@hookspec
+def meshd_tools() -> list[Any] | None:
+    """Contribute syscall tools: LLM-callable tools the daemon's system agent serves.
+
+    Each item is a :class:`meshd.tools.Tool` (name, description, pydantic argument model, async
+    ``handler(args, ctx)``, ``side_effects``). The built-in tools come through this hook too. A
+    tool name contributed twice (by two plugins, or a plugin and the built-ins) stops the daemon
+    at start-up with an error naming both plugins.
+
+    Returns a list of tools, or None.
+
+    Called once per plugin when the daemon starts its system agent, in the node's event loop; a
+    plugin that raises here is logged and counted, and its tools are left out.
+    """
+
+
+@hookspec(firstresult=True)
+def meshd_approve_tool(call: dict[str, Any]) -> Any:
+    """Decide whether a tool call with side effects may run.
+
+    :param call: A plain dict: ``tool`` (name), ``caller`` (agent name), ``args`` (the validated
+        arguments as a dict) and ``node`` (this daemon's node id).
+
+    Returns ``"allow"``, ``"deny"``, ``"deny: <reason>"`` or ``"hold"`` (wait for a person:
+    ``meshctl approvals allow|deny ID``), or None to leave it to the config's policy (``[tools]``
+    ``approval`` per tool, else ``default_approval``). May return an awaitable of the same.
+    Anything else, an exception or a timeout denies the call.
+
+    Called in the node's event loop before the handler runs, with the hook timeout; stops at the
+    first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def meshd_authorize(action: str, subject: str, target: str, topic: str | None) -> Any:
+    """Decide who may call which tool, message whom on which topic, and decide which approvals.
+
+    :param action: ``"tool"`` (``subject`` calls tool ``target``), ``"message"`` (``subject``
+        sends to agent ``target`` on ``topic``; ``target`` is ``"*"`` for a publication) or
+        ``"approve"`` (``subject`` decides the held call whose id is ``target``).
+    :param subject: The acting agent's name.
+    :param target: The tool name, agent name or approval id.
+    :param topic: The topic for ``"message"``, else None.
+
+    Returns None or True (allowed), False (refused) or a string (refused, the string says why).
+    A refusal reaches the caller as ``FORBIDDEN`` and observers as a ``forbidden`` tool event.
+    Answers are cached for a few seconds; keep it a quick, pure function (it must not block).
+
+    Called synchronously in the node's event loop; stops at the first non-None result. An
+    exception refuses.
+    """
+
+
+@hookspec
+def meshd_tool_event(event: dict[str, Any]) -> Awaitable[None] | None:
+    """A tool call was refused, held, decided or finished.
+
+    :param event: A plain dict: ``event`` (``"called"``, ``"failed"``, ``"forbidden"``,
+        ``"quota_exceeded"``, ``"held"``, ``"allowed"``, ``"denied"``), ``tool``, ``caller``,
+        ``node`` (node id), ``at`` (unix time), and ``error`` (code) or ``reason`` where one
+        applies, ``approval_id`` for held calls, ``ms`` (handler time) for ``called``/``failed``.
+
+    Returns None, or an awaitable (awaited with the hook timeout); the result is ignored.
+
+    Called for every plugin, on the plugin worker thread, off the routing path; exceptions and
+    timeouts are logged and counted.
     """

@@ -61,6 +61,7 @@ from .outcomes import Outcomes
 from .plugins import PluginHost
 from .protocol import FrameError, Kind
 from .sdnotify import Notifier
+from .tools.names import SYSTEM_PREFIX
 
 log = logging.getLogger("meshd.node")
 
@@ -233,6 +234,10 @@ class Node:
             self.plugins.register(JsonlDeadLetterSink(settings.state_dir / "deadletters.jsonl"),
                                   name="meshd.jsonl_dead_letters")
         self.outcomes = Outcomes(self.plugins)
+        # issue 9 "tools": the system agent (meshd/tools/service.py) and its secret for the
+        # reserved name, created in start(), stopped first in stop().
+        self.system: Any = None
+        self._system_token = os.urandom(16).hex()
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -294,6 +299,12 @@ class Node:
         # runs before its startup returned (events meanwhile wait in its queue).
         await self.plugins.startup(self)
         self.plugins.start()
+        # -- issue 9 "tools": start the system agent that serves syscall tools ------------------
+        from .tools.service import SystemAgent
+
+        self.system = SystemAgent(self, self._system_token)
+        await self.system.start()
+        # -- end of the system agent start ------------------------------------------------------
         self.ready.set()
         self.notifier.ready(self.status_line())
         self._timers.append(asyncio.create_task(self._status_loop(), name="meshd-status"))
@@ -368,6 +379,11 @@ class Node:
             return
         self._stopping = True
         self.notifier.stopping(f"stopping: {self.status_line()}")
+        if self.system is not None:  # issue 9 "tools": the system agent leaves first
+            try:
+                await self.system.stop()
+            except Exception:
+                log.exception("stopping the system agent failed")
         if self.ready.is_set():
             await self.plugins.shutdown(self)
         for task in self._timers:
@@ -1293,6 +1309,13 @@ class Node:
             self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
                                    "capabilities must be a list of strings, metadata a map")
             return
+        # issue 9 "tools": the meshd.sys. prefix is the daemons' own; only our system agent, which
+        # knows the token, may register it (the token is not kept in the directory).
+        token = meta.pop("meshd.sys.token", None)
+        if name.startswith(SYSTEM_PREFIX) and token != self._system_token:
+            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                   f"agent names starting with {SYSTEM_PREFIX!r} are reserved for daemons")
+            return
         if agent is not None and agent.name != name:
             self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
                                    f"this connection is already registered as {agent.name!r}")
@@ -1550,9 +1573,14 @@ class Node:
     def status_line(self) -> str:
         """One line for systemd's STATUS= and logs: peers and agents counted."""
         online = sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE)
-        remote = sum(len(p.agents) for p in self.peers.values() if p.state is not PeerState.OFFLINE)
-        return (f"{online}/{len(self.peers)} peers online, {len(self.local)} local agents, "
+        remote = sum(1 for p in self.peers.values() if p.state is not PeerState.OFFLINE
+                     for name in p.agents if not name.startswith(SYSTEM_PREFIX))
+        return (f"{online}/{len(self.peers)} peers online, {self._own_agents()} local agents, "
                 f"{remote} remote agents, mesh {self.settings.mesh!r}")
+
+    def _own_agents(self) -> int:
+        """Local agents, not counting the system agent (issue 9)."""
+        return sum(1 for name in self.local if not name.startswith(SYSTEM_PREFIX))
 
     async def _status_loop(self) -> None:
         """STATUS= when it changes (checked every second) and WATCHDOG=1 at half of WatchdogSec."""
@@ -1636,11 +1664,14 @@ class Node:
         return {a.name: {"state": str(a.state), "telemetry": a.telemetry} for a in self.local.values()}
 
     def agent_list(self) -> list[dict[str, Any]]:
-        agents = [a.record(self.node_id) | {"node_name": self.name} for a in self.local.values()]
+        agents = [a.record(self.node_id) | {"node_name": self.name} for a in self.local.values()
+                  if not a.name.startswith(SYSTEM_PREFIX)]  # system agents are not listed (issue 9)
         for peer in self.peers.values():
             if peer.state is PeerState.OFFLINE:
                 continue
             for name, rec in peer.agents.items():
+                if name.startswith(SYSTEM_PREFIX):
+                    continue
                 live = peer.telemetry.get(name)
                 extra = live if isinstance(live, dict) else {}
                 agents.append(dict(rec) | extra | {"node": peer.node_id, "node_name": peer.name})
@@ -1663,7 +1694,7 @@ class Node:
             "public_key": self.curve.public if self.curve else None,
             "auth": dict(self._zap.stats) if self._zap else {},
             "uptime": round(time.monotonic() - self.started_at, 3),
-            "agents": len(self.local),
+            "agents": self._own_agents(),
             "peers": sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE),
             "stats": dict(self.stats),
             "dead_letters": self.dead_letters.total,

@@ -66,7 +66,7 @@ BLOCKED_ENV: Final = "MESHD_BLOCKED_PLUGINS"
 ENTRYPOINT_GROUP: Final = hookspecs.PROJECT
 #: Hooks called by each plugin's worker, through its queue.
 OBSERVER_HOOKS: Final = ("meshd_dead_letter", "meshd_collaboration", "meshd_peer_state", "meshd_agent_state",
-                         "meshd_task_event")
+                         "meshd_task_event", "meshd_tool_event")
 #: Hooks the host calls itself, never through a queue.
 LIFECYCLE_HOOKS: Final = ("meshd_plugin_config", "meshd_configure", "meshd_startup", "meshd_shutdown")
 
@@ -526,6 +526,87 @@ class PluginHost:
         if count == 1 or count % 1000 == 0:
             log.warning("plugin %s timed out in %s after %.1f s (%d timeouts so far)",
                         impl.plugin_name, hook, self.hook_timeout, count)
+
+    # -- syscall tools (issue 9, "tools" block) -------------------------------------------------
+
+    def contributed_tools(self) -> list[tuple[str, Any]]:
+        """``(plugin name, tool)`` for every tool each plugin's ``meshd_tools()`` returns, in
+        registration order. A plugin that raises or returns a non-list is logged, counted and
+        skipped; checking the tools themselves (types, duplicate names) is the registry's job."""
+        out: list[tuple[str, Any]] = []
+        for impl in reversed(self.pm.hook.meshd_tools.get_hookimpls()):
+            if impl.wrapper or impl.hookwrapper:
+                continue
+            self._count("called")
+            try:
+                result = impl.function()
+            except Exception:
+                self._failed(impl, "meshd_tools")
+                continue
+            if result is None:
+                continue
+            if not isinstance(result, list | tuple):
+                self._count(f"failed:{impl.plugin_name}")
+                log.error("plugin %s: meshd_tools returned %r, not a list of tools; ignored",
+                          impl.plugin_name, type(result).__name__)
+                continue
+            out.extend((impl.plugin_name, tool) for tool in result)
+        return out
+
+    async def approve_tool(self, call: Mapping[str, Any]) -> Any:
+        """The first non-None ``meshd_approve_tool(call)`` answer (awaited with the hook timeout),
+        or None. A plugin that raises or times out answers ``"deny: ..."``: fail closed."""
+        for impl in reversed(self.pm.hook.meshd_approve_tool.get_hookimpls()):
+            if impl.wrapper or impl.hookwrapper:
+                continue
+            self._count("called")
+            try:
+                result = impl.function(*[plain(call) for _ in impl.argnames])
+                if inspect.isawaitable(result):
+                    result = await asyncio.wait_for(result, self.hook_timeout)
+            except TimeoutError:
+                self._timed_out(impl, "meshd_approve_tool")
+                return f"deny: approval plugin {impl.plugin_name} timed out"
+            except Exception:
+                self._failed(impl, "meshd_approve_tool")
+                return f"deny: approval plugin {impl.plugin_name} failed"
+            if result is not None:
+                return result
+        return None
+
+    def wants_authorize(self) -> bool:
+        """Whether any plugin implements ``meshd_authorize`` (if not, everything is allowed)."""
+        return bool(self.pm.hook.meshd_authorize.get_hookimpls())
+
+    def authorize(self, action: str, subject: str, target: str, topic: str | None) -> Any:
+        """The first non-None ``meshd_authorize`` answer, or None. Synchronous (an awaitable answer
+        is refused, since callers may be on the routing path); an exception refuses."""
+        kwargs = {"action": action, "subject": subject, "target": target, "topic": topic}
+        for impl in reversed(self.pm.hook.meshd_authorize.get_hookimpls()):
+            if impl.wrapper or impl.hookwrapper:
+                continue
+            self._count("called")
+            try:
+                result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+            except Exception:
+                self._failed(impl, "meshd_authorize")
+                return f"authorization plugin {impl.plugin_name} failed"
+            if inspect.isawaitable(result):
+                close = getattr(result, "close", None)
+                if callable(close):
+                    close()
+                return (f"authorization plugin {impl.plugin_name} returned an awaitable; "
+                        "it must answer at once")
+            if result is not None:
+                return result
+        return None
+
+    def tool_event(self, event: Mapping[str, Any]) -> None:
+        """Queue ``meshd_tool_event(event)`` for the worker thread."""
+        if "meshd_tool_event" in self._routes:
+            self._offer("meshd_tool_event", {"event": event})
+
+
 
 
 def _snapshot(node: Any) -> NodeSnapshot:

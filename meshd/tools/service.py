@@ -1,0 +1,296 @@
+"""The system agent: the daemon's in-process agent that serves syscall tools to local agents.
+
+Owns the path of a tool call, in this order: the caller is a local agent (the daemon stamped its
+name) → the tool exists (NO_SUCH_TOOL) → the authorization hook allows it (FORBIDDEN) → the
+caller's call quota (QUOTA_EXCEEDED) → the arguments validate (VALIDATION_FAILED naming the field;
+nothing has happened yet) → for a tool with side effects, the approval hook or the config's policy
+(APPROVAL_DENIED; or held for a person, bounded by the approval timeout and the caller's deadline)
+→ the handler. It also owns the held-approval requests (``meshctl approvals``), the construction
+of the task service and the spawner (meshd/tasks/, meshd/spawn.py; absent ones make their tools
+fail with NOT_WIRED) and the ``emit`` that carries their events to observers and to topic
+``meshd.tasks``.
+
+It talks to the node only through the :class:`SystemHost` attributes below and the public client
+API (:class:`meshd.Agent` on the node's own agent socket). Must not touch routing or sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from ..client import DEFER, Agent, Message
+from ..config import Settings
+from ..errors import Forbidden, MeshError, NotWired, QuotaExceeded, ValidationFailed
+from ..plugins import PluginHost
+from .builtin import BUILTIN_PLUGIN_NAME, BuiltinTools
+from .names import TOPIC_APPROVALS, TOPIC_CALL, TOPIC_LIST, TOPIC_TASK_EVENTS, system_agent_name
+from .policy import DENY, HOLD, Approvals, Authorizer, Quotas
+from .registry import ToolContext, ToolRegistry, validate_args
+
+__all__ = ["SYSTEM_TOKEN_KEY", "SystemAgent", "SystemHost"]
+
+log = logging.getLogger("meshd.tools")
+
+#: Registration metadata key carrying the node's secret for the reserved name; the node removes it.
+SYSTEM_TOKEN_KEY: Final = "meshd.sys.token"
+_MAX_EVENT_PUBLISHES: Final = 1000  # task events being published at once; more are dropped, counted
+
+
+class SystemHost(Protocol):
+    """What the system agent needs from the daemon."""
+
+    settings: Settings
+    node_id: str
+    socket_path: Path
+    plugins: PluginHost
+    local: dict[str, Any]
+
+
+class SystemAgent:
+    """Start with ``await start()`` once the node routes; ``await stop()`` before it closes sockets."""
+
+    def __init__(self, node: SystemHost, token: str) -> None:
+        self.node = node
+        self.settings = node.settings
+        self.token = token
+        self.name = system_agent_name(node.node_id)
+        self.registry = ToolRegistry()
+        self.approvals = Approvals(self.settings.tools)
+        self.quotas = Quotas(self.settings.tools)
+        self.authorizer = Authorizer(node.plugins.authorize if node.plugins.wants_authorize() else None)
+        self.agent: Agent | None = None
+        self.tasks: Any = None
+        self.spawner: Any = None
+        self.not_wired: dict[str, str] = {}
+        self.services: dict[str, Any] = {"quotas": self.quotas, "authorizer": self.authorizer,
+                                         "max_pending_asks": self.settings.tools.max_pending_asks}
+        self.stats: dict[str, int] = {}
+        self._publishing: set[asyncio.Task[Any]] = set()
+        # set once the services are wired: a call that arrives while they start waits for them
+        # (else a task tool would answer NOT_WIRED for a service that is about to run)
+        self._started = asyncio.Event()
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Collect the tools (a duplicate name raises ConfigError), attach, wire the services."""
+        self.registry.add_all(BuiltinTools().meshd_tools(), BUILTIN_PLUGIN_NAME)
+        for plugin, tool in self.node.plugins.contributed_tools():
+            self.registry.add(tool, plugin)
+        agent = Agent(self.name, socket=self.node.socket_path, metadata={SYSTEM_TOKEN_KEY: self.token},
+                      max_payload_bytes=self.settings.max_payload_bytes)
+        agent.on(TOPIC_LIST)(self._on_list)
+        agent.on(TOPIC_CALL)(self._on_call)
+        agent.on(TOPIC_APPROVALS)(self._on_approvals)
+        await agent.connect()
+        self.agent = agent
+        await self._wire_tasks(agent)
+        self._wire_spawner()
+        self._started.set()
+        log.info("system agent %s serves %d tools (%s)%s", self.name, len(self.registry),
+                 ", ".join(self.registry.names()),
+                 "".join(f"; {k} not wired: {v}" for k, v in self.not_wired.items()))
+
+    async def _wire_tasks(self, agent: Agent) -> None:
+        try:
+            from ..tasks.service import TaskService  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            self.not_wired["tasks"] = f"meshd.tasks is not available ({exc})"
+            return
+        try:
+            service = TaskService(agent, self.settings.state_dir / "tasks.db", self.settings, emit=self.emit)
+            await service.start()
+        except Exception as exc:
+            log.exception("the task service failed to start; task tools will fail with NOT_WIRED")
+            self.not_wired["tasks"] = f"the task service failed to start: {exc}"
+            return
+        self.tasks = service
+
+    def _wire_spawner(self) -> None:
+        try:
+            # make_spawner: a meshd_spawner plugin's spawner (systemd-run, containers), else the
+            # built-in Spawner
+            from ..spawn import make_spawner  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            self.not_wired["spawn"] = f"meshd.spawn is not available ({exc})"
+            return
+        try:
+            self.spawner = make_spawner(self.settings, self.node.socket_path, self.emit, self.node.plugins)
+        except Exception as exc:
+            log.exception("the spawner failed to start; spawn_agent will fail with NOT_WIRED")
+            self.not_wired["spawn"] = f"the spawner failed to start: {exc}"
+
+    async def stop(self) -> None:
+        """Deny held calls, stop the services and children, detach. Safe after a failed start."""
+        for call in list(self.approvals.held.values()):
+            if not call.decision.done():
+                call.decision.set_result((False, "the daemon", "the daemon is stopping"))
+        if self.tasks is not None:
+            with contextlib.suppress(Exception):
+                await self.tasks.stop()
+        if self.spawner is not None:
+            try:
+                await self.spawner.stop_all()
+            except Exception:
+                log.exception("stopping spawned agents failed")
+        for task in [*self.services.get("asks", ()), *self._publishing]:
+            task.cancel()
+        if self.agent is not None:
+            await self.agent.close()
+
+    # ----------------------------------------------------------------------------- events
+
+    def emit(self, event: str, data: dict[str, Any]) -> None:
+        """Task and spawn events: to observers (``meshd_task_event``, if a plugin host offers it)
+        and published on topic ``meshd.tasks``. Never raises, never blocks."""
+        observe = getattr(self.node.plugins, "task_event", None)
+        if callable(observe):
+            try:
+                observe(event, data)
+            except Exception:
+                log.debug("task event observer failed", exc_info=True)
+        if self.agent is None or len(self._publishing) >= _MAX_EVENT_PUBLISHES:
+            self._count("task_events_dropped")
+            return
+        task = asyncio.ensure_future(self._publish_event({"event": event, **data}))
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
+
+    async def _publish_event(self, body: dict[str, Any]) -> None:
+        assert self.agent is not None
+        try:
+            await self.agent.publish(TOPIC_TASK_EVENTS, body)
+        except MeshError:
+            self._count("task_events_dropped")
+
+    def _tool_event(self, event: str, tool: str, caller: str, **extra: Any) -> None:
+        self._count(f"tool_{event}")
+        self.node.plugins.tool_event({"event": event, "tool": tool, "caller": caller,
+                                      "node": self.node.node_id, "at": time.time(), **extra})
+
+    def _count(self, key: str) -> None:
+        self.stats[key] = self.stats.get(key, 0) + 1
+
+    # ----------------------------------------------------------------------------- requests
+
+    async def _wait_started(self, msg: Message) -> None:
+        if self._started.is_set():
+            return
+        left = msg.time_left
+        try:
+            await asyncio.wait_for(self._started.wait(), None if left is None else max(left, 0.0))
+        except TimeoutError:
+            raise NotWired("the daemon's tool services are still starting") from None
+
+    def _local_caller(self, msg: Message) -> str:
+        caller = msg.sender
+        if caller not in self.node.local or caller == self.name:
+            raise Forbidden(f"agent {caller!r} is not attached to this daemon: call tools through "
+                            "your own daemon")
+        return caller
+
+    async def _on_list(self, msg: Message) -> Any:
+        fmt = msg.payload.get("format") if isinstance(msg.payload, dict) else None
+        try:
+            self._local_caller(msg)
+            await self._wait_started(msg)
+            return self.registry.describe() if fmt is None else self.registry.schemas(str(fmt))
+        except MeshError as exc:
+            return await self._fail(msg, exc)
+
+    async def _on_call(self, msg: Message) -> Any:
+        body = msg.payload if isinstance(msg.payload, dict) else {}
+        name = body.get("name")
+        caller = msg.sender
+        try:
+            if not isinstance(msg.payload, dict):
+                raise ValidationFailed("a tool call is a map {name, args}")
+            caller = self._local_caller(msg)
+            await self._wait_started(msg)
+            result = await self.call(caller, name, body.get("args"), deadline=msg.deadline)
+        except MeshError as exc:
+            return await self._fail(msg, exc)
+        return result
+
+    async def call(self, caller: str, name: Any, raw_args: Any, *, deadline: float | None = None) -> Any:
+        """Run one tool call for ``caller`` through every check; raises typed errors."""
+        tool = self.registry.get(name)
+        try:
+            self.authorizer.require("tool", caller, tool.name)
+        except Forbidden as exc:
+            self._tool_event("forbidden", tool.name, caller, reason=exc.message)
+            raise
+        try:
+            self.quotas.count_call(caller, time.monotonic())
+        except QuotaExceeded as exc:
+            self._tool_event("quota_exceeded", tool.name, caller, reason=exc.message)
+            raise
+        args = validate_args(tool, raw_args)
+        if tool.side_effects:
+            await self._approve(tool.name, caller, args.model_dump(mode="json"), deadline)
+        ctx = ToolContext(caller=caller, agent=self._agent(), settings=self.settings, deadline=deadline,
+                          tasks=self.tasks, spawner=self.spawner, services=self.services)
+        started = time.monotonic()
+        try:
+            result = await tool.handler(args, ctx)
+        except MeshError as exc:
+            self._tool_event("failed", tool.name, caller, error=exc.code,
+                             ms=round((time.monotonic() - started) * 1000, 3))
+            raise
+        self._tool_event("called", tool.name, caller, ms=round((time.monotonic() - started) * 1000, 3))
+        return result
+
+    async def _approve(self, tool: str, caller: str, args: dict[str, Any], deadline: float | None) -> None:
+        answer = await self.node.plugins.approve_tool({"tool": tool, "caller": caller, "args": args,
+                                                       "node": self.node.node_id})
+        decision, reason = self.approvals.policy(tool, answer)
+        if decision == DENY:
+            self._tool_event("denied", tool, caller, reason=reason)
+            from ..errors import ApprovalDenied
+
+            raise ApprovalDenied(f"tool {tool!r}: {reason}")
+        if decision != HOLD:
+            return
+        held = self.approvals.hold(tool, caller, args)
+        self._tool_event("held", tool, caller, approval_id=held.id)
+        log.info("tool call %s held for approval: %s by %s (meshctl approvals allow|deny %s)",
+                 held.id, tool, caller, held.id)
+        timeout = self.settings.tools.approval_timeout
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.time())
+        try:
+            by = await self.approvals.wait(held, timeout)
+        except MeshError as exc:
+            self._tool_event("denied", tool, caller, approval_id=held.id, reason=exc.message)
+            raise
+        self._tool_event("allowed", tool, caller, approval_id=held.id, reason=f"by {by}")
+
+    async def _on_approvals(self, msg: Message) -> Any:
+        body = msg.payload if isinstance(msg.payload, dict) else {}
+        op = body.get("op")
+        try:
+            who = self._local_caller(msg)
+            if op == "list":
+                self.authorizer.require("approve", who, "*")
+                return self.approvals.list()
+            if op in ("allow", "deny"):
+                approval_id = body.get("id")
+                self.authorizer.require("approve", who, str(approval_id))
+                return self.approvals.decide(approval_id, op == "allow", who, str(body.get("reason") or ""))
+            raise ValidationFailed(f"unknown approvals op {op!r}: list, allow or deny")
+        except MeshError as exc:
+            return await self._fail(msg, exc)
+
+    async def _fail(self, msg: Message, exc: MeshError) -> Any:
+        assert self.agent is not None
+        await self.agent.fail(msg, exc.message, code=exc.code)
+        return DEFER
+
+    def _agent(self) -> Agent:
+        assert self.agent is not None, "the system agent is not attached"
+        return self.agent
