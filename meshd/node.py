@@ -229,6 +229,7 @@ class Node:
             self.plugins.register(JsonlDeadLetterSink(settings.state_dir / "deadletters.jsonl"),
                                   name="meshd.jsonl_dead_letters")
         self.outcomes = Outcomes(self.plugins)
+        self.gateway: Any = None  # meshd.gateway.Gateway when [http] is on (started in start())
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -285,6 +286,13 @@ class Node:
             self.router_endpoints(), self.pub_endpoints(), self.socket_path,
             " INSECURE (plaintext mesh)" if s.insecure else "",
         )
+        # --- HTTP gateway hook (meshd/gateway, docs/http.md): after the agent socket is bound ---
+        if s.http:
+            from .gateway import Gateway  # lazily: aiohttp only in a daemon that serves HTTP
+
+            self.gateway = Gateway(s, self)
+            await self.gateway.start()
+        # --- end of the HTTP gateway hook ---
         self.outcomes.enabled = self.plugins.wants("meshd_collaboration")
         self.plugins.start()
         await self.plugins.startup(self)
@@ -362,6 +370,11 @@ class Node:
             return
         self._stopping = True
         self.notifier.stopping(f"stopping: {self.status_line()}")
+        if self.gateway is not None:  # HTTP gateway hook: stopped first (its agents leave cleanly)
+            try:
+                await self.gateway.stop()
+            except Exception:
+                log.exception("HTTP gateway stop failed")
         if self.ready.is_set():
             await self.plugins.shutdown(self)
         for task in self._timers:
