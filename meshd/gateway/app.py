@@ -222,6 +222,16 @@ class Routes:
         await owner.respond(msg_id, payload, error)
         return web.json_response({"ok": True})
 
+    async def delegate(self, request: web.Request) -> web.Response:
+        data = await self.body(request)
+        msg_id = request.match_info["msg_id"]
+        owner = self.gw.sessions.owner_of(msg_id)
+        target = self.text(data, "target", limit=P.MAX_NAME_LEN * 3)
+        assert target is not None
+        topic = self.topic(data, "x") if "topic" in data else None
+        await owner.delegate(msg_id, target, topic)
+        return web.json_response({"ok": True})
+
     # ------------------------------------------------------------------ meshd's own endpoints
 
     async def agents(self, request: web.Request) -> web.Response:
@@ -371,6 +381,7 @@ def build_app(gateway: Gateway) -> tuple[web.Application, Routes]:
     r.add_delete("/v1/agents/{session_id}", routes.unregister)
     r.add_post("/v1/messages", routes.message)
     r.add_post("/v1/messages/{msg_id}/response", routes.respond)
+    r.add_post("/v1/messages/{msg_id}/delegate", routes.delegate)
     r.add_get("/v1/peers", routes.peers)
     r.add_get("/v1/node", routes.node)
     r.add_get("/v1/deadletters", routes.deadletters)

@@ -40,6 +40,7 @@ log = logging.getLogger("meshd.gateway")
 
 WATCH_INTERVAL_S = 0.5
 SHUTDOWN_TIMEOUT_S = 2.0
+ABANDONED_GRACE_S = 60.0  # a session without heartbeat or stream is closed offline_after + this
 
 
 def check_listen(settings: Settings) -> ssl.SSLContext | None:
@@ -148,7 +149,7 @@ class Gateway:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             try:
-                self.sessions.sweep()
+                await self.sessions.sweep(self.settings.offline_after + ABANDONED_GRACE_S)
                 changes = self.watch.changes()
                 for name, data in changes:
                     for session in self.sessions.by_id.values():

@@ -128,6 +128,17 @@ class HttpSession:
         else:
             await self.agent.reply(msg, payload)
 
+    async def delegate(self, msg_id: str, target: str, topic: str | None) -> None:
+        """Forward request ``msg_id`` to ``target``; its reply goes straight to the requester.
+
+        The hop count goes up by one (the daemon stops it past ``hop_limit`` with HOP_LIMIT) and
+        only the requester's remaining time travels on.
+        """
+        msg = self._forget(msg_id)
+        if msg is None:
+            raise NoSuchRequest(f"no request {msg_id!r} awaits a response from {self.name!r}")
+        await self.agent.delegate(msg, target, topic=topic)
+
     # ------------------------------------------------------------------ HTTP client -> mesh
 
     def heartbeat(self, telemetry: dict[str, Any]) -> None:
@@ -240,9 +251,18 @@ class SessionTable:
             raise NoSuchRequest(f"no request {msg_id!r} awaits a response on this gateway")
         return session
 
-    def sweep(self) -> None:
-        for session in self.by_id.values():
+    async def sweep(self, abandoned_after: float) -> None:
+        """Expire requests past their deadline; drop sessions abandoned for ``abandoned_after`` s
+        (no heartbeat and no open stream: their agent left the directory long ago)."""
+        now = time.monotonic()
+        for session in list(self.by_id.values()):
             session.expire_requests()
+            if session.streams == 0 and now - session.last_heartbeat > abandoned_after:
+                async with self._lock:
+                    if self.by_id.get(session.session_id) is session:
+                        log.info("HTTP agent %r abandoned (no heartbeat for %.0f s): session closed",
+                                 session.name, now - session.last_heartbeat)
+                        await self._drop(session)
 
     async def close_all(self) -> None:
         async with self._lock:

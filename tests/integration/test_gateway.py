@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from meshd import Agent
+from meshd import Agent, HopLimit
 from meshd.gateway.auth import find_gateway
 from meshd.gateway.openapi import ROUTES
 from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed, wait_until
@@ -310,6 +310,27 @@ def test_http_agent_round_trips_with_python_agents(meshd_factory: MeshdFactory) 
             await http.post(f"v1/messages/{prompt['msg_id']}/response", {"error": "cannot"})
             with pytest.raises(Exception, match="cannot"):
                 await asyncio.wait_for(asked, 10)
+            # delegation: the delegate's reply goes straight to the requester
+            asked = asyncio.create_task(py.request("http-a", "verify", "z", timeout=10))
+            prompt = await stream.next("prompt")
+            status, _ = await http.post(f"v1/messages/{prompt['msg_id']}/delegate",
+                                        {"target": "py-b", "topic": "ask"})
+            assert status == 200
+            assert await asyncio.wait_for(asked, 10) == {"echo": "z", "from": "http-a"}
+            # the hop limit applies: delegating to itself again and again ends in HOP_LIMIT
+            asked = asyncio.create_task(py.request("http-a", "loop", None, timeout=10))
+            hops = 0
+            while not asked.done():
+                got = asyncio.create_task(stream.next("prompt", timeout=10))
+                await asyncio.wait({got, asked}, return_when=asyncio.FIRST_COMPLETED)
+                if got.done():
+                    await http.post(f"v1/messages/{got.result()['msg_id']}/delegate", {"target": "http-a"})
+                    hops += 1
+                else:
+                    got.cancel()
+            with pytest.raises(HopLimit):
+                await asked
+            assert hops == 6  # the first receipt and 5 delegations (hop_limit 5); the 6th is refused
             # 2. the HTTP agent asks the Python agent; the answer is a response event
             status, body = await http.post("v1/messages", {"sender_session": sid, "target": "py-b",
                                                            "topic": "ask", "prompt": "hi", "tasks": ["t1"]})
@@ -355,10 +376,11 @@ def test_http_agent_round_trips_with_python_agents(meshd_factory: MeshdFactory) 
                 rec = next((x for x in await py.agents() if x["name"] == "http-a"), None)
                 return None if rec is None else str(rec.get("state"))
             await async_wait_until(lambda: _eq(state_on_b(), "stale"), 10, what="http-a stale on b")
+            # the stream reports it too (the online event may come first: the watch ticks at 0.5 s)
             change = await resumed.next("agent_state")
-            while change["name"] != "http-a":
+            while not (change["name"] == "http-a" and change["new"] in ("stale", "absent")):
                 change = await resumed.next("agent_state")
-            assert change["new"] in ("stale", "absent")
+            assert change["node"] == a.node_id
             await resumed.stop()
 
     asyncio.run(scenario())
