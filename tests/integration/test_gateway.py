@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import ssl
 import stat
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -170,7 +173,6 @@ def test_files_and_auth_on_every_endpoint(meshd_factory: MeshdFactory) -> None:
 
 
 def test_token_rotate_with_meshctl(meshd_factory: MeshdFactory) -> None:
-    import subprocess
     import sys
 
     a = meshd_factory.spawn("a")
@@ -201,6 +203,28 @@ def test_lan_listen_refused_without_tls(meshd_factory: MeshdFactory) -> None:
     assert code == 2
     assert "plain HTTP on 0.0.0.0" in a.log() and "http_host" in a.log()
     assert not (a.socket.parent / "http.token").exists()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make a test certificate")
+def test_tls_serves_https(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    a = meshd_factory.spawn("a", env={"MESHD_HTTP_TLS_CERT": str(cert), "MESHD_HTTP_TLS_KEY": str(key)})
+    url, token = gateway_of(a)
+    assert url.startswith("https://127.0.0.1:")
+    ctx = ssl.create_default_context(cafile=str(cert))
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "v1/node", headers={"Authorization": f"Bearer {token}"}, ssl=ctx) as r:
+                assert r.status == 200 and (await r.json())["node"] == a.node_id
+            with pytest.raises(aiohttp.ClientError):
+                async with s.get(url.replace("https", "http") + "v1/node") as r:
+                    await r.read()
+
+    asyncio.run(scenario())
 
 
 def test_no_http_flag(meshd_factory: MeshdFactory) -> None:
