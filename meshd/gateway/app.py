@@ -299,12 +299,13 @@ class Routes:
         return web.json_response(openapi_spec(self.gw.url))
 
     async def dashboard_events(self, request: web.Request) -> web.StreamResponse:
-        self.gw.dashboard_wanted()
         self.dashboards += 1
+        self.gw.dashboard_opened()
         try:
             return await self.stream(request, self.gw.dashboard)
         finally:
             self.dashboards -= 1
+            self.gw.dashboard_closed()
 
     async def page(self, request: web.Request) -> web.Response:
         return web.Response(body=page_html(), content_type="text/html",

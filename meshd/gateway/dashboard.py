@@ -3,8 +3,8 @@
 Owns: :class:`MeshInfo` (the read-only questions the gateway asks the node: directory, peers,
 node info, dead letters; answered through ``meshd.view.NodeView`` when the node implements it,
 else through the node's current methods), :class:`OutcomeObserver` (a plugin on the node's
-plugin host that keeps the recent collaboration outcomes; its hook runs on the plugin worker
-thread and hands each outcome to the loop), :class:`MeshWatch` (snapshots for the dashboard
+plugin host, registered by :class:`OutcomeFeed` only while a dashboard is open; its hook runs on
+the plugin worker thread and hands each outcome to the loop), :class:`MeshWatch` (snapshots for the dashboard
 and the agent/peer state changes sent to every stream) and the page itself (static/index.html).
 Must not touch: routing, sessions' requests, the token.
 """
@@ -21,7 +21,7 @@ from typing import Any
 from meshd.hookspecs import hookimpl
 from meshd.view import NodeView
 
-__all__ = ["MeshInfo", "MeshWatch", "OutcomeObserver", "page_html"]
+__all__ = ["MeshInfo", "MeshWatch", "OutcomeFeed", "OutcomeObserver", "page_html"]
 
 RECENT_OUTCOMES = 50
 RECENT_DEAD_LETTERS = 20
@@ -63,7 +63,7 @@ class MeshInfo:
 
 
 class OutcomeObserver:
-    """Plugin object: keeps the last collaboration outcomes (bounded) for the dashboard."""
+    """Plugin object: hands each collaboration outcome to the loop, for the dashboard."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_outcome: Callable[[dict[str, Any]], None]) -> None:
         self._loop = loop
@@ -73,6 +73,47 @@ class OutcomeObserver:
     def meshd_collaboration(self, outcome: dict[str, Any]) -> None:
         # Plugin worker thread: hand the outcome to the loop, never touch loop state here.
         self._loop.call_soon_threadsafe(self._on_outcome, dict(outcome))
+
+
+class OutcomeFeed:
+    """Registers the observer only while a dashboard is open.
+
+    Outcome tracking costs the routing path something per message (the node builds each outcome
+    and queues it for the plugin thread); a daemon nobody watches should not pay it. So the
+    observer is registered when the first dashboard stream opens and unregistered when the last
+    one closes, and the node's outcome tracking follows whether any observer remains.
+    """
+
+    NAME = "meshd.gateway"
+
+    def __init__(self, node: Any, observer: OutcomeObserver) -> None:
+        self.node = node
+        self.observer = observer
+        self.watchers = 0
+
+    def _sync_tracking(self, plugins: Any) -> None:
+        outcomes = getattr(self.node, "outcomes", None)
+        if outcomes is not None:
+            outcomes.enabled = plugins.wants("meshd_collaboration")
+
+    def opened(self) -> None:
+        self.watchers += 1
+        plugins = getattr(self.node, "plugins", None)
+        if self.watchers == 1 and plugins is not None:
+            plugins.register(self.observer, name=self.NAME)
+            self._sync_tracking(plugins)
+
+    def closed(self) -> None:
+        self.watchers -= 1
+        plugins = getattr(self.node, "plugins", None)
+        if self.watchers == 0 and plugins is not None:
+            # PluginHost has no public unregister yet: pluggy's, then its hook-set refresh.
+            if plugins.pm.is_registered(self.observer):
+                plugins.pm.unregister(self.observer)
+            refresh = getattr(plugins, "_refresh", None)
+            if callable(refresh):
+                refresh()
+            self._sync_tracking(plugins)
 
 
 def _agent_key(rec: dict[str, Any]) -> str:

@@ -5,9 +5,10 @@ default; a LAN address needs TLS unless ``allow_plain_http_lan``), the token (ma
 rotated on request, never logged), the files in the runtime dir, and the watch task that sends
 snapshots to dashboards and agent/peer state changes to every HTTP agent.
 
-Start-up: 1. check the listen address and TLS; 2. make the token; 3. register the outcome
-observer on the node's plugin host; 4. bind the HTTP site; 5. write ``http.token`` then
-``http.json`` (a client that finds the URL finds the token too); 6. start the watch task.
+Start-up: 1. check the listen address and TLS; 2. make the token; 3. prepare the outcome
+observer (registered on the node's plugin host only while a dashboard is open); 4. bind the
+HTTP site; 5. write ``http.token`` then ``http.json`` (a client that finds the URL finds the
+token too); 6. start the watch task.
 Shutdown, the reverse: remove the files; stop the watch task; close every HTTP agent (their
 pending requests fail with UNDELIVERABLE); close the streams; stop the site (bounded).
 Must not touch: routing or the node's internals beyond :class:`~meshd.gateway.dashboard.MeshInfo`.
@@ -30,7 +31,7 @@ from meshd.errors import ConfigError
 
 from . import auth
 from .app import Routes, build_app
-from .dashboard import MeshInfo, MeshWatch, OutcomeObserver
+from .dashboard import MeshInfo, MeshWatch, OutcomeFeed, OutcomeObserver
 from .events import EventBuffer
 from .sessions import SessionTable
 
@@ -81,6 +82,7 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.outcome_feed: OutcomeFeed | None = None
 
     async def start(self) -> None:
         s = self.settings
@@ -88,9 +90,7 @@ class Gateway:
         self._loop = asyncio.get_running_loop()
         token = auth.new_token()
         self.guard.replace(token)
-        plugins = getattr(self.node, "plugins", None)
-        if plugins is not None:
-            plugins.register(OutcomeObserver(self._loop, self.watch.add_outcome), name="meshd.gateway")
+        self.outcome_feed = OutcomeFeed(self.node, OutcomeObserver(self._loop, self.watch.add_outcome))
         app, self.routes = build_app(self)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      shutdown_timeout=SHUTDOWN_TIMEOUT_S)
@@ -132,9 +132,15 @@ class Gateway:
         self.guard.replace(token)
         log.info("HTTP gateway token rotated (new token in %s)", self.token_path)
 
-    def dashboard_wanted(self) -> None:
-        """A dashboard stream opened: make sure it gets a snapshot at once."""
+    def dashboard_opened(self) -> None:
+        """A dashboard stream opened: watch outcomes, and give it a snapshot at once."""
+        if self.outcome_feed is not None:
+            self.outcome_feed.opened()
         self._publish_snapshot()
+
+    def dashboard_closed(self) -> None:
+        if self.outcome_feed is not None:
+            self.outcome_feed.closed()
 
     def stats(self) -> dict[str, Any]:
         r = self.routes

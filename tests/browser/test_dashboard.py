@@ -7,11 +7,15 @@ The playwright browser download is never used (never run ``playwright install``)
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +28,13 @@ ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is missing "
                                 "(apt-get install chromium; .ci/run installs it)")
+
+
+def _post(gw: GatewayAddress, path: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(gw.url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {gw.token}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
 
 
 def test_dashboard_shows_agents_live(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
@@ -40,6 +51,17 @@ def test_dashboard_shows_agents_live(meshd_factory: MeshdFactory, tmp_path: Path
     gw = wait_until(found, 10, what="a's http.json")
     meshctl = str(Path(sys.executable).parent / "meshctl")
     agent: subprocess.Popen[bytes] | None = None
+    # an HTTP agent on a, heartbeating with telemetry from a thread
+    painter = _post(gw, "v1/agents/register", {"name": "painter", "model": "model-x", "colour": "#e07b39"})
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            _post(gw, f"v1/agents/{painter['session_id']}/heartbeat",
+                  {"context_used_pct": 37, "queue_depth": 2, "tasks_summary": "2 open, 5 done"})
+            stop.wait(0.2)
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
         try:
@@ -49,11 +71,23 @@ def test_dashboard_shows_agents_live(meshd_factory: MeshdFactory, tmp_path: Path
             assert "token" not in page.url  # taken from the fragment, then cleared
             sync_api.expect(page.locator("#nodes")).to_contain_text("b (", timeout=10_000)
 
-            agent = subprocess.Popen([meshctl, "--socket", str(b.socket), "agent", "browser-seen"],
+            painted = page.locator("#agents tr", has_text="painter")
+            sync_api.expect(painted).to_contain_text("model-x", timeout=5_000)
+            sync_api.expect(painted).to_contain_text("37%")
+            sync_api.expect(painted).to_contain_text("2 open, 5 done")
+
+            agent = subprocess.Popen([meshctl, "--socket", str(b.socket), "agent", "browser-seen", "--echo"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             row = page.locator("#agents tr", has_text="browser-seen")
             sync_api.expect(row).to_be_visible(timeout=2_000)
             sync_api.expect(row).to_contain_text("online")
+
+            answer = _post(gw, "v1/request", {"session_id": painter["session_id"], "target": "browser-seen",
+                                              "topic": "paint", "payload": {"colour": "orange"}})
+            assert answer["ok"] is True
+            outcome = page.locator("#outcomes tr", has_text="browser-seen")
+            sync_api.expect(outcome).to_contain_text("painter", timeout=5_000)
+            sync_api.expect(outcome).to_contain_text("ok")
 
             os.kill(agent.pid, signal.SIGSTOP)  # it stops heartbeating
             sync_api.expect(row.locator(".state")).to_have_text("stale", timeout=10_000)
@@ -62,6 +96,8 @@ def test_dashboard_shows_agents_live(meshd_factory: MeshdFactory, tmp_path: Path
             print(f"dashboard screenshot: {shot}")
             assert shot.stat().st_size > 10_000
         finally:
+            stop.set()
+            beater.join(5)
             browser.close()
             if agent is not None:
                 os.kill(agent.pid, signal.SIGCONT)
