@@ -230,7 +230,11 @@ class SessionTable:
                               max_payload_bytes=self.max_payload_bytes)
             session = HttpSession(self, session_id or secrets.token_urlsafe(12), name, info, agent,
                                   self.buffer_size, self.cap)
-            await agent.connect()  # raises NameTaken etc.; nothing kept then
+            try:
+                await agent.connect()  # raises NameTaken etc.
+            except BaseException:
+                await agent.close()  # nothing kept: its socket is released at once
+                raise
             agent.beat()
             self.by_id[session.session_id] = session
             log.info("HTTP agent %r registered (session %s)", name, session.session_id)

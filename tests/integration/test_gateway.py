@@ -268,6 +268,8 @@ def test_bad_input_gets_clear_answers(meshd_factory: MeshdFactory) -> None:
             assert status == 404 and body["error"]["code"] == "NO_SUCH_REQUEST"
             status, body = await http.post("v1/publish", {"session_id": sid, "topic": ""})
             assert status == 400
+            status, body = await http.post("v1/agents/register", {"name": "bad-input-1"})
+            assert status == 409 and body["error"]["code"] == "NAME_TAKEN"  # and nothing kept:
             await http.register("bad-input-2")
             status, body = await http.post("v1/agents/register", {"name": "bad-input-3"})
             assert status == 429 and body["error"]["code"] == "TOO_MANY_SESSIONS"

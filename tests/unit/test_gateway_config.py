@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,12 @@ from meshd.gateway.service import check_listen
 
 def settings(**values: object) -> object:
     return load_settings(None, overrides=values, environ={"HOME": "/home/u"})
+
+
+def test_the_client_does_not_import_aiohttp() -> None:
+    code = ("import sys, meshd, meshd.client, meshd.cli, meshd.gateway.auth; "
+            "sys.exit(1 if 'aiohttp' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
 def test_defaults_are_loopback_and_bounded() -> None:
