@@ -357,6 +357,11 @@ def test_http_agent_round_trips_with_python_agents(meshd_factory: MeshdFactory) 
             with pytest.raises(HopLimit):
                 await asked
             assert hops == 6  # the first receipt and 5 delegations (hop_limit 5); the 6th is refused
+            # qos 1 applies: the send returns once on disk, the agent sees it once, marked qos 1
+            await py.send("http-a", "note", {"durable": True}, qos=1)
+            note = await stream.next("prompt")
+            assert note["payload"] == {"durable": True} and note["qos"] == 1
+            assert note["expects_response"] is False
             # 2. the HTTP agent asks the Python agent; the answer is a response event
             status, body = await http.post("v1/messages", {"sender_session": sid, "target": "py-b",
                                                            "topic": "ask", "prompt": "hi", "tasks": ["t1"]})
@@ -450,5 +455,26 @@ def test_slow_stream_reader_is_disconnected_and_counted(meshd_factory: MeshdFact
             await beat
             status, _body = await http.get("v1/node")
             assert status == 200 and a.alive()
+
+    asyncio.run(scenario())
+
+
+def test_closed_stream_is_noticed(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a")
+
+    async def scenario() -> None:
+        async with client(a) as http:
+            me = await http.register("leaver-a")
+            reader = await SseReader(http, f"v1/agents/{me['session_id']}/events").start()
+            _status, body = await http.get("v1/node")
+            assert body["gateway"]["streams"] == 1
+            await reader.stop()  # the client goes away without a word
+
+            async def noticed() -> bool:
+                _status, body = await http.get("v1/node")
+                return bool(body["gateway"]["streams"] == 0 and body["gateway"]["closed_streams"] == 1)
+            await async_wait_until(noticed, 15, interval=0.2, what="the closed stream to be noticed")
+            _status, body = await http.get("v1/agents")
+            assert any(x["name"] == "leaver-a" for x in body)  # the agent itself stays until it stops beating
 
     asyncio.run(scenario())

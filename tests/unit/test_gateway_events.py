@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import stat
+from pathlib import Path
 
 import pytest
 
-from meshd.gateway.auth import TokenGuard
+from meshd.errors import DaemonUnreachable
+from meshd.gateway.auth import TokenGuard, find_gateway, remove_files, write_token, write_url
 from meshd.gateway.errors import http_status
 from meshd.gateway.events import EventBuffer, sse_frame
 
@@ -63,6 +66,19 @@ def test_token_guard_refuses(header: str | None) -> None:
     assert guard.check("Bearer TOKEN") is True and guard.refused == 1
     guard.replace("NEW")
     assert guard.check("Bearer TOKEN") is False and guard.check("Bearer NEW") is True
+
+
+def test_token_file_modes(tmp_path: Path) -> None:
+    write_token(tmp_path, "T1")
+    assert stat.S_IMODE((tmp_path / "http.token").stat().st_mode) == 0o600
+    write_token(tmp_path, "T2", group_readable=True)  # only when the operator sets it
+    assert stat.S_IMODE((tmp_path / "http.token").stat().st_mode) == 0o640
+    write_url(tmp_path, "http://127.0.0.1:1/")
+    found = find_gateway(tmp_path / "meshd.sock")
+    assert (found.url, found.token) == ("http://127.0.0.1:1/", "T2")
+    remove_files(tmp_path)
+    with pytest.raises(DaemonUnreachable):
+        find_gateway(tmp_path / "meshd.sock")
 
 
 def test_status_table() -> None:
