@@ -46,6 +46,8 @@ from typing import Any
 import msgpack
 import zmq
 from common import SIG, TAIL_CAP_S, TAIL_IDLE_S, payload_size
+from http_bench import http_rows
+from http_bench import print_rows as print_http_rows
 from procs import Daemon, Helper, cpu_meter, end
 from roles import run_role
 from table import build_table, print_table
@@ -512,6 +514,9 @@ class Bench:
             for d in secure[:2]:
                 d.stop()
         r["wire_rtt"] = self.guarded("wire_rtt", self.mesh_rtt, a, b, True)
+        r["http"] = self.guarded("http", http_rows, a, b, self.logdir, 1000 if self.quick else 2000)
+        if r["http"]:
+            print_http_rows(r["http"])  # HTTP gateway vs Python client, same daemons (http_bench.py)
         self.repeat("publish", self.mesh_publish, a, b)
         self.repeat("wire_publish", self.wire_publish, a, b)
         self.repeat("wire_tp", lambda a, b, tag: self.wire_throughput(a, b, tag, False), a, b)

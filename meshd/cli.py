@@ -84,6 +84,9 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--offline-after", type=float)
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", choices=["text", "json"])
+    run.add_argument("--no-http", dest="http", action="store_const", const=False,
+                     help="do not serve the HTTP/SSE gateway and dashboard (docs/http.md)")
+    run.add_argument("--http-port", type=int, help="HTTP gateway port (0 = any free port)")
 
 
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
@@ -95,7 +98,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
     keys = ("name", "mesh", "interfaces", "port", "pub_port", "peers", "discovery", "state_dir",
             "socket", "insecure", "heartbeat_interval", "stale_after", "offline_after",
             "log_level", "log_format", "allow_insecure_lan", "trust_mode", "authorized_keys_dir",
-            "mesh_secret_file")
+            "mesh_secret_file", "http", "http_port")
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     return load_settings(config, overrides=overrides, environ=env)
 
@@ -179,6 +182,30 @@ def _json_arg(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+
+
+def _http(args: argparse.Namespace) -> int:
+    """meshctl http ...: find the gateway through http.json / http.token; rotate over HTTP."""
+    import urllib.error
+    import urllib.request
+
+    from .gateway.auth import find_gateway
+
+    gw = find_gateway(args.socket)
+    if args.http_cmd == "url":
+        print(gw.url)
+        return 0
+    req = urllib.request.Request(gw.url + "v1/token/rotate", data=b"{}", method="POST",
+                                 headers={"Authorization": f"Bearer {gw.token}",
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            body = json.loads(resp.read() or b"{}")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"meshctl: cannot rotate the token at {gw.url}: {exc}", file=sys.stderr)
+        return 1
+    print(f"token rotated; the new one is in {body.get('token_file')}")
+    return 0
 
 
 def _keys(args: argparse.Namespace) -> int:
@@ -518,8 +545,20 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     from .tools import ctl as tools_ctl  # issue 9: meshctl tools|approvals
 
     tools_ctl.add_parsers(sub)
+    h = sub.add_parser("http", help="the daemon's HTTP gateway (docs/http.md)")
+    hsub = h.add_subparsers(dest="http_cmd", required=True)
+    hsub.add_parser("url", help="print the gateway's URL (from http.json beside the socket)")
+    ht = hsub.add_parser("token", help="the gateway's bearer token")
+    htsub = ht.add_subparsers(dest="token_cmd", required=True)
+    htsub.add_parser("rotate", help="make a new token; the old one stops working at once")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="meshctl: %(message)s")
+    if args.cmd == "http":
+        try:
+            return _http(args)
+        except MeshError as exc:
+            print(f"meshctl: {exc.code}: {exc.message}", file=sys.stderr)
+            return 1
     if args.cmd == "keys":
         try:
             return _keys(args)

@@ -354,6 +354,39 @@ class Settings(BaseModel):
     log_format: Literal["text", "json"] = Field(
         default="text", description="Log format: text (human) or json (one object per line)."
     )
+    # HTTP/SSE gateway (docs/http.md)
+    http: bool = Field(default=True, description="Serve the HTTP/SSE gateway and the web dashboard.")
+    http_host: str = Field(
+        default="127.0.0.1",
+        description="Address the gateway listens on; a non-loopback address needs http_tls_cert and "
+        "http_tls_key unless allow_plain_http_lan is set.",
+    )
+    http_port: int = Field(default=0, ge=0, le=65535, description="Gateway TCP port; 0 = any free port.")
+    http_tls_cert: Path | None = Field(
+        default=None, description="PEM certificate for HTTPS (with http_tls_key)."
+    )
+    http_tls_key: Path | None = Field(
+        default=None, validate_default=True,  # so a cert without a key is caught
+        description="PEM private key for HTTPS (with http_tls_cert).",
+    )
+    allow_plain_http_lan: bool = Field(
+        default=False,
+        description="Allow plain HTTP on a non-loopback http_host (the token travels in clear).",
+    )
+    http_token_group_readable: bool = Field(
+        default=False, description="Write http.token mode 0640 (group readable) instead of 0600."
+    )
+    http_max_sessions: int = Field(default=256, ge=1, description="HTTP agents registered at once.")
+    http_max_streams: int = Field(
+        default=64, ge=1, description="Open SSE streams at once (agents and dashboards); past it, 429."
+    )
+    http_sse_buffer: int = Field(
+        default=1024, ge=16,
+        description="Events kept per stream for Last-Event-ID resumption; older ones are reported as a gap.",
+    )
+    http_max_body_bytes: int = Field(
+        default=1048576, ge=1024, description="Largest request body accepted, in bytes; past it, 413."
+    )
     # plugins
     plugins: list[str] = Field(
         default_factory=list,
@@ -495,6 +528,25 @@ class Settings(BaseModel):
             if item not in out:
                 out.append(item)
         return out
+
+    @field_validator("http_host")
+    @classmethod
+    def _check_http_host(cls, value: str) -> str:
+        value = value.strip()
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            if value != "localhost":
+                raise ValueError(f"{value!r} is not an IP address")
+        return value
+
+    @field_validator("http_tls_key")
+    @classmethod
+    def _check_http_tls(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        cert = info.data.get("http_tls_cert")
+        if (value is None) != (cert is None):
+            raise ValueError("http_tls_cert and http_tls_key go together")
+        return value.expanduser() if value is not None else None
 
     def resolved_authorized_keys(self) -> Path:
         """The authorized-keys folder: the setting, or <state_dir>/authorized_keys."""

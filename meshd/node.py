@@ -238,6 +238,7 @@ class Node:
         # reserved name, created in start(), stopped first in stop().
         self.system: Any = None
         self._system_token = os.urandom(16).hex()
+        self.gateway: Any = None  # meshd.gateway.Gateway when [http] is on (started in start())
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -294,6 +295,13 @@ class Node:
             self.router_endpoints(), self.pub_endpoints(), self.socket_path,
             " INSECURE (plaintext mesh)" if s.insecure else "",
         )
+        # --- HTTP gateway hook (meshd/gateway, docs/http.md): after the agent socket is bound ---
+        if s.http:
+            from .gateway import Gateway  # lazily: aiohttp only in a daemon that serves HTTP
+
+            self.gateway = Gateway(s, self)
+            await self.gateway.start()
+        # --- end of the HTTP gateway hook ---
         self.outcomes.enabled = self.plugins.wants("meshd_collaboration")
         # [plugins] edit: meshd_startup before the workers start, so no observer hook of a plugin
         # runs before its startup returned (events meanwhile wait in its queue).
@@ -379,7 +387,12 @@ class Node:
             return
         self._stopping = True
         self.notifier.stopping(f"stopping: {self.status_line()}")
-        if self.system is not None:  # issue 9 "tools": the system agent leaves first
+        if self.gateway is not None:  # HTTP gateway first (its agents leave cleanly), then the system agent
+            try:
+                await self.gateway.stop()
+            except Exception:
+                log.exception("HTTP gateway stop failed")
+        if self.system is not None:  # issue 9 "tools": the system agent leaves next
             try:
                 await self.system.stop()
             except Exception:

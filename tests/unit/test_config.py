@@ -361,7 +361,8 @@ def test_example_values_are_the_defaults(tmp_path: Path) -> None:
     s = load(path, environ={"HOME": "/home/u"})
     defaults = load(environ={"HOME": "/home/u"})
     for key in Settings.model_fields:
-        if key in {"name", "state_dir", "socket", "authorized_keys_dir", "mesh_secret_file"}:  # examples
+        if key in {"name", "state_dir", "socket", "authorized_keys_dir", "mesh_secret_file",
+                   "http_tls_cert", "http_tls_key"}:  # examples
             continue
         assert getattr(s, key) == getattr(defaults, key), key
 

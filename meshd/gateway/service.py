@@ -1,0 +1,166 @@
+"""The gateway as the daemon runs it: ``Gateway.start()`` / ``Gateway.stop()``.
+
+Owns: the start-up and shutdown order of the HTTP side, the listen-address policy (loopback by
+default; a LAN address needs TLS unless ``allow_plain_http_lan``), the token (made at start,
+rotated on request, never logged), the files in the runtime dir, and the watch task that sends
+snapshots to dashboards and agent/peer state changes to every HTTP agent.
+
+Start-up: 1. check the listen address and TLS; 2. make the token; 3. prepare the outcome
+observer (registered on the node's plugin host only while a dashboard is open); 4. bind the
+HTTP site; 5. write ``http.token`` then ``http.json`` (a client that finds the URL finds the
+token too); 6. start the watch task.
+Shutdown, the reverse: remove the files; stop the watch task; close every HTTP agent (their
+pending requests fail with UNDELIVERABLE); close the streams; stop the site (bounded).
+Must not touch: routing or the node's internals beyond :class:`~meshd.gateway.dashboard.MeshInfo`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import ssl
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from meshd.config import Settings
+from meshd.errors import ConfigError
+
+from . import auth
+from .app import Routes, build_app
+from .dashboard import MeshInfo, MeshWatch, OutcomeFeed, OutcomeObserver
+from .events import EventBuffer
+from .sessions import SessionTable
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger("meshd.gateway")
+
+WATCH_INTERVAL_S = 0.5
+SHUTDOWN_TIMEOUT_S = 2.0
+ABANDONED_GRACE_S = 60.0  # a session without heartbeat or stream is closed offline_after + this
+
+
+def check_listen(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context for ``http_host``, or None for plain HTTP; refuses plain HTTP on a LAN."""
+    host = settings.http_host
+    loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    if settings.http_tls_cert is not None and settings.http_tls_key is not None:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            ctx.load_cert_chain(settings.http_tls_cert, settings.http_tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError("http_tls_cert", f"cannot load the certificate and key: {exc}")
+        return ctx
+    if not loopback and not settings.allow_plain_http_lan:
+        raise ConfigError("http_host", f"plain HTTP on {host} (not loopback) is refused: the bearer token "
+                          "would travel in clear. Set http_tls_cert and http_tls_key, or "
+                          "allow_plain_http_lan = true if you really mean it")
+    return None
+
+
+class Gateway:
+    """The HTTP/SSE gateway and dashboard of one daemon, on the daemon's loop."""
+
+    def __init__(self, settings: Settings, node: Any) -> None:
+        self.settings = settings
+        self.node = node
+        self.mesh = MeshInfo(node)
+        self.runtime_dir: Path = settings.resolved_socket().parent
+        self.token_path = self.runtime_dir / auth.TOKEN_FILE
+        self.guard = auth.TokenGuard(auth.new_token())
+        self.sessions = SessionTable(settings.resolved_socket(), max_sessions=settings.http_max_sessions,
+                                     buffer_size=settings.http_sse_buffer, cap=settings.inbox_cap,
+                                     max_payload_bytes=settings.max_payload_bytes)
+        self.dashboard = EventBuffer(min(settings.http_sse_buffer, 64))
+        self.watch = MeshWatch(self.mesh)
+        self.url = ""
+        self.routes: Routes | None = None
+        self._runner: web.AppRunner | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.outcome_feed: OutcomeFeed | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        tls = check_listen(s)
+        self._loop = asyncio.get_running_loop()
+        token = auth.new_token()
+        self.guard.replace(token)
+        self.outcome_feed = OutcomeFeed(self.node, OutcomeObserver(self._loop, self.watch.add_outcome))
+        app, self.routes = build_app(self)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, s.http_host, s.http_port, ssl_context=tls)
+        await site.start()
+        port = self._bound_port()
+        host = f"[{s.http_host}]" if ":" in s.http_host else s.http_host
+        self.url = f"{'https' if tls else 'http'}://{host}:{port}/"
+        self.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        auth.write_token(self.runtime_dir, token, group_readable=s.http_token_group_readable)
+        auth.write_url(self.runtime_dir, self.url, group_readable=s.http_token_group_readable)
+        self._watch_task = asyncio.create_task(self._watch_loop(), name="meshd-gateway-watch")
+        log.info("HTTP gateway on %s (token in %s)", self.url, self.token_path)
+
+    def _bound_port(self) -> int:
+        assert self._runner is not None
+        for addr in self._runner.addresses:
+            if isinstance(addr, tuple) and len(addr) >= 2:
+                return int(addr[1])
+        raise RuntimeError("the HTTP gateway has no bound address")
+
+    async def stop(self) -> None:
+        auth.remove_files(self.runtime_dir)
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+        await self.sessions.close_all()
+        self.dashboard.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        log.info("HTTP gateway stopped")
+
+    def rotate_token(self) -> None:
+        """A new token: written to http.token first, then required (the old one stops working)."""
+        token = auth.new_token()
+        auth.write_token(self.runtime_dir, token, group_readable=self.settings.http_token_group_readable)
+        self.guard.replace(token)
+        log.info("HTTP gateway token rotated (new token in %s)", self.token_path)
+
+    def dashboard_opened(self) -> None:
+        """A dashboard stream opened: watch outcomes, and give it a snapshot at once."""
+        if self.outcome_feed is not None:
+            self.outcome_feed.opened()
+        self._publish_snapshot()
+
+    def dashboard_closed(self) -> None:
+        if self.outcome_feed is not None:
+            self.outcome_feed.closed()
+
+    def stats(self) -> dict[str, Any]:
+        r = self.routes
+        return {"sessions": len(self.sessions.by_id), "streams": r.streams if r else 0,
+                "slow_disconnects": r.slow_disconnects if r else 0,
+                "closed_streams": r.closed_streams if r else 0, "auth_refused": self.guard.refused}
+
+    def _publish_snapshot(self) -> None:
+        self.dashboard.append("snapshot", self.watch.snapshot(self.stats()))
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            try:
+                await self.sessions.sweep(self.settings.offline_after + ABANDONED_GRACE_S)
+                changes = self.watch.changes()
+                for name, data in changes:
+                    for session in self.sessions.by_id.values():
+                        session.events.append(name, data)
+                if self.routes is not None and self.routes.dashboards:
+                    self._publish_snapshot()
+            except Exception:
+                log.exception("gateway watch failed; going on")
