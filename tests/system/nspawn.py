@@ -199,6 +199,7 @@ class PrivateLan:
             for i, host in enumerate(self.hosts, 1):
                 root = self.workdir / f"node{i}"
                 run(["cp", "-a", "--reflink=auto", str(base), str(root)], timeout=600)
+                (root / "etc" / "hostname").write_text(f"node{i}\n")  # debootstrap copied the host's
                 self.containers.append(Container(f"node{i}", root, host, binds))
         except BaseException:
             self.close()

@@ -76,7 +76,11 @@ def install(node: Container) -> None:
         elif line.startswith("$EDITOR "):
             node.sh(f"cat >> {shlex.quote(line.split()[1])}", input_text=config_text())
         else:
-            node.sh(f"cd {shlex.quote(cwd)} && {line}", timeout=600)
+            try:
+                node.sh(f"cd {shlex.quote(cwd)} && {line}", timeout=600)
+            except RuntimeError as exc:  # say why the service failed, not only that it did
+                log = node.sh("journalctl -u meshd --no-pager -n 30", check=False).stdout
+                raise RuntimeError(f"{exc}\n--- journalctl -u meshd:\n{log}") from None
     # users: alice attaches agents (in the meshd group, as the docs say), bob does not
     node.sh("useradd -m alice && usermod -aG meshd alice && useradd -m bob")
 
