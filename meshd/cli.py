@@ -20,7 +20,7 @@ from typing import Any
 import zmq
 
 from . import __version__
-from .config import Settings, default_socket_path, ensure_dirs, load_settings
+from .config import Settings, ensure_dirs, find_agent_socket, load_settings
 from .errors import ConfigError, MeshError
 from .keys import KeyFileError
 
@@ -115,6 +115,15 @@ async def _serve(settings: Settings) -> int:
     return 0
 
 
+def _user_name() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
 def meshd_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meshd", description="peer-mesh daemon for agents")
     parser.add_argument("--version", action="version", version=f"meshd {__version__}")
@@ -161,6 +170,12 @@ def meshd_main(argv: list[str] | None = None) -> int:
         return 2
     except KeyFileError as exc:
         print(f"meshd: key error: {exc}", file=sys.stderr)
+        return 2
+    except PermissionError as exc:
+        # A file or directory this user may not read or write: retrying cannot fix it (exit 2, which
+        # the systemd unit does not restart).
+        print(f"meshd: cannot start: {exc.filename}: {exc.strerror} (fix: give the user meshd runs as, "
+              f"{_user_name()}, access to it)", file=sys.stderr)
         return 2
     except (RuntimeError, OSError, zmq.ZMQError) as exc:
         log.error("cannot start: %s", exc)
@@ -263,8 +278,14 @@ def _keys(args: argparse.Namespace) -> int:
         if target.exists():
             print(f"meshctl: {target} exists; not overwriting a mesh secret", file=sys.stderr)
             return 1
-        K.create_mesh_secret(target)
-        print(f"wrote a new mesh secret to {target} (mode 0600); copy it to every node of the fleet")
+        try:
+            K.create_mesh_secret(target, owner=args.owner)
+        except PermissionError as exc:
+            print(f"meshctl: cannot write {target}: {exc.strerror}" + (
+                " (--owner needs root)" if args.owner else ""), file=sys.stderr)
+            return 1
+        owner = f", owner {args.owner}" if args.owner else ""
+        print(f"wrote a new mesh secret to {target} (mode 0600{owner}); copy it to every node of the fleet")
     return 0
 
 
@@ -391,6 +412,46 @@ async def _tasks(me: Any, args: argparse.Namespace) -> int:
         print(f"{record.get('id', args.id)}: {record.get('state')}"
               + (f" ({record['error']})" if record.get("error") else ""))
     return 0
+def _owner_group(path: Path) -> str:
+    """The group that owns ``path`` or, if this user cannot even look at it, its nearest parent."""
+    import grp
+
+    for candidate in (path, *path.parents):
+        try:
+            gid = candidate.stat().st_gid
+        except OSError:
+            continue
+        try:
+            return grp.getgrgid(gid).gr_name
+        except KeyError:
+            return str(gid)
+    return "meshd"
+
+
+def socket_access_error(path: Path) -> str | None:
+    """One line saying why this user cannot connect to the agent socket at ``path``, or None.
+
+    ZeroMQ connects to ipc:// in the background and retries forever, so a socket this user may not
+    open would only show as a time-out: meshctl tries a plain AF_UNIX connect first.
+    """
+    import getpass
+    import socket as socket_mod
+
+    probe = socket_mod.socket(socket_mod.AF_UNIX, socket_mod.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except PermissionError:
+        group = _owner_group(path)
+        return (f"meshctl: permission denied on {path}: add your user to the '{group}' group "
+                f"(usermod -aG {group} {getpass.getuser()}) and log in again")
+    except (FileNotFoundError, ConnectionRefusedError):
+        return (f"meshctl: no meshd is listening on {path}: start it, or say where it listens with "
+                "--socket PATH or MESHD_SOCKET")
+    except OSError:
+        return None  # anything else: let the client report it
+    finally:
+        probe.close()
+    return None
 
 
 async def _ctl(args: argparse.Namespace) -> int:
@@ -398,7 +459,12 @@ async def _ctl(args: argparse.Namespace) -> int:
 
     name = args.as_name or f"meshctl-{os.getpid()}"
     agent_name = args.name if args.cmd == "agent" else name
-    async with Agent(agent_name, socket=args.socket) as me:
+    socket_path = args.socket or find_agent_socket()
+    problem = socket_access_error(socket_path)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 1
+    async with Agent(agent_name, socket=socket_path) as me:
         if args.cmd == "peers":
             peers = await me.peers()
             if args.json:
@@ -468,7 +534,9 @@ async def _ctl(args: argparse.Namespace) -> int:
 def meshctl_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meshctl", description="talk to the local meshd")
     parser.add_argument("--socket", type=Path, default=None,
-                        help=f"agent socket (default: {default_socket_path()})")
+                        help="agent socket (default: $MESHD_SOCKET, $RUNTIME_DIRECTORY/meshd.sock, "
+                             "/run/meshd/meshd.sock if /run/meshd exists, else the daemon's default "
+                             f"{find_agent_socket({}, Path('/nonexistent/meshd.sock'))})")
     parser.add_argument("--as", dest="as_name", help="agent name meshctl registers as")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("peers", help="list known daemons")
@@ -551,6 +619,9 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     ht = hsub.add_parser("token", help="the gateway's bearer token")
     htsub = ht.add_subparsers(dest="token_cmd", required=True)
     htsub.add_parser("rotate", help="make a new token; the old one stops working at once")
+    sec.add_argument("--owner", metavar="USER",
+                     help="give the file to USER and USER's group (root only), e.g. --owner meshd for the "
+                          "systemd service")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="meshctl: %(message)s")
     if args.cmd == "http":
@@ -565,6 +636,10 @@ def meshctl_main(argv: list[str] | None = None) -> int:
         except (ConfigError, KeyFileError) as exc:
             print(f"meshctl: {exc}", file=sys.stderr)
             return 2
+        except PermissionError as exc:
+            print(f"meshctl: {exc.filename}: {exc.strerror} (run it as the daemon's user, e.g. "
+                  "runuser -u meshd -- meshctl keys ...)", file=sys.stderr)
+            return 1
     try:
         return asyncio.run(_ctl(args))
     except MeshError as exc:

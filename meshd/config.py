@@ -94,6 +94,27 @@ def default_socket_path(environ: Mapping[str, str] | None = None) -> Path:
     return default_runtime_dir(environ) / "meshd.sock"
 
 
+#: Where the systemd unit (systemd/meshd.service, RuntimeDirectory=meshd) puts the agent socket.
+SYSTEMD_SOCKET = Path("/run/meshd/meshd.sock")
+
+
+def find_agent_socket(environ: Mapping[str, str] | None = None,
+                      systemd_socket: Path = SYSTEMD_SOCKET) -> Path:
+    """The socket meshctl talks to when no ``--socket`` is given.
+
+    ``$MESHD_SOCKET``, else ``$RUNTIME_DIRECTORY/meshd.sock``, else the systemd service's socket when its
+    directory ``/run/meshd`` exists (even if this user may not enter it: the permission error then names
+    it), else the daemon's own default (``$XDG_RUNTIME_DIR/meshd/meshd.sock``, ``/tmp/meshd-<uid>/...``).
+    The daemon itself never looks at the systemd location: its default is unchanged.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("MESHD_SOCKET") or _env_dir(env, "RUNTIME_DIRECTORY") is not None:
+        return default_socket_path(env)
+    if systemd_socket.parent.is_dir():
+        return systemd_socket
+    return default_socket_path(env)
+
+
 def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
     """``$STATE_DIRECTORY`` (systemd), else ``$XDG_STATE_HOME/meshd``, else ``~/.local/state/meshd``."""
     env = os.environ if environ is None else environ

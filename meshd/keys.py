@@ -61,9 +61,30 @@ def key_from_hex(text: str) -> str:
     return str(z85.encode(raw).decode())
 
 
+def _this_user() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"
+
+
+def unreadable(path: Path, exc: OSError) -> KeyFileError:
+    """The typed error for a key file this process may not read or write (exit 2: a retry cannot fix it)."""
+    user = _this_user()
+    return KeyFileError(
+        f"{path}: {exc.strerror or exc} (fix: chown {user}: {path} && chmod 600 {path}; it must belong "
+        f"to the user meshd runs as, {user}; `meshctl keys secret --owner {user}` creates it so)"
+    )
+
+
 def check_private(path: Path) -> None:
     """Refuse a secret file that anyone but its owner can read or write."""
-    mode = stat.S_IMODE(path.stat().st_mode)
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except PermissionError as exc:
+        raise unreadable(path, exc) from None
     if mode & 0o077:
         raise KeyFileError(
             f"{path} has mode {mode:04o}: a secret must be readable by its owner only "
@@ -100,6 +121,8 @@ def load_or_create_node_keys(state_dir: Path) -> KeyPair:
         check_private(secret_path)
         try:
             public_b, secret_b = zmq.auth.load_certificate(secret_path)
+        except PermissionError as exc:
+            raise unreadable(secret_path, exc) from None
         except (OSError, ValueError) as exc:
             raise KeyFileError(f"{secret_path}: cannot read the node key: {exc}") from None
         if not secret_b:
@@ -107,8 +130,11 @@ def load_or_create_node_keys(state_dir: Path) -> KeyPair:
         return KeyPair(public_b.decode(), secret_b.decode())
     public_b, secret_b = zmq.curve_keypair()
     public, secret = public_b.decode(), secret_b.decode()
-    _write_private(secret_path, _cert_text(public, secret, "meshd node secret key: keep private"))
-    public_path.write_text(_cert_text(public, None, "meshd node public key"))
+    try:
+        _write_private(secret_path, _cert_text(public, secret, "meshd node secret key: keep private"))
+        public_path.write_text(_cert_text(public, None, "meshd node public key"))
+    except PermissionError as exc:
+        raise unreadable(Path(exc.filename or secret_path), exc) from None
     log.info("created node keypair in %s", secret_path.parent)
     return KeyPair(public, secret)
 
@@ -119,6 +145,8 @@ def load_mesh_secret(path: Path) -> bytes:
         data = path.read_bytes().strip()
     except FileNotFoundError:
         raise KeyFileError(f"mesh secret file {path} does not exist") from None
+    except PermissionError as exc:
+        raise unreadable(path, exc) from None
     if len(data) < MIN_SECRET_BYTES:
         raise KeyFileError(f"mesh secret in {path} is too short: use at least {MIN_SECRET_BYTES} bytes")
     return data
@@ -132,8 +160,31 @@ def derive_mesh_keypair(secret: bytes) -> KeyPair:
     return KeyPair(public_z85.decode(), secret_z85.decode())
 
 
-def create_mesh_secret(path: Path) -> None:
-    _write_private(path, os.urandom(32).hex() + "\n")
+def create_mesh_secret(path: Path, owner: str | None = None) -> None:
+    """A new random secret in ``path``, mode 0600, owned by ``owner`` (a user name; default: whoever runs
+    this). Root gives it to the daemon's user with ``owner="meshd"``: meshd must read it, nobody else."""
+    uid = gid = -1
+    if owner is not None:
+        import pwd
+
+        try:
+            entry = pwd.getpwnam(owner)
+        except KeyError:
+            raise KeyFileError(f"no such user {owner!r} to own {path}") from None
+        uid, gid = entry.pw_uid, entry.pw_gid
+    secret = os.urandom(32).hex() + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            if owner is not None:
+                os.fchown(f.fileno(), uid, gid)  # before a byte is written: never readable by root only
+            f.write(secret)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
 
 
 def read_public_key(path: Path) -> str | None:

@@ -30,7 +30,7 @@ __all__ = ["MCP_EXTRA_HINT", "MeshMcpBridge", "run_mcp_server"]
 log = logging.getLogger("meshd.mcp")
 
 CALL_TIMEOUT: Final = 125.0
-MCP_EXTRA_HINT: Final = "the MCP server needs the 'mcp' extra: pip install 'meshd[mcp]'"
+MCP_EXTRA_HINT: Final = "the MCP server needs the 'mcp' extra: pip install 'meshd-daemon[mcp]'"
 
 _WAIT_SCHEMA: Final = {
     "type": "object",

@@ -120,7 +120,7 @@ def test_mcp_without_the_extra_is_a_one_line_error(tmp_path: Any) -> None:
                        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        "meshd: the MCP server needs the 'mcp' extra: pip install 'meshd[mcp]'"]
+        "meshd: the MCP server needs the 'mcp' extra: pip install 'meshd-daemon[mcp]'"]
 
 
 TASKS_MISSING = importlib.util.find_spec("meshd.tasks") is None

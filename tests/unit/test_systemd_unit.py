@@ -124,6 +124,12 @@ def test_sandbox_settings(unit: dict[str, dict[str, list[str]]]) -> None:
     }
     for key, value in expected.items():
         assert service_value(unit, key) == value, f"{key}= should be {value!r}"
+    assert service_value(unit, "RestrictRealtime") == "yes"
+    filters = unit["Service"]["SystemCallFilter"]
+    assert filters[:2] == ["@system-service", "~@privileged @resources"], filters
+    # libzmq aborts unless it may call sched_setscheduler (SCHED_OTHER) on its I/O threads; nothing
+    # else of @resources comes back (RestrictRealtime=yes still refuses realtime policies).
+    assert filters[2:] == ["sched_setscheduler"], filters
     families = set(service_value(unit, "RestrictAddressFamilies").split())
     assert families == {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}, families
     assert "IPAddressDeny" not in unit["Service"], "mesh peers are anywhere on the LAN"
