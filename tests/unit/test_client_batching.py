@@ -23,7 +23,7 @@ class Harness:
         self.batches: dict[str, list[str]] = {}
         ids = iter(range(1, 1_000_000))
         self.batcher = Batcher("me", batch_max=batch_max, max_payload_bytes=max_payload_bytes,
-                               push=self.sent.append, schedule=self.soon.append,
+                               push=self.sent.append, schedule=lambda fn: self.soon.append(fn),
                                busy=lambda: self.busy, on_batch=self.batches.__setitem__,
                                new_id=lambda: f"b{next(ids)}")
 
@@ -164,3 +164,28 @@ def test_split_incoming_marks_a_qos1_unit_and_rejects_garbage() -> None:
     with pytest.raises(FrameError) as err:
         split_incoming([P.SIGNATURE, P.pack({P.KIND: Kind.BATCH}), b"\xc1"])
     assert err.value.reason == "batch_undecodable"
+
+
+def test_after_the_turn_the_client_is_idle_again_and_the_next_message_leaves_at_once() -> None:
+    h = Harness(batch_max=64)
+    h.send(BatchKey.to("bob"), 3)  # one at once, two batched at the end of the turn
+    h.end_turn()
+    assert len(h.sent) == 2
+    h.end_turn()  # nothing queued, nothing scheduled
+    h.send(BatchKey.to("bob"), 1)
+    assert len(h.sent) == 3, "idle again: no waiting for the end of the turn"
+
+
+def test_chunks_are_bounded_by_count_on_their_own() -> None:
+    h = Harness(batch_max=4)
+    items = [({P.KIND: Kind.SEND, P.ID: str(i)}, b"x") for i in range(10)]
+    chunks = h.batcher.chunks(items)
+    assert [len(c) for c in chunks] == [4, 4, 2]
+    assert [x[P.ID] for c in chunks for x, _ in c] == [str(i) for i in range(10)]
+
+
+def test_a_single_publication_is_addressed_by_topic() -> None:
+    h = Harness()
+    h.send(BatchKey.topic("news"), 1, kind=Kind.PUBLISH)
+    [(header, _)] = h.decoded()
+    assert header[P.TOPIC] == "news" and P.TO not in header and header[P.FROM] == "me"
