@@ -12,15 +12,13 @@ with lists. Payloads are already encoded bytes here; nothing in this module deco
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from . import protocol as P
 from .protocol import FrameError, Kind
 
-__all__ = ["BatchKey", "Batcher", "Incoming", "Route", "split_incoming"]
+__all__ = ["BatchKey", "Batcher", "Incoming", "Route", "split_incoming", "to_agent", "to_topic"]
 
 Item = tuple[dict[str, Any], bytes]
 """One message waiting to leave: its header (without ``from`` and destination) and payload bytes."""
@@ -29,28 +27,26 @@ ITEM_OVERHEAD = 128
 """Bytes counted per message on top of its payload when sizing a batch (inner header, framing)."""
 
 
-class Route(enum.Enum):
-    """Which header key names a message's destination."""
+Route = Literal["to", "topic"]
+"""The header key that names a message's destination: ``to`` (an agent) or ``topic`` (a publish)."""
 
-    TO = P.TO  # an agent (send, request, reply, error, progress, cancel)
-    TOPIC = P.TOPIC  # a topic (publish)
+BatchKey = tuple[Route, str, int]
+"""``(route, destination, qos)``: messages with equal keys may leave as one batch.
+
+A plain typed tuple, built inline on the send path as ``(P.TO, name, qos)``: the batcher looks one
+up per message, and a NamedTuple or frozen dataclass cost 0.3-2 us more per message (measured)
+in construction and hashing, on a path that costs about 3 us in all.
+"""
 
 
-@dataclass(frozen=True, slots=True)
-class BatchKey:
-    """Messages with equal keys may leave as one batch: same destination, same qos."""
+def to_agent(name: str, qos: int = 0) -> BatchKey:
+    """The key of messages to agent ``name``."""
+    return (P.TO, name, qos)
 
-    route: Route
-    dest: str
-    qos: int = 0
 
-    @classmethod
-    def to(cls, agent: str, qos: int = 0) -> BatchKey:
-        return cls(Route.TO, agent, qos)
-
-    @classmethod
-    def topic(cls, topic: str, qos: int = 0) -> BatchKey:
-        return cls(Route.TOPIC, topic, qos)
+def to_topic(topic: str, qos: int = 0) -> BatchKey:
+    """The key of publications on ``topic``."""
+    return (P.TOPIC, topic, qos)
 
 
 class Batcher:
@@ -134,36 +130,30 @@ class Batcher:
         return chunks
 
     def _send(self, chunk: list[Item], key: BatchKey) -> None:
-        dest_key = key.route.value
+        dest_key, dest, qos = key
         if len(chunk) == 1:
             header, payload = chunk[0]
             header[P.FROM] = self.sender
-            header[dest_key] = key.dest
-            if key.qos:
+            header[dest_key] = dest
+            if qos:
                 header[P.QOS] = 1
             self._push([P.SIGNATURE, P.pack(header), payload])
             return
         batch_id = self._new_id()
         batch_header: dict[str, Any] = {P.KIND: Kind.BATCH, P.ID: batch_id, P.FROM: self.sender,
-                                        dest_key: key.dest, P.COUNT: len(chunk)}
-        if key.qos:
+                                        dest_key: dest, P.COUNT: len(chunk)}
+        if qos:
             batch_header[P.QOS] = 1
-        awaited = [h[P.ID] for h, _ in chunk if key.qos or h[P.KIND] == Kind.PUBLISH]
+        awaited = [h[P.ID] for h, _ in chunk if qos or h[P.KIND] == Kind.PUBLISH]
         if awaited:  # resolved by the daemon's one answer for the whole batch
             self._on_batch(batch_id, awaited)
         self._push([P.SIGNATURE, P.pack(batch_header), P.pack_batch(chunk)])
 
 
-@dataclass(frozen=True, slots=True)
-class Incoming:
-    """What one frame set from the daemon holds: its messages, and the qos-1 unit they form.
-
-    ``unit`` is the id to acknowledge once every message of it was handled (None: qos 0).
-    """
-
-    messages: list[Item]
-    unit: str | None
-    batched: bool
+Incoming = tuple[list[Item], str | None]
+"""What one frame set from the daemon holds: its messages, and the qos-1 unit they form (the id to
+acknowledge once every one of them was handled; None for qos 0). A plain tuple: one per frame set
+received, on the receive path."""
 
 
 def split_incoming(frames: list[bytes]) -> Incoming:
@@ -178,7 +168,7 @@ def split_incoming(frames: list[bytes]) -> Incoming:
     header = P.unpack_header(frames[1])
     unit = str(header[P.ID]) if header.get(P.QOS) == 1 and header.get(P.ID) else None
     if header[P.KIND] != Kind.BATCH:
-        return Incoming([(header, frames[2])], unit, False)
+        return [(header, frames[2])], unit
     sender = header.get(P.FROM)
     to = header.get(P.TO)
     topic = header.get(P.TOPIC)
@@ -189,4 +179,4 @@ def split_incoming(frames: list[bytes]) -> Incoming:
             inner.setdefault(P.TO, to)
         if topic is not None:
             inner.setdefault(P.TOPIC, topic)
-    return Incoming(pairs, unit, True)
+    return pairs, unit

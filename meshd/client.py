@@ -5,7 +5,7 @@ docs/PROTOCOL.md over the daemon's ipc:// socket. This module owns the public me
 waiting for the daemon or a reply (futures by message id, their time-outs), registration and
 heartbeats. The layers under it, like nats.py's parser apart from its client:
 
-* :mod:`meshd.batching` coalesces outgoing messages per typed :class:`~meshd.batching.BatchKey`
+* :mod:`meshd.batching` coalesces outgoing messages per typed :data:`~meshd.batching.BatchKey`
   (an idle agent's message leaves at once; what piles up leaves as batches of at most
   ``batch_max``) and splits incoming frame sets into messages;
 * :mod:`meshd.dispatch` runs handlers (cancel, deadlines, replies, qos-1 acks);
@@ -228,7 +228,7 @@ class Agent:
             header[P.HEADERS] = headers
         data = self._payload(payload)
         if qos == 0:
-            self._enqueue(BatchKey.to(to), header, data)
+            self._enqueue((P.TO, to, 0), header, data)
             await self._backpressure()
             return msg_id
         loop = self._require_loop()
@@ -237,7 +237,7 @@ class Agent:
         # No timer per message (qos-1 sends come in thousands): the heartbeat loop sweeps.
         self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT * 2
         try:
-            self._enqueue(BatchKey.to(to, 1), header, data)
+            self._enqueue((P.TO, to, 1), header, data)
             await fut
             return msg_id
         finally:
@@ -263,7 +263,7 @@ class Agent:
             header[P.HEADERS] = headers
         data = self._payload(payload)
         return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
-                                       lambda: self._enqueue(BatchKey.to(to), header, data))
+                                       lambda: self._enqueue((P.TO, to, 0), header, data))
 
     async def _await_reply(self, loop: asyncio.AbstractEventLoop, msg_id: str, to: str, topic: str,
                            timeout: float, on_progress: Callable[[str], Any] | None,
@@ -356,7 +356,7 @@ class Agent:
         # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
         self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT
         try:
-            self._enqueue(BatchKey.topic(topic, qos), header, data)
+            self._enqueue((P.TOPIC, topic, qos), header, data)
             return int(await fut)
         finally:
             self._pending.pop(msg_id, None)
@@ -467,15 +467,16 @@ class Agent:
     def _on_frames(self, frames: list[bytes]) -> None:
         """One frame set from the daemon (called by the reactor): answers, errors, or work."""
         try:
-            incoming = split_incoming(frames)
+            messages, unit = split_incoming(frames)
         except FrameError as exc:
             self._log_once.log(f"frame:{exc.reason}", "agent %s: dropped a frame set it cannot parse: %s",
                                self.name, exc)
             return
-        self._dispatch.begin_unit(incoming.unit, len(incoming.messages))
-        for header, payload in incoming.messages:
+        if unit is not None:
+            self._dispatch.begin_unit(unit, len(messages))
+        for header, payload in messages:
             try:
-                self._on_message(header, payload, incoming.unit)
+                self._on_message(header, payload, unit)
             except Exception:
                 log.exception("agent %s: dropped a message that could not be handled", self.name)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import protocol as P
-from .batching import BatchKey
+from .batching import BatchKey, to_agent
 from .errors import MeshError
 from .payloads import decode_payload
 from .protocol import Kind
@@ -290,7 +290,7 @@ class Dispatcher:
                   P.TOPIC: msg.topic}
         if status is not None:
             header[P.STATUS] = status
-        self._enqueue(BatchKey.to(msg.reply_to or msg.sender), header, data)
+        self._enqueue(to_agent(msg.reply_to or msg.sender), header, data)
 
     def reply_error(self, msg: Message, code: str, message: str, remote_type: str | None = None) -> None:
         """An error envelope for ``msg`` to its original requester (once per message)."""
@@ -301,18 +301,18 @@ class Dispatcher:
         if remote_type:
             err["type"] = remote_type
         header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id, P.ERROR: err}
-        self._enqueue(BatchKey.to(msg.reply_to or msg.sender), header, b"")
+        self._enqueue(to_agent(msg.reply_to or msg.sender), header, b"")
 
     def progress(self, msg: Message, note: str) -> None:
         header = {P.KIND: Kind.PROGRESS, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id,
                   P.NOTE: note[:PROGRESS_NOTE_CHARS]}
-        self._enqueue(BatchKey.to(msg.reply_to or msg.sender), header, b"")
+        self._enqueue(to_agent(msg.reply_to or msg.sender), header, b"")
 
     def send_cancel(self, to: str, msg_id: str) -> None:
         if self._closed():
             return
         try:
-            self._enqueue(BatchKey.to(to), {P.KIND: Kind.CANCEL, P.ID: P.new_id(), P.CORR: msg_id}, b"")
+            self._enqueue(to_agent(to), {P.KIND: Kind.CANCEL, P.ID: P.new_id(), P.CORR: msg_id}, b"")
         except MeshError:
             pass
 

@@ -7,6 +7,10 @@ The routing path does not pay an asyncio future per message: ``Reactor`` hooks e
 edge-triggered ``FD`` with ``loop.add_reader`` and drains it with NOBLOCK until EAGAIN. Because
 the FD is edge-triggered, a send on a socket can swallow the read edge; ``Reactor.kick`` re-checks
 ``ZMQ_EVENTS`` for sockets that were sent on (see ../shared/DESIGN.md, Performance rules).
+
+The daemon and the agent client share this pump: the client reads its DEALER through a
+``Reactor`` too, and writes through a ``SendQueue`` (NOBLOCK sends; what the high-water mark
+refuses waits in order and is retried each loop turn). Nothing here parses a frame.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from meshd import protocol as P
-from meshd.batching import Batcher, BatchKey, Route, split_incoming
+from meshd.batching import Batcher, BatchKey, split_incoming, to_agent, to_topic
 from meshd.protocol import FrameError, Kind
 
 
@@ -44,14 +44,14 @@ class Harness:
         """Each frame set sent, as (outer header, its messages with inherited fields)."""
         out = []
         for frames in self.sent:
-            incoming = split_incoming(frames)
-            out.append((P.unpack_header(frames[1]), incoming.messages))
+            messages, _ = split_incoming(frames)
+            out.append((P.unpack_header(frames[1]), messages))
         return out
 
 
 def test_an_idle_client_sends_the_first_message_at_once_and_batches_what_follows() -> None:
     h = Harness(batch_max=64)
-    key = BatchKey.to("bob")
+    key = to_agent("bob")
     first = h.send(key, 1)
     assert len(h.sent) == 1, "an idle client's message leaves at once"
     rest = h.send(key, 5)
@@ -69,7 +69,7 @@ def test_an_idle_client_sends_the_first_message_at_once_and_batches_what_follows
 def test_a_busy_socket_makes_even_the_first_message_wait_for_the_batch() -> None:
     h = Harness()
     h.busy = True
-    h.send(BatchKey.to("bob"), 3)
+    h.send(to_agent("bob"), 3)
     assert h.sent == []
     h.end_turn()
     [(batch, items)] = h.decoded()
@@ -79,7 +79,7 @@ def test_a_busy_socket_makes_even_the_first_message_wait_for_the_batch() -> None
 def test_batch_size_is_bounded_by_batch_max() -> None:
     h = Harness(batch_max=4)
     h.busy = True
-    ids = h.send(BatchKey.to("bob"), 10)
+    ids = h.send(to_agent("bob"), 10)
     # a full queue leaves at once, without waiting for the end of the turn
     assert len(h.sent) == 2
     h.end_turn()
@@ -91,7 +91,7 @@ def test_batch_size_is_bounded_by_batch_max() -> None:
 def test_batch_size_is_bounded_by_bytes() -> None:
     h = Harness(batch_max=64, max_payload_bytes=4096)
     h.busy = True
-    h.send(BatchKey.to("bob"), 10, size=1000)
+    h.send(to_agent("bob"), 10, size=1000)
     h.end_turn()
     counts = [len(items) for _, items in h.decoded()]
     assert sum(counts) == 10
@@ -101,27 +101,25 @@ def test_batch_size_is_bounded_by_bytes() -> None:
 def test_keys_are_typed_and_never_mixed() -> None:
     h = Harness(batch_max=64)
     h.busy = True
-    to0 = h.send(BatchKey.to("bob"), 2)
-    to1 = h.send(BatchKey.to("bob", qos=1), 2)
-    topic = h.send(BatchKey.topic("news"), 2, kind=Kind.PUBLISH)
-    topic1 = h.send(BatchKey.topic("news", qos=1), 2, kind=Kind.PUBLISH)
+    to0 = h.send(to_agent("bob"), 2)
+    to1 = h.send(to_agent("bob", qos=1), 2)
+    topic = h.send(to_topic("news"), 2, kind=Kind.PUBLISH)
+    topic1 = h.send(to_topic("news", qos=1), 2, kind=Kind.PUBLISH)
     h.end_turn()
     got = {(b.get(P.TO), b.get(P.TOPIC), b.get(P.QOS)): [x[P.ID] for x, _ in items]
            for b, items in h.decoded()}
     assert got == {("bob", None, None): to0, ("bob", None, 1): to1,
                    (None, "news", None): topic, (None, "news", 1): topic1}
-    assert BatchKey.to("bob", 1) == BatchKey(Route.TO, "bob", 1)
-    assert BatchKey.to("x") != BatchKey.topic("x")
-    with pytest.raises(AttributeError):
-        BatchKey.to("bob").dest = "eve"  # type: ignore[misc]
+    assert to_agent("bob", 1) == ("to", "bob", 1)
+    assert to_agent("x") != to_topic("x")
 
 
 def test_awaited_members_of_a_batch_are_reported_for_qos1_and_publish_only() -> None:
     h = Harness(batch_max=64)
     h.busy = True
-    h.send(BatchKey.to("bob"), 3)
-    qos1 = h.send(BatchKey.to("carol", qos=1), 3)
-    pubs = h.send(BatchKey.topic("news"), 2, kind=Kind.PUBLISH)
+    h.send(to_agent("bob"), 3)
+    qos1 = h.send(to_agent("carol", qos=1), 3)
+    pubs = h.send(to_topic("news"), 2, kind=Kind.PUBLISH)
     h.end_turn()
     assert sorted(map(sorted, h.batches.values())) == sorted([sorted(qos1), sorted(pubs)])
     batch_ids = {b[P.ID] for b, _ in h.decoded()}
@@ -130,7 +128,7 @@ def test_awaited_members_of_a_batch_are_reported_for_qos1_and_publish_only() -> 
 
 def test_single_message_of_a_qos1_key_carries_qos() -> None:
     h = Harness()
-    h.send(BatchKey.to("bob", qos=1), 1)
+    h.send(to_agent("bob", qos=1), 1)
     [(header, _)] = h.decoded()
     assert header[P.QOS] == 1 and header[P.KIND] == Kind.SEND
     assert h.batches == {}, "a single message is answered under its own id"
@@ -139,8 +137,8 @@ def test_single_message_of_a_qos1_key_carries_qos() -> None:
 def test_queued_counts_what_has_not_left() -> None:
     h = Harness(batch_max=64)
     h.busy = True
-    h.send(BatchKey.to("a"), 3)
-    h.send(BatchKey.to("b"), 2)
+    h.send(to_agent("a"), 3)
+    h.send(to_agent("b"), 2)
     assert h.batcher.queued == 5
     h.end_turn()
     assert h.batcher.queued == 0
@@ -153,8 +151,8 @@ def test_batch_max_outside_the_protocol_limit_is_refused() -> None:
 
 def test_split_incoming_marks_a_qos1_unit_and_rejects_garbage() -> None:
     frames = [P.SIGNATURE, P.pack({P.KIND: Kind.SEND, P.ID: "u1", P.QOS: 1, P.FROM: "a"}), b"\x01"]
-    incoming = split_incoming(frames)
-    assert incoming.unit == "u1" and not incoming.batched and len(incoming.messages) == 1
+    messages, unit = split_incoming(frames)
+    assert unit == "u1" and len(messages) == 1
     with pytest.raises(FrameError) as err:
         split_incoming([P.SIGNATURE, b"x"])
     assert err.value.reason == "too_few_frames"
@@ -168,11 +166,11 @@ def test_split_incoming_marks_a_qos1_unit_and_rejects_garbage() -> None:
 
 def test_after_the_turn_the_client_is_idle_again_and_the_next_message_leaves_at_once() -> None:
     h = Harness(batch_max=64)
-    h.send(BatchKey.to("bob"), 3)  # one at once, two batched at the end of the turn
+    h.send(to_agent("bob"), 3)  # one at once, two batched at the end of the turn
     h.end_turn()
     assert len(h.sent) == 2
     h.end_turn()  # nothing queued, nothing scheduled
-    h.send(BatchKey.to("bob"), 1)
+    h.send(to_agent("bob"), 1)
     assert len(h.sent) == 3, "idle again: no waiting for the end of the turn"
 
 
@@ -186,6 +184,6 @@ def test_chunks_are_bounded_by_count_on_their_own() -> None:
 
 def test_a_single_publication_is_addressed_by_topic() -> None:
     h = Harness()
-    h.send(BatchKey.topic("news"), 1, kind=Kind.PUBLISH)
+    h.send(to_topic("news"), 1, kind=Kind.PUBLISH)
     [(header, _)] = h.decoded()
     assert header[P.TOPIC] == "news" and P.TO not in header and header[P.FROM] == "me"

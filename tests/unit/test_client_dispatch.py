@@ -39,7 +39,7 @@ class Harness:
         return msg_id
 
     def answers(self) -> list[tuple[str, dict[str, Any], Any]]:
-        return [(k.dest, h, decode_payload(p)) for k, h, p in self.out]
+        return [(k[1], h, decode_payload(p)) for k, h, p in self.out]
 
     def acked(self) -> list[str]:
         return [i for frames in self.pushed for i in msgpack.unpackb(frames[1])[P.IDS]]
