@@ -1,9 +1,9 @@
 """The agent client's public API: attach to the local meshd and talk to any agent by name.
 
-``Agent`` is asyncio; ``BlockingAgent`` wraps it for scripts. Both speak the local protocol in
-docs/PROTOCOL.md over the daemon's ipc:// socket. This module owns the public methods, the calls
-waiting for the daemon or a reply (futures by message id, their time-outs), registration and
-heartbeats. The layers under it, like nats.py's parser apart from its client:
+``Agent`` is asyncio; ``BlockingAgent`` (meshd/blocking.py) wraps it for scripts. Both speak the
+local protocol in docs/PROTOCOL.md over the daemon's ipc:// socket. This module owns the public
+methods, the calls waiting for the daemon or a reply (futures by message id, their time-outs),
+registration and heartbeats. The layers under it, like nats.py's parser apart from its client:
 
 * :mod:`meshd.batching` coalesces outgoing messages per typed :data:`~meshd.batching.BatchKey`
   (an idle agent's message leaves at once; what piles up leaves as batches of at most
@@ -22,12 +22,11 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import zmq
 
@@ -58,8 +57,6 @@ REREGISTER_ATTEMPTS = 5
 """Tries to register again after the daemon forgot this agent (it restarted), with jittered backoff."""
 ERROR_LOG_EVERY = 1000
 """Errors nobody handles (no ``on_error``) are logged once per code, then every this many."""
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -594,76 +591,8 @@ class Agent:
             self._push([P.SIGNATURE, P.pack({P.KIND: Kind.AGENT_HEARTBEAT}), P.pack(telemetry)])
 
 
-class BlockingAgent:
-    """``Agent`` for scripts without asyncio: runs the agent's loop in a background thread.
-
-    Handlers registered with ``on`` run in that thread.
-    """
-
-    def __init__(self, name: str, **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"meshd-agent-{name}",
-                                        daemon=True)
-        self._thread.start()
-        self.agent = Agent(name, **kwargs)
-        try:
-            self._call(self.agent.connect(), CONTROL_TIMEOUT * 2)
-        except BaseException:
-            self._stop_loop()
-            raise
-
-    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return fut.result(timeout)
-        except TimeoutError:
-            if fut.done():
-                raise  # the agent's own RequestTimeout, with its message
-            fut.cancel()
-            raise RequestTimeout("call did not finish in time") from None
-
-    def on(self, topic: str = ANY_TOPIC) -> Callable[[Handler], Handler]:
-        return self.agent.on(topic)
-
-    def send(self, to: str, topic: str, payload: Any = None, **kw: Any) -> str:
-        return self._call(self.agent.send(to, topic, payload, **kw), CONTROL_TIMEOUT * 2 + 1)
-
-    def request(self, to: str, topic: str, payload: Any = None, *,
-                timeout: float = DEFAULT_REQUEST_TIMEOUT, **kw: Any) -> Any:
-        return self._call(self.agent.request(to, topic, payload, timeout=timeout, **kw), timeout + 1)
-
-    def publish(self, topic: str, payload: Any = None, **kw: Any) -> int:
-        return self._call(self.agent.publish(topic, payload, **kw), CONTROL_TIMEOUT + 1)
-
-    def subscribe(self, topic: str) -> None:
-        self._call(self.agent.subscribe(topic), CONTROL_TIMEOUT + 1)
-
-    def unsubscribe(self, topic: str) -> None:
-        self._call(self.agent.unsubscribe(topic), CONTROL_TIMEOUT + 1)
-
-    def agents(self) -> list[dict[str, Any]]:
-        return self._call(self.agent.agents(), CONTROL_TIMEOUT + 1)
-
-    def peers(self) -> list[dict[str, Any]]:
-        return self._call(self.agent.peers(), CONTROL_TIMEOUT + 1)
-
-    def close(self) -> None:
-        try:
-            self._call(self.agent.close(), CONTROL_TIMEOUT)
-        finally:
-            self._stop_loop()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        if not self._loop.is_running():
-            self._loop.close()
-
-    def __enter__(self) -> BlockingAgent:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
+# BlockingAgent lives in meshd/blocking.py (a thread around an Agent); imported last because it
+# builds on Agent, and re-exported so ``from meshd.client import BlockingAgent`` keeps working.
+from .blocking import BlockingAgent  # noqa: E402
 
 __all__ = ["DEFER", "Agent", "BlockingAgent", "HandoffResult", "Message"]
