@@ -1,7 +1,9 @@
 """The processes the orchestrator starts: helper roles and ``meshd run`` daemons.
 
-Both are started by ``spawn`` (cwd = the repo, output into a log file) and ended by ``end``, by
-PID: ask first (EOF on stdin for a helper, SIGTERM for a daemon), SIGKILL when that takes too long.
+Helpers are started by ``spawn`` (cwd = the repo, stderr into a log file) and ended by ``end``;
+daemons are ``meshd.process.DaemonProcess`` (the helper the test fixtures and the demo use too).
+Both end by PID: ask first (EOF on stdin for a helper, SIGTERM for a daemon), SIGKILL when that
+takes too long.
 """
 
 from __future__ import annotations
@@ -23,17 +25,16 @@ from typing import Any
 
 from common import BENCH_DIR, LOOPBACK, REPO
 
+from meshd.process import DaemonProcess
+
 Proc = subprocess.Popen[bytes]
 
 
-def spawn(cmd: list[str], log_path: Path, *, talk: bool) -> Proc:
-    """Start ``cmd`` in the repo with its stderr in ``log_path``. ``talk``: JSON lines over
-    stdin/stdout (helpers); otherwise stdout goes to the log too and stdin is /dev/null (daemons)."""
+def spawn(cmd: list[str], log_path: Path) -> Proc:
+    """Start helper ``cmd`` in the repo: JSON lines over stdin/stdout, its stderr in ``log_path``.
+    (Daemons are started by ``meshd.process.DaemonProcess``.)"""
     with open(log_path, "ab") as log:
-        if talk:
-            return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                    cwd=str(REPO))
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                 cwd=str(REPO))
 
 
@@ -65,7 +66,7 @@ class Helper:
         self.tag = tag
         self.log_path = logdir / f"{tag}.log"
         self.proc = spawn([sys.executable, str(BENCH_DIR / "bench.py"), "--role", role,
-                           "--cfg", json.dumps(cfg)], self.log_path, talk=True)
+                           "--cfg", json.dumps(cfg)], self.log_path)
         self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.seen: dict[str, dict[str, Any]] = {}
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -116,51 +117,35 @@ class Helper:
         end(self.proc, self.proc.stdin.close, timeout)
 
 
-class Daemon:
-    """One ``meshd run`` subprocess bound to 127.0.0.1, with a pre-made node id.
+class Daemon(DaemonProcess):
+    """One ``meshd run`` subprocess bound to 127.0.0.1, with a pre-made node id (``meshd.process``).
 
     ``secure``: CurveZMQ on (no ``--insecure``); the caller creates the keypair and the
     authorized-keys folder in ``state_dir`` before ``start`` (see ``Bench.secure_pair``).
     """
 
     def __init__(self, name: str, mesh: str, workdir: Path, secure: bool = False) -> None:
-        self.name = name
-        self.dir = workdir / name
-        self.state_dir = self.dir / "state"
+        super().__init__(name, mesh, workdir / name, args=["--interface", LOOPBACK], insecure=not secure,
+                         cwd=REPO)
         self.state_dir.mkdir(parents=True, mode=0o700)
         self.node_id = os.urandom(8).hex()
         (self.state_dir / "node_id").write_text(self.node_id + "\n")
-        self.socket = self.dir / "s.sock"
-        self.log_path = self.dir / "meshd.log"
         self.secure = secure
-        self.cmd = [sys.executable, "-m", "meshd", "run", "--name", name, "--mesh", mesh,
-                    "--interface", LOOPBACK, "--state-dir", str(self.state_dir),
-                    "--socket", str(self.socket)] + ([] if secure else ["--insecure"])
-        self.proc: Proc | None = None
-        self.spawned_at = 0.0
 
-    def start(self) -> None:
-        self.spawned_at = time.monotonic()
-        self.proc = spawn(self.cmd, self.log_path, talk=False)
+    def wait_ready(self, timeout: float = 15.0, interval: float = 0.005) -> float:
+        try:
+            return super().wait_ready(timeout, interval)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}:\n{self.log()}") from None
 
-    def wait_ready(self, timeout: float = 15.0) -> float:
-        end_at = time.monotonic() + timeout
-        while not self.socket.exists():
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"meshd {self.name} exited {self.proc.returncode}:\n{self.log()}")
-            if time.monotonic() > end_at:
-                raise TimeoutError(f"meshd {self.name} not ready after {timeout:g} s:\n{self.log()}")
-            time.sleep(0.005)
-        return time.monotonic() - self.spawned_at
-
-    def stop(self) -> None:
+    def stop(self, timeout: float = 8.0) -> int | None:
         """SIGTERM (clean shutdown), SIGKILL if it does not exit in time."""
-        if self.proc is not None:
-            proc = self.proc
-            end(proc, lambda: proc.send_signal(signal.SIGTERM), 8)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return super().stop(timeout)
+        return None
 
     def log(self) -> str:
-        return log_tail(self.log_path, 4000)
+        return self.log_tail(4000)
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -477,7 +477,7 @@ async def mesh_send(cfg: Cfg) -> None:
         # Let the client's queue drain before we report (closing early would drop the tail).
         end = time.monotonic() + 10
         await asyncio.sleep(0)
-        while (me._sendq or me._out) and time.monotonic() < end:  # noqa: ASYNC110
+        while me.unsent and time.monotonic() < end:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
         drained = time.perf_counter() - t0
         emit({"event": "sent", "sent": i, "elapsed_s": elapsed, "rate": i / elapsed,

@@ -38,6 +38,7 @@ from typing import Any, TextIO, TypeVar
 
 from .client import Agent, Message
 from .errors import HandlerError, MeshError, NoSuchAgent
+from .process import DaemonProcess
 
 T = TypeVar("T")
 
@@ -60,70 +61,29 @@ class DemoFailed(Exception):
 # --------------------------------------------------------------------------------- daemons
 
 
-@dataclass
-class Daemon:
-    """One ``meshd run`` subprocess of the demo."""
+class Daemon(DaemonProcess):
+    """One ``meshd run`` subprocess of the demo (loopback, plaintext), and what the demo learned of it."""
 
-    name: str
-    mesh: str
-    dir: Path
-    log_level: str = "warning"
-    proc: subprocess.Popen[bytes] | None = None
-    node_id: str = ""
-    router: str = ""
-    pub: str = ""
-
-    @property
-    def socket(self) -> Path:
-        return self.dir / "s.sock"
-
-    @property
-    def log_path(self) -> Path:
-        return self.dir / "meshd.log"
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "meshd", "run", "--name", self.name, "--mesh", self.mesh,
-                "--interface", LOOPBACK, "--state-dir", str(self.dir / "state"),
-                "--socket", str(self.socket), "--insecure", "--log-level", self.log_level]
-
-    def start(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-
-    def exited(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def terminate(self) -> None:
-        """SIGTERM, the daemon's clean shutdown path (drain, mDNS goodbye, exit 0)."""
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
+    def __init__(self, name: str, mesh: str, dir: Path, log_level: str = "warning") -> None:
+        super().__init__(name, mesh, dir, args=["--interface", LOOPBACK, "--log-level", log_level])
+        self.node_id = ""
+        self.router = ""
+        self.pub = ""
 
     def wait_stopped(self, deadline: float) -> str:
         """Wait for the exit until ``deadline`` (monotonic), then SIGKILL. Says how it ended."""
-        proc = self.proc
-        if proc is None:
+        if self.proc is None:
             return "never started"
         try:
-            code = proc.wait(max(0.0, deadline - time.monotonic()))
+            code = self.wait_exit(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.kill()
             return f"did not stop within {STOP_TIMEOUT:g} s of SIGTERM: killed"
         return f"exited {code}"
 
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            self.proc.wait()
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+    def log_lines(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of its log (all of it for 0)."""
+        text = self.log_tail(0)
         return "\n".join(text.splitlines()[-lines:]) if lines else text
 
 
@@ -460,11 +420,11 @@ class Demo:
     def cleanup(self) -> list[str]:
         self.current = "stopping the daemons"
         for d in self.daemons:
-            d.terminate()
+            d.sigterm()
         deadline = time.monotonic() + STOP_TIMEOUT
         ended = [f"{d.name} {d.wait_stopped(deadline)}" for d in self.daemons]
         if self.keep_logs:  # read now, printed at the very end
-            self.logs = [(d.name, d.log_tail(0)) for d in self.daemons]
+            self.logs = [(d.name, d.log_lines(0)) for d in self.daemons]
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
         return ended
@@ -503,7 +463,7 @@ class Demo:
     def print_log_tails(self) -> None:
         for d in self.daemons:
             self.say(f"\n--- last {LOG_TAIL_LINES} lines of meshd {d.name} ({d.log_path}) ---")
-            self.say(d.log_tail() or "(empty)")
+            self.say(d.log_lines() or "(empty)")
 
 
 @contextlib.contextmanager

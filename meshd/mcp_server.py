@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from .client import ANY_TOPIC, DEFER, Agent, Message
+from .client import DEFER, Agent, Message
+from .dispatch import ANY_TOPIC
 from .errors import MeshError, NoSuchTool, QueueFull, ValidationFailed
 
 __all__ = ["MCP_EXTRA_HINT", "MeshMcpBridge", "run_mcp_server"]

@@ -17,9 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +31,7 @@ import pytest
 
 from .client import Agent
 from .keys import load_or_create_node_keys, trust_key, untrust_key
+from .process import DaemonExited, DaemonProcess
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,
@@ -82,28 +81,17 @@ def pip_install(source: Path, target: Path) -> None:
         raise RuntimeError(f"pip install of {source} failed:\n{r.stdout}\n{r.stderr}")
 
 
-class MeshdProcess:
-    """One real ``meshd run`` subprocess."""
+class MeshdProcess(DaemonProcess):
+    """One real ``meshd run`` subprocess (``meshd.process.DaemonProcess``) with test conveniences:
+    keys, one-shot queries, and the behaviour the fixtures always had (``start`` waits, returns
+    self; ``secure`` instead of ``insecure``)."""
 
     def __init__(self, name: str, mesh: str, workdir: Path, args: list[str], secure: bool = False,
                  env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.mesh = mesh
-        self.dir = workdir / name
+        super().__init__(name, mesh, workdir / name, args=args, insecure=not secure, env=env)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.state_dir = self.dir / "state"
-        self.socket = self.dir / "s.sock"
-        self.log_path = self.dir / "meshd.log"
-        self.args = args
         self.secure = secure
-        self.env = env
-        self.proc: subprocess.Popen[bytes] | None = None
         self._info: dict[str, Any] | None = None
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "meshd", "run", "--name", self.name, "--mesh", self.mesh,
-                "--state-dir", str(self.state_dir), "--socket", str(self.socket),
-                *([] if self.secure else ["--insecure"]), *self.args]
 
     @property
     def public_key(self) -> str:
@@ -118,31 +106,12 @@ class MeshdProcess:
     def untrust(self, other: MeshdProcess) -> None:
         untrust_key(self.state_dir / "authorized_keys", other.name)
 
-    def start(self, wait: bool = True) -> MeshdProcess:
+    def start(self, wait: bool = True) -> MeshdProcess:  # type: ignore[override]
         self._info = None
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        env = {**os.environ, **self.env} if self.env else None
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env)
-        log.close()
+        super().start()
         if wait:
             self.wait_ready()
         return self
-
-    def wait_ready(self, timeout: float = 15.0) -> None:
-        def ready() -> bool:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"meshd {self.name} exited with {self.proc.returncode}:\n{self.log()}")
-            return self.socket.exists()
-        wait_until(ready, timeout, what=f"meshd {self.name} to start")
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def query(self, what: str) -> Any:
         """One-shot query (agents, peers, node) through a short-lived agent connection."""
@@ -188,29 +157,8 @@ class MeshdProcess:
     def peer_states(self) -> dict[str, str]:
         return {p["node"]: p["state"] for p in self.query("peers")}
 
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM and wait: the clean shutdown path."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-            raise
-
-    def kill(self) -> None:
-        """SIGKILL: no goodbye, no BYE; peers must notice on their own."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
-
     def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-8000:]
-        except FileNotFoundError:
-            return ""
+        return self.log_tail(8000)
 
 
 class MeshdFactory:
@@ -274,5 +222,5 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return rep
 
 
-__all__ = ["MeshdFactory", "MeshdProcess", "async_wait_until", "meshd_factory", "pip_install",
+__all__ = ["DaemonExited", "MeshdFactory", "MeshdProcess", "async_wait_until", "meshd_factory", "pip_install",
            "short_tempdir", "wait_listed", "wait_until"]

@@ -7,6 +7,10 @@ The routing path does not pay an asyncio future per message: ``Reactor`` hooks e
 edge-triggered ``FD`` with ``loop.add_reader`` and drains it with NOBLOCK until EAGAIN. Because
 the FD is edge-triggered, a send on a socket can swallow the read edge; ``Reactor.kick`` re-checks
 ``ZMQ_EVENTS`` for sockets that were sent on (see ../shared/DESIGN.md, Performance rules).
+
+The daemon and the agent client share this pump: the client reads its DEALER through a
+``Reactor`` too, and writes through a ``SendQueue`` (NOBLOCK sends; what the high-water mark
+refuses waits in order and is retried each loop turn). Nothing here parses a frame.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -265,3 +270,81 @@ class Reactor:
     def close(self) -> None:
         for sock in list(self._handlers):
             self.remove(sock)
+
+
+class SendQueue:
+    """Sends on one socket without ever blocking the loop; what the high-water mark refuses waits here.
+
+    Shared by everything that sends on a reactor-driven socket from asyncio (the agent client's
+    DEALER): ``push`` sends with NOBLOCK, keeps order (once something waits, everything after it
+    waits too), retries once per loop turn until the socket takes it, and ``kick``s the reactor
+    after every send (a send can swallow the read edge). ``writable`` is clear while something waits,
+    so a producer can await it for backpressure. The queue is bounded by the caller's backpressure
+    (``limit`` is what the caller compares ``len()`` with), not here: a control message must never
+    be refused.
+    """
+
+    def __init__(self, sock: zmq.Socket[Any], reactor: Reactor, loop: asyncio.AbstractEventLoop,
+                 limit: int) -> None:
+        self._sock = sock
+        self._reactor = reactor
+        self._loop = loop
+        self._queue: deque[list[bytes]] = deque()
+        self._retry_scheduled = False
+        self.limit = limit
+        self.writable = asyncio.Event()
+        self.writable.set()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def push(self, frames: list[bytes]) -> None:
+        if self._queue:
+            self._queue.append(frames)
+            return
+        try:
+            self._sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            self._queue.append(frames)
+            self.writable.clear()
+            self._schedule_retry()
+        self._reactor.kick(self._sock)
+
+    def _schedule_retry(self) -> None:
+        if not self._retry_scheduled:
+            self._retry_scheduled = True
+            self._loop.call_soon(self._retry)
+
+    def _retry(self) -> None:
+        self._retry_scheduled = False
+        if self._sock.closed:
+            return
+        send = self._sock.send_multipart
+        while self._queue:
+            try:
+                send(self._queue[0], zmq.NOBLOCK)
+            except zmq.Again:
+                self._schedule_retry()
+                break
+            self._queue.popleft()
+        else:
+            self.writable.set()
+        self._reactor.kick(self._sock)
+
+    def clear(self) -> None:
+        """Forget what waits (the socket is being closed)."""
+        self._queue.clear()
+        self.writable.set()
+
+
+AGENT_HWM = 10_000
+"""Send and receive high-water marks of an agent's DEALER (the client's side of the ipc socket)."""
+
+
+def agent_dealer(ctx: zmq.Context[Any]) -> zmq.Socket[Any]:
+    """An agent's DEALER to its local daemon (the client library's one socket)."""
+    sock: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
+    _common(sock)
+    sock.setsockopt(zmq.SNDHWM, AGENT_HWM)
+    sock.setsockopt(zmq.RCVHWM, AGENT_HWM)
+    return sock

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ..backoff import backoff_delay
-from ..client import encode_payload
 from ..config import Settings
 from ..errors import MeshError, ValidationFailed
+from ..payloads import encode_payload
 from .plans import PlanItem, compile_plan, plan_state
 from .scheduler import Scheduler
 from .store import FINISHED, STATES, TaskStore

@@ -1,38 +1,34 @@
-"""meshd-prometheus: Prometheus metrics for a meshd daemon, over HTTP, with the standard library only.
+"""meshd-prometheus: Prometheus metrics for a meshd daemon, on ``prometheus_client``.
 
 meshd loads this module through the entry point in pyproject.toml::
 
     [project.entry-points.meshd]
     prometheus = "meshd_prometheus"
 
-At :func:`meshd_startup` it starts a small HTTP server (``http.server.ThreadingHTTPServer``, in a
-daemon thread) on ``$MESHD_PROMETHEUS_ADDR:$MESHD_PROMETHEUS_PORT`` (default ``127.0.0.1:9464``)
-that answers ``GET /metrics`` in the Prometheus text exposition format (version 0.0.4) and 404
-elsewhere; :func:`meshd_shutdown` stops it. The format is written by hand (it is a few lines of
-text per metric), so the plugin needs nothing beyond meshd and installs offline.
+At :func:`meshd_startup` it serves ``GET /metrics`` on ``$MESHD_PROMETHEUS_ADDR:$MESHD_PROMETHEUS_PORT``
+(default ``127.0.0.1:9464``) from a ``prometheus_client`` registry holding one custom collector,
+:class:`MeshdCollector`; every other path is 404. :func:`meshd_shutdown` stops the server.
+``prometheus_client`` writes the exposition format (text 0.0.4, or OpenMetrics when the scraper
+asks for it) and runs the threaded HTTP server; this module only decides what to count.
 
 Two kinds of metrics:
 
-* counters and a latency histogram kept by this plugin from the observer hooks
+* counters and a latency histogram kept by this plugin (:class:`Metrics`) from the observer hooks
   (:func:`meshd_collaboration`, :func:`meshd_dead_letter`, :func:`meshd_peer_state`,
   :func:`meshd_agent_state`); they count what happened since the plugin started;
-* gauges and counters read from the node at scrape time (peers, local agents, the qos-1 outbox,
-  dead letters, the node's own event counters). The node's attributes are not a stable API, so
-  every read is defensive: a metric that cannot be read is left out of that scrape, never an error.
+* gauges and counters read at scrape time from the node's documented face,
+  :class:`meshd.view.NodeView`, through ``metrics_snapshot()`` only: an immutable reading the node
+  rebuilds on its own loop, safe to take from the scrape thread. Nothing here touches the node's
+  internals.
 
 Threads: the observer hooks run on meshd's plugin worker thread, scrapes on the HTTP server's
-threads, the lifecycle hooks in the daemon's event loop. The counters are guarded by one lock. The
-node's state belongs to its event loop, so a scrape asks the loop to take the snapshot (a few
-microseconds of work, once per scrape) and reads the node directly only if the loop does not
-answer within a second.
+threads, the lifecycle hooks in the daemon's event loop. :class:`Metrics` is guarded by one lock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import concurrent.futures
-import http.server
 import ipaddress
 import logging
 import math
@@ -41,10 +37,22 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 from meshd.hookspecs import hookimpl
+from meshd.view import MetricsSnapshot, NodeView
 
 __all__ = [
     "ADDR_ENV",
@@ -52,15 +60,14 @@ __all__ = [
     "PORT_ENV",
     "PORT_FILE_ENV",
     "Exporter",
+    "MeshdCollector",
     "Metrics",
-    "escape_label_value",
     "meshd_agent_state",
     "meshd_collaboration",
     "meshd_dead_letter",
     "meshd_peer_state",
     "meshd_shutdown",
     "meshd_startup",
-    "node_snapshot",
 ]
 
 ADDR_ENV = "MESHD_PROMETHEUS_ADDR"
@@ -69,7 +76,7 @@ PORT_FILE_ENV = "MESHD_PROMETHEUS_PORT_FILE"
 DEFAULT_ADDR = "127.0.0.1"
 DEFAULT_PORT = 9464
 
-#: Upper bounds (seconds) of the latency histogram's buckets; ``+Inf`` is added when rendering.
+#: Upper bounds (seconds) of the latency histogram's buckets; ``+Inf`` is added when collecting.
 BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                               1.0, 2.5, 5.0, 10.0, 30.0)
 #: The p50/p99 gauges are computed over the last WINDOW latencies of each kind.
@@ -81,82 +88,36 @@ MAX_LABEL_VALUES = 500
 #: The node's own counters exported as meshd_node_events_total{event}.
 NODE_EVENTS = ("delivered", "forwarded", "published", "malformed", "qos1_delivered")
 STATES = ("online", "stale", "offline")
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-SNAPSHOT_TIMEOUT = 1.0
+METRICS_PATH = "/metrics"
 
 log = logging.getLogger("meshd_prometheus")
-
-
-# -- the text exposition format -------------------------------------------------------------------
-
-
-def escape_label_value(value: object) -> str:
-    """A label value as the text format wants it: backslash, double quote and newline escaped."""
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _format_value(value: float) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-class _Writer:
-    """Collects the lines of one scrape."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self.lines.append(f"# HELP {name} {_escape_help(help_text)}")
-        self.lines.append(f"# TYPE {name} {kind}")
-
-    def sample(self, name: str, value: float, labels: Mapping[str, object] | None = None) -> None:
-        if labels:
-            body = ",".join(f'{key}="{escape_label_value(val)}"' for key, val in labels.items())
-            self.lines.append(f"{name}{{{body}}} {_format_value(value)}")
-        else:
-            self.lines.append(f"{name} {_format_value(value)}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
 
 
 # -- what the observer hooks count ----------------------------------------------------------------
 
 
 class _Histogram:
-    """Cumulative bucket counts, sum and count, plus the last WINDOW observations for quantiles."""
+    """Bucket counts (not cumulative), sum and count, plus the last WINDOW observations."""
 
     def __init__(self, buckets: tuple[float, ...], window: int) -> None:
         self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)  # per bucket (not cumulative); the last is +Inf
+        self.counts = [0] * (len(buckets) + 1)  # the last is +Inf
         self.sum = 0.0
-        self.count = 0
         self.recent: deque[float] = deque(maxlen=window)
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1  # le is inclusive
         self.sum += value
-        self.count += 1
         self.recent.append(value)
 
-    def copy(self) -> _Histogram:
-        other = _Histogram(self.buckets, self.recent.maxlen or WINDOW)
-        other.counts = list(self.counts)
-        other.sum, other.count = self.sum, self.count
-        other.recent = deque(self.recent, maxlen=self.recent.maxlen)
-        return other
+    def cumulative(self) -> list[tuple[str, float]]:
+        """``(le, count)`` pairs as a histogram family wants them, ``+Inf`` last."""
+        out: list[tuple[str, float]] = []
+        total = 0
+        for bound, n in zip((*self.buckets, math.inf), self.counts, strict=True):
+            total += n
+            out.append((floatToGoString(bound), total))
+        return out
 
 
 def _quantile(ordered: list[float], q: float) -> float:
@@ -171,8 +132,7 @@ class Metrics:
     def __init__(self, buckets: tuple[float, ...] = BUCKETS, window: int = WINDOW) -> None:
         self._lock = threading.Lock()
         self._buckets = buckets
-        self._window = window
-        self.started = time.time()
+        self.window = window
         self.collaborations: Counter[tuple[str, str]] = Counter()  # (kind, outcome)
         self.collaboration_errors: Counter[tuple[str, str]] = Counter()  # (kind, code)
         self.latency: dict[str, _Histogram] = {}  # kind -> histogram
@@ -200,7 +160,7 @@ class Metrics:
                 if histogram is None:
                     if len(self.latency) >= MAX_LABEL_VALUES:
                         return
-                    histogram = self.latency[kind] = _Histogram(self._buckets, self._window)
+                    histogram = self.latency[kind] = _Histogram(self._buckets, self.window)
                 histogram.observe(latency_ms / 1000.0)
 
     def dead_letter(self, letter: Mapping[str, Any]) -> None:
@@ -215,56 +175,63 @@ class Metrics:
         with self._lock:
             self._bump(self.agent_changes, str(new))
 
-    def render(self, out: _Writer) -> None:
-        """Write the hook-fed metrics (a consistent copy taken under the lock)."""
+    def collect(self) -> Iterator[Metric]:
+        """The hook-fed families, from a consistent copy taken under the lock."""
         with self._lock:
             collaborations = sorted(self.collaborations.items())
             errors = sorted(self.collaboration_errors.items())
-            latency = {kind: h.copy() for kind, h in sorted(self.latency.items())}
+            latency = [(kind, h.cumulative(), h.sum, sorted(h.recent))
+                       for kind, h in sorted(self.latency.items())]
             dead = sorted(self.dead_letters.items())
             peers = sorted(self.peer_changes.items())
             agents = sorted(self.agent_changes.items())
 
-        out.family("meshd_collaborations_total", "counter",
-                   "Collaboration outcomes (send, request, delegate, handoff) seen by this daemon.")
-        for (kind, result), n in collaborations:
-            out.sample("meshd_collaborations_total", n, {"kind": kind, "outcome": result})
-        out.family("meshd_collaboration_errors_total", "counter",
-                   "Collaborations that ended in an error, by error code.")
-        for (kind, code), n in errors:
-            out.sample("meshd_collaboration_errors_total", n, {"kind": kind, "code": code})
-
-        out.family("meshd_request_latency_seconds", "histogram",
-                   "Time from a local agent's request (or qos-1 send) to its reply or acknowledgement.")
-        for kind, h in latency.items():
-            cumulative = 0
-            for bound, n in zip((*h.buckets, math.inf), h.counts, strict=True):
-                cumulative += n
-                le = "+Inf" if math.isinf(bound) else repr(bound)
-                out.sample("meshd_request_latency_seconds_bucket", cumulative, {"kind": kind, "le": le})
-            out.sample("meshd_request_latency_seconds_sum", h.sum, {"kind": kind})
-            out.sample("meshd_request_latency_seconds_count", h.count, {"kind": kind})
-        out.family("meshd_request_latency_recent_seconds", "gauge",
-                   f"Latency quantiles (p50, p99) over the last {self._window} replies of each kind.")
-        for kind, h in latency.items():
-            ordered = sorted(h.recent)
+        yield _counter("meshd_collaborations_total",
+                       "Collaboration outcomes (send, request, delegate, handoff) seen by this daemon.",
+                       ("kind", "outcome"), ((list(k), n) for k, n in collaborations))
+        yield _counter("meshd_collaboration_errors_total",
+                       "Collaborations that ended in an error, by error code.",
+                       ("kind", "code"), ((list(k), n) for k, n in errors))
+        histogram = HistogramMetricFamily(
+            "meshd_request_latency_seconds",
+            "Time from a local agent's request (or qos-1 send) to its reply or acknowledgement.",
+            labels=("kind",))
+        recent = GaugeMetricFamily(
+            "meshd_request_latency_recent_seconds",
+            f"Latency quantiles (p50, p99) over the last {self.window} replies of each kind.",
+            labels=("kind", "quantile"))
+        for kind, buckets, total, ordered in latency:
+            histogram.add_metric([kind], buckets, total)
             if ordered:
                 for q in QUANTILES:
-                    out.sample("meshd_request_latency_recent_seconds", _quantile(ordered, q),
-                               {"kind": kind, "quantile": repr(q)})
+                    recent.add_metric([kind, repr(q)], _quantile(ordered, q))
+        yield histogram
+        yield recent
+        yield _counter("meshd_dead_letters_total",
+                       "Dead letters recorded since the plugin started, by reason.",
+                       ("reason",), (([r], n) for r, n in dead))
+        yield _counter("meshd_peer_state_changes_total",
+                       "Peer daemon liveness changes, by the state entered.",
+                       ("state",), (([s], n) for s, n in peers))
+        yield _counter("meshd_agent_state_changes_total",
+                       "This daemon's agents' state changes, by the state entered (absent: left).",
+                       ("state",), (([s], n) for s, n in agents))
 
-        out.family("meshd_dead_letters_total", "counter",
-                   "Dead letters recorded since the plugin started, by reason.")
-        for reason, n in dead:
-            out.sample("meshd_dead_letters_total", n, {"reason": reason})
-        out.family("meshd_peer_state_changes_total", "counter",
-                   "Peer daemon liveness changes, by the state entered.")
-        for state, n in peers:
-            out.sample("meshd_peer_state_changes_total", n, {"state": state})
-        out.family("meshd_agent_state_changes_total", "counter",
-                   "Agent state changes anywhere in the mesh, by the state entered (absent: left).")
-        for state, n in agents:
-            out.sample("meshd_agent_state_changes_total", n, {"state": state})
+
+def _counter(name: str, help_text: str, labels: tuple[str, ...],
+             samples: Iterable[tuple[list[str], float]]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help_text, labels=labels)
+    for values, n in samples:
+        family.add_metric(values, n)
+    return family
+
+
+def _gauge(name: str, help_text: str, labels: tuple[str, ...],
+           samples: Iterable[tuple[list[str], float]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, help_text, labels=labels)
+    for values, n in samples:
+        family.add_metric(values, n)
+    return family
 
 
 # -- what is read from the node at scrape time ----------------------------------------------------
@@ -276,139 +243,81 @@ def _number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def node_snapshot(node: Any) -> dict[str, Any]:
-    """Read what the gauges need from a :class:`meshd.node.Node`, each item on its own: an item
-    that cannot be read (an attribute renamed, a dict changed size under us) is left out."""
-    snap: dict[str, Any] = {}
-
-    def read(key: str, getter: Callable[[], Any]) -> None:
-        for _ in range(3):  # a dict resized by the loop thread mid-copy: try again
-            try:
-                snap[key] = getter()
-                return
-            except RuntimeError:
-                continue
-            except Exception:
-                log.debug("cannot read %s from the node", key, exc_info=True)
-                return
-
-    def by_state(items: Iterable[Any]) -> dict[str, int]:
-        counts = dict.fromkeys(STATES, 0)
-        for item in items:
-            counts[str(item.state)] = counts.get(str(item.state), 0) + 1
-        return counts
-
-    read("info", lambda: {"node": str(node.node_id), "name": str(node.name),
-                          "mesh": str(node.settings.mesh)})
-    read("uptime", lambda: time.monotonic() - node.started_at if node.started_at else None)
-    read("peers", lambda: by_state(list(node.peers.values())))
-    read("local_agents", lambda: by_state(list(node.local.values())))
-    read("telemetry", lambda: {str(a.name): dict(a.telemetry) for a in list(node.local.values())})
-    read("qos1_pending", lambda: int(node.qos.pending))
-    read("qos1_in_flight", lambda: int(node.qos.in_flight))
-    read("dead_letters", lambda: int(node.dead_letters.total))
-    read("stats", lambda: dict(node.stats))
-    read("plugin_queue", lambda: int(node.plugins.queued))
-    read("plugin_stats", lambda: dict(node.plugins.stats))
-    return snap
+def _by_state(counts: Mapping[str, int]) -> list[tuple[list[str], float]]:
+    merged = dict.fromkeys(STATES, 0) | {str(k): int(v) for k, v in counts.items()}
+    return [([state], n) for state, n in sorted(merged.items())]
 
 
-def _render_node(snap: Mapping[str, Any], out: _Writer) -> None:
-    if "info" in snap:
-        out.family("meshd_node_info", "gauge", "This daemon's identity (always 1).")
-        out.sample("meshd_node_info", 1, snap["info"])
-    if _number(snap.get("uptime")) is not None:
-        out.family("meshd_uptime_seconds", "gauge", "Seconds since the node started.")
-        out.sample("meshd_uptime_seconds", snap["uptime"])
-    if "peers" in snap:
-        out.family("meshd_peers", "gauge", "Known peer daemons, by liveness state.")
-        for state, n in sorted(snap["peers"].items()):
-            out.sample("meshd_peers", n, {"state": state})
-    if "local_agents" in snap:
-        out.family("meshd_local_agents", "gauge", "Agents attached to this daemon, by state.")
-        for state, n in sorted(snap["local_agents"].items()):
-            out.sample("meshd_local_agents", n, {"state": state})
-    if "telemetry" in snap:
-        for key, name, help_text in (
-                ("queue_depth", "meshd_agent_queue_depth",
-                 "Inbox/queue depth a local agent reported in its last heartbeat."),
-                ("context_used_pct", "meshd_agent_context_used_percent",
-                 "Context window use (percent) a local agent reported in its last heartbeat.")):
-            values = [(agent, _number(t.get(key))) for agent, t in sorted(snap["telemetry"].items())
-                      if isinstance(t, dict)]
-            out.family(name, "gauge", help_text)
-            for agent, value in values:
-                if value is not None:
-                    out.sample(name, value, {"agent": agent})
-    if "qos1_pending" in snap:
-        out.family("meshd_qos1_pending", "gauge",
-                   "qos-1 messages in the durable outbox, not yet acknowledged by their receiver.")
-        out.sample("meshd_qos1_pending", snap["qos1_pending"])
-    if "qos1_in_flight" in snap:
-        out.family("meshd_qos1_in_flight", "gauge", "qos-1 messages sent and awaiting their ack now.")
-        out.sample("meshd_qos1_in_flight", snap["qos1_in_flight"])
-    if "dead_letters" in snap:
-        out.family("meshd_node_dead_letters_total", "counter",
-                   "Dead letters recorded by the node since it started (all reasons).")
-        out.sample("meshd_node_dead_letters_total", snap["dead_letters"])
-    if "stats" in snap:
-        stats = snap["stats"]
-        out.family("meshd_node_events_total", "counter", "The node's own message counters.")
-        for event in NODE_EVENTS:
-            value = _number(stats.get(event, 0))
-            out.sample("meshd_node_events_total", value or 0, {"event": event})
-    if "plugin_queue" in snap:
-        out.family("meshd_plugin_queue_depth", "gauge", "Observer events waiting for the plugin worker.")
-        out.sample("meshd_plugin_queue_depth", snap["plugin_queue"])
-    if "plugin_stats" in snap:
-        out.family("meshd_plugin_events_total", "counter",
-                   "The plugin host's counters (called, dropped, failed:<plugin>, ...).")
-        for event, n in sorted(snap["plugin_stats"].items()):
-            if _number(n) is not None:
-                out.sample("meshd_plugin_events_total", n, {"event": event})
+def node_families(snap: MetricsSnapshot) -> Iterator[Metric]:
+    """The families read from one :class:`~meshd.view.MetricsSnapshot`."""
+    yield _gauge("meshd_node_info", "This daemon's identity (always 1).", ("node", "name", "mesh"),
+                 [([snap.node_id, snap.name, snap.mesh], 1)])
+    yield GaugeMetricFamily("meshd_uptime_seconds", "Seconds since the node started.", value=snap.uptime_s)
+    yield _gauge("meshd_peers", "Known peer daemons, by liveness state.", ("state",),
+                 _by_state(snap.peers_by_state))
+    yield _gauge("meshd_local_agents", "Agents attached to this daemon, by state.", ("state",),
+                 _by_state(snap.local_agents_by_state))
+    for key, name, help_text in (
+            ("queue_depth", "meshd_agent_queue_depth",
+             "Inbox/queue depth a local agent reported in its last heartbeat."),
+            ("context_used_pct", "meshd_agent_context_used_percent",
+             "Context window use (percent) a local agent reported in its last heartbeat.")):
+        values = [(agent, _number(t.get(key))) for agent, t in sorted(snap.agent_telemetry.items())]
+        yield _gauge(name, help_text, ("agent",), (([agent], v) for agent, v in values if v is not None))
+    yield GaugeMetricFamily("meshd_qos1_pending",
+                            "qos-1 messages in the durable outbox, not yet acknowledged by their receiver.",
+                            value=snap.qos1_pending)
+    yield GaugeMetricFamily("meshd_qos1_in_flight", "qos-1 messages sent and awaiting their ack now.",
+                            value=snap.qos1_in_flight)
+    yield CounterMetricFamily("meshd_node_dead_letters_total",
+                              "Dead letters recorded by the node since it started (all reasons).",
+                              value=snap.dead_letters_total)
+    yield _counter("meshd_node_events_total", "The node's own message counters.", ("event",),
+                   (([event], _number(snap.events.get(event, 0)) or 0) for event in NODE_EVENTS))
+    yield GaugeMetricFamily("meshd_plugin_queue_depth", "Observer events waiting for the plugin worker.",
+                            value=snap.plugin_queue)
+    yield _counter("meshd_plugin_events_total",
+                   "The plugin host's counters (called, dropped, failed:<plugin>, ...).", ("event",),
+                   (([event], n) for event, n in sorted(snap.plugin_stats.items()) if _number(n) is not None))
 
 
-# -- the HTTP server ------------------------------------------------------------------------------
+class MeshdCollector:
+    """A ``prometheus_client`` custom collector: the hook-fed metrics and the node's snapshot.
+
+    ``view`` returns the running node's :class:`~meshd.view.NodeView` (None before start-up or after
+    shutdown: then only the hook-fed families are collected).
+    """
+
+    def __init__(self, metrics: Metrics, view: Callable[[], NodeView | None]) -> None:
+        self.metrics = metrics
+        self._view = view
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.metrics.collect()
+        node = self._view()
+        if node is not None:
+            yield from node_families(node.metrics_snapshot())
+
+    def describe(self) -> list[Metric]:
+        return []  # names vary with the node's counters: never collect at registration time
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "meshd-prometheus/0.1"
-    timeout = 10  # a client that stalls mid-request loses its thread after this long
+# -- the HTTP endpoint ----------------------------------------------------------------------------
 
-    def do_GET(self) -> None:
-        self._serve(send_body=True)
 
-    def do_HEAD(self) -> None:
-        self._serve(send_body=False)
-
-    def _serve(self, send_body: bool) -> None:
-        if self.path.split("?", 1)[0] != "/metrics":
-            self.send_error(404, "Not Found", "meshd-prometheus serves /metrics only")
-            return
-        try:
-            body = self.server.exporter.render().encode("utf-8")
-        except Exception:
-            log.exception("rendering the metrics failed")
-            self.send_error(500, "Internal Server Error")
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if send_body:
-            self.wfile.write(body)
-
+class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], exporter: Exporter) -> None:
-        self.exporter = exporter
-        super().__init__(address, _Handler)
+def _only_metrics(app: Callable[..., Any]) -> Callable[..., Any]:
+    """``prometheus_client`` answers on every path; keep ``/metrics`` and answer 404 elsewhere."""
+    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("PATH_INFO") != METRICS_PATH:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"meshd-prometheus serves /metrics only\n"]
+        return app(environ, start_response)
+    return wrapped
 
 
 class Exporter:
@@ -416,15 +325,14 @@ class Exporter:
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self._node: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: _Server | None = None
+        self.registry = CollectorRegistry()
+        self.registry.register(MeshdCollector(metrics, lambda: self._node))
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, memory, open fds
+        self._node: NodeView | None = None
+        self._server: ThreadingWSGIServer | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self.snapshot_fallbacks = 0
         self.address: tuple[str, int] | None = None
-
-    # -- configuration
 
     @staticmethod
     def configured_address(environ: Mapping[str, str] = os.environ) -> tuple[str, int]:
@@ -438,24 +346,26 @@ class Exporter:
             raise ValueError(f"{PORT_ENV}={port}: a port is 0..65535 (0: any free port)")
         return addr, port
 
-    # -- lifecycle
-
-    def start(self, node: Any, loop: asyncio.AbstractEventLoop | None) -> None:
+    def start(self, node: NodeView) -> None:
+        if not isinstance(node, NodeView):
+            raise TypeError("meshd-prometheus needs a node implementing meshd.view.NodeView "
+                            f"(got {type(node).__name__}); upgrade meshd")
         addr, port = self.configured_address()
         with self._lock:
             if self._server is not None:
                 log.warning("meshd-prometheus already serves %s:%s in this process; not starting again",
                             *(self.address or ("?", "?")))
                 return
-            server_class: type[_Server] = _Server
+            server_class: type[ThreadingWSGIServer] = ThreadingWSGIServer
             if ":" in addr:  # an IPv6 literal
-                server_class = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+                server_class = type("_Server6", (ThreadingWSGIServer,), {"address_family": socket.AF_INET6})
             try:
-                server = server_class((addr, port), self)
+                server = make_server(addr, port, _only_metrics(make_wsgi_app(self.registry)),
+                                     server_class, handler_class=_QuietHandler)
             except OSError as exc:
                 raise OSError(exc.errno, f"meshd-prometheus cannot listen on {addr}:{port} "
                                          f"({ADDR_ENV}/{PORT_ENV}): {exc.strerror or exc}") from exc
-            self._node, self._loop, self._server = node, loop, server
+            self._node, self._server = node, server
             self.address = (addr, int(server.server_address[1]))
             self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.25},
                                             name="meshd-prometheus", daemon=True)
@@ -477,7 +387,7 @@ class Exporter:
         with self._lock:
             server, thread = self._server, self._thread
             self._server = self._thread = None
-            self._node = self._loop = None
+            self._node = None
         if server is None:
             return
         deadline = time.monotonic() + timeout
@@ -491,43 +401,6 @@ class Exporter:
             log.warning("meshd-prometheus server thread did not stop within %.1f s", timeout)
         else:
             log.info("prometheus metrics server stopped")
-
-    # -- scraping (HTTP threads)
-
-    def _snapshot(self) -> dict[str, Any] | None:
-        node, loop = self._node, self._loop
-        if node is None:
-            return None
-        if loop is not None and not loop.is_closed():
-            # The node's dicts belong to its loop: let the loop copy them, between two events.
-            future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
-
-            def take() -> None:
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(node_snapshot(node))
-                    except BaseException as exc:
-                        future.set_exception(exc)
-            try:
-                loop.call_soon_threadsafe(take)
-                return future.result(SNAPSHOT_TIMEOUT)
-            except Exception:
-                future.cancel()
-                log.debug("node snapshot in its loop failed; reading directly", exc_info=True)
-                with self._lock:
-                    self.snapshot_fallbacks += 1
-        return node_snapshot(node)  # every read is guarded: a race loses that metric this scrape
-
-    def render(self) -> str:
-        out = _Writer()
-        self.metrics.render(out)
-        snap = self._snapshot()
-        if snap:
-            _render_node(snap, out)
-        out.family("meshd_prometheus_snapshot_fallbacks_total", "counter",
-                   "Scrapes that read the node directly because its event loop did not answer in time.")
-        out.sample("meshd_prometheus_snapshot_fallbacks_total", self.snapshot_fallbacks)
-        return out.text()
 
 
 def _is_loopback(addr: str) -> bool:
@@ -545,16 +418,15 @@ EXPORTER = Exporter(METRICS)
 
 
 @hookimpl
-async def meshd_startup(node: Any) -> None:
+async def meshd_startup(node: NodeView) -> None:
     """Start the HTTP server. Binding and starting a thread are quick, but they are still done off
     the event loop, which the routing path shares. A bad address or a busy port raises: the daemon
     logs it, counts it as ``failed:prometheus`` and runs on without metrics."""
-    loop = asyncio.get_running_loop()
-    await asyncio.to_thread(EXPORTER.start, node, loop)
+    await asyncio.to_thread(EXPORTER.start, node)
 
 
 @hookimpl
-async def meshd_shutdown(node: Any) -> None:
+async def meshd_shutdown(node: NodeView) -> None:
     """Stop the HTTP server (bounded: well within the daemon's hook timeout)."""
     await asyncio.to_thread(EXPORTER.stop, 3.0)
 

@@ -184,3 +184,51 @@ def test_bad_port_does_not_stop_the_daemon(meshd_factory: MeshdFactory, installe
     assert info["plugins"]["stats"]["failed:prometheus"] == 1, info["plugins"]
     assert "MESHD_PROMETHEUS_PORT='not-a-port'" in a.log_path.read_text()
     assert a.stop() == 0
+
+
+def test_exporter_serves_only_metrics_and_frees_its_port(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    """The HTTP side alone, in this process, against a fake NodeView (no daemon needed)."""
+    import sys
+
+    from meshd.view import MetricsSnapshot
+
+    monkeypatch.syspath_prepend(str(REPO / "plugins" / "meshd-prometheus"))
+    import meshd_prometheus as mp
+
+    class View:
+        node_id, name, mesh = "n1", "a", "m"
+
+        def metrics_snapshot(self) -> MetricsSnapshot:
+            return MetricsSnapshot(node_id="n1", name="a", mesh="m", uptime_s=1.0,
+                                   peers_by_state={"online": 1})
+
+        def info(self) -> dict[str, object]:
+            return {}
+
+        def agents(self) -> list[dict[str, object]]:
+            return []
+
+        def peers(self) -> list[dict[str, object]]:
+            return []
+
+    port_file = tmp_path / "port"
+    monkeypatch.setenv(mp.ADDR_ENV, "127.0.0.1")
+    monkeypatch.setenv(mp.PORT_ENV, "0")
+    monkeypatch.setenv(mp.PORT_FILE_ENV, str(port_file))
+    exporter = mp.Exporter(mp.Metrics())
+    exporter.start(View())
+    try:
+        port = read_port(port_file)
+        exporter.metrics.collaboration({"kind": "request", "outcome": "ok", "latency_ms": 2})
+        s = scrape(port)
+        assert value(s, "meshd_peers", state="online") == 1
+        assert value(s, "meshd_node_info", node="n1", name="a", mesh="m") == 1
+        assert value(s, "meshd_collaborations_total", kind="request", outcome="ok") == 1
+        assert value(s, "meshd_request_latency_seconds_count", kind="request") == 1
+        assert get(port, "/other")[0] == 404
+    finally:
+        exporter.stop()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    sys.modules.pop("meshd_prometheus", None)

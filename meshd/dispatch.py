@@ -1,0 +1,334 @@
+"""Running an agent's handlers: the handler table, cancel, deadlines, replies and qos-1 acks.
+
+Owns: :class:`Message` (what a handler sees), ``DEFER``, the topic -> handler table, the tasks of
+running handlers (so a cancel from the requester reaches the right one, and a delegated request's
+cancel follows it), the count of messages left per qos-1 unit and the acks sent when a unit is
+done, and the reply and error envelopes an answer becomes.
+
+Must not touch: the socket, frame parsing or batching. It is handed an ``enqueue`` (a message to
+a destination, batched by :mod:`meshd.batching`) and a ``push`` (frames that leave at once: acks),
+and never awaits the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import protocol as P
+from .batching import BatchKey, to_agent
+from .errors import MeshError
+from .payloads import decode_payload
+from .protocol import Kind
+
+__all__ = ["ANY_TOPIC", "DEFER", "Dispatcher", "Handler", "Message"]
+
+log = logging.getLogger("meshd.client")
+
+ANY_TOPIC = "*"
+MAX_DELEGATED = 10_000
+"""Delegations remembered (so a cancel can follow them); the oldest is forgotten past this."""
+PROGRESS_NOTE_CHARS = 200
+
+
+class _Deferred:
+    def __repr__(self) -> str:
+        return "meshd.DEFER"
+
+
+DEFER: Any = _Deferred()
+"""Return this from a request handler to answer later with ``Agent.reply`` (or ``fail``)."""
+
+
+@dataclass(slots=True)
+class Message:
+    """A message as a handler sees it.
+
+    For a request, ``reply_to`` and ``correlation_id`` say where the answer goes: the original
+    requester and its id, even when the request was delegated along the way.
+    """
+
+    id: str
+    kind: str
+    topic: str
+    sender: str
+    to: str | None
+    payload: Any
+    correlation_id: str | None = None
+    deadline: float | None = None
+    headers: dict[str, Any] = field(default_factory=dict)
+    reply_to: str = ""
+    hops: int = 0
+    qos: int = 0
+    _dispatcher: Dispatcher | None = None
+    _answered: bool = False
+    _cancelled: asyncio.Event | None = None
+
+    @property
+    def cancelled(self) -> asyncio.Event:
+        """Set when the requester cancels; the handler's task is cancelled too."""
+        if self._cancelled is None:
+            self._cancelled = asyncio.Event()
+        return self._cancelled
+
+    @property
+    def is_request(self) -> bool:
+        return self.kind == Kind.REQUEST
+
+    @property
+    def tasks(self) -> list[dict[str, Any]]:
+        """The task list the sender attached (``headers={"tasks": [{"title", "status"}, ...]}``,
+        coms-net style): well-formed items only, at most 100; [] when there is none."""
+        items = self.headers.get("tasks")
+        if not isinstance(items, list):
+            return []
+        return [{"title": i["title"], "status": i["status"]} for i in items[:100]
+                if isinstance(i, dict) and isinstance(i.get("title"), str)
+                and isinstance(i.get("status"), str)]
+
+    @property
+    def time_left(self) -> float | None:
+        """Seconds until the requester gives up (None if it set no deadline)."""
+        return None if self.deadline is None else self.deadline - time.time()
+
+    async def progress(self, note: str = "working") -> None:
+        """Tell the requester the handler is still working (its ``on_progress`` sees ``note``)."""
+        if self._dispatcher is not None and self.is_request:
+            self._dispatcher.progress(self, note)
+
+
+Handler = Callable[[Message], Any]
+
+
+class Dispatcher:
+    """Runs handlers for one agent; a handler that raises fails that one request, nothing more."""
+
+    def __init__(self, agent_name: str, *, enqueue: Callable[[BatchKey, dict[str, Any], bytes], None],
+                 push: Callable[[list[bytes]], None], encode: Callable[[Any], bytes],
+                 schedule: Callable[[Callable[[], None]], None], closed: Callable[[], bool]) -> None:
+        self.agent_name = agent_name
+        self._enqueue = enqueue
+        self._push = push
+        self._encode = encode
+        self._schedule = schedule
+        self._closed = closed
+        self.handlers: dict[str, Handler] = {}
+        #: Tasks of running async handlers (and other background work): the heartbeat's queue depth.
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._running: dict[str, tuple[asyncio.Task[Any], Message]] = {}
+        self._delegated: dict[str, tuple[str, str]] = {}  # corr -> (delegate, who asked us)
+        self._unit_left: dict[str, int] = {}
+        self._acks: list[str] = []
+        self._ack_scheduled = False
+
+    # ------------------------------------------------------------------------ incoming
+
+    def begin_unit(self, unit: str | None, messages: int) -> None:
+        """A qos-1 unit of ``messages`` arrived; it is acked once each of them was handled."""
+        if unit is not None:
+            self._unit_left[unit] = messages
+
+    def dispatch(self, header: dict[str, Any], payload: bytes, unit: str | None = None) -> None:
+        """Run the handler for one send, request or publication."""
+        try:
+            self._run_handler(header, payload, unit)
+        except BaseException:
+            self.unit_done(unit)
+            raise
+
+    def cancel(self, header: dict[str, Any]) -> None:
+        """A cancel from a requester: stop its running handler, pass it on to a delegate."""
+        corr = str(header.get(P.CORR))
+        running = self._running.get(corr)
+        if running is not None and running[1].sender == header.get(P.FROM):
+            task, msg = running
+            msg.cancelled.set()
+            task.cancel()
+        delegated = self._delegated.get(corr)
+        if delegated is not None and delegated[1] == header.get(P.FROM):
+            del self._delegated[corr]
+            self.send_cancel(delegated[0], corr)  # pass it on to whoever has the work now
+
+    def _run_handler(self, header: dict[str, Any], payload: bytes, unit: str | None) -> None:
+        topic = str(header.get(P.TOPIC, ""))
+        handler = self.handlers.get(topic) or self.handlers.get(ANY_TOPIC)
+        kind = header[P.KIND]
+        msg_id = str(header.get(P.ID, ""))
+        corr = header.get(P.CORR)
+        sender = str(header.get(P.FROM, ""))
+        hops = header.get(P.HOPS, 0)
+        msg = Message(
+            id=msg_id,
+            kind=kind,
+            topic=topic,
+            sender=sender,
+            to=header.get(P.TO),
+            payload=None,
+            correlation_id=(str(corr) if corr else msg_id) if kind == Kind.REQUEST else corr,
+            deadline=header.get(P.DEADLINE),
+            headers=header.get(P.HEADERS) or {},
+            reply_to=str(header.get(P.ORIGIN) or sender),
+            hops=hops if isinstance(hops, int) else 0,
+            qos=1 if unit is not None else 0,
+            _dispatcher=self,
+        )
+        try:
+            msg.payload = decode_payload(payload)
+        except Exception as exc:
+            if msg.is_request:
+                self.reply_error(msg, P.ErrorCode.VALIDATION_FAILED, f"payload undecodable: {exc}")
+            self.unit_done(unit)
+            return
+        if handler is None:
+            if msg.is_request:
+                self.reply_error(msg, P.ErrorCode.HANDLER_ERROR,
+                                 f"agent {self.agent_name!r} has no handler for topic {topic!r}")
+            self.unit_done(unit)
+            return
+        if msg.is_request and msg.deadline is not None and msg.deadline < time.time():
+            # The requester has given up already: do not start work nobody waits for.
+            self.reply_error(msg, P.ErrorCode.TIMEOUT, "the deadline passed before the handler started")
+            self.unit_done(unit)
+            return
+        try:
+            result = handler(msg)
+        except Exception as exc:
+            self._handler_failed(msg, exc)
+            self.unit_done(unit)
+            return
+        if inspect.isawaitable(result):
+            task = asyncio.ensure_future(self._finish(msg, result, unit))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            if msg.is_request and msg.correlation_id:
+                key = msg.correlation_id
+                self._running[key] = (task, msg)
+                task.add_done_callback(functools.partial(self._forget_running, key))
+            return
+        if msg.is_request:
+            self._answer(msg, result)
+        self.unit_done(unit)
+
+    async def _finish(self, msg: Message, result: Awaitable[Any], unit: str | None) -> None:
+        try:
+            value = await result
+        except asyncio.CancelledError:
+            if msg.cancelled.is_set():
+                self.reply_error(msg, P.ErrorCode.CANCELLED, "cancelled by the requester")
+                self.unit_done(unit)
+                return
+            raise
+        except Exception as exc:
+            self._handler_failed(msg, exc)
+            self.unit_done(unit)
+            return
+        if msg.is_request:
+            self._answer(msg, value)
+        self.unit_done(unit)
+
+    def _forget_running(self, key: str, _task: asyncio.Task[Any]) -> None:
+        self._running.pop(key, None)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` as a task the agent cancels when it closes."""
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def cancel_all(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+
+    # ------------------------------------------------------------------------ qos-1 acks
+
+    def unit_done(self, unit: str | None) -> None:
+        """One message of a qos-1 unit finished; when all have, ack the unit to the daemon."""
+        if unit is None:
+            return
+        left = self._unit_left.get(unit, 1) - 1
+        if left > 0:
+            self._unit_left[unit] = left
+            return
+        self._unit_left.pop(unit, None)
+        self._acks.append(unit)
+        if not self._ack_scheduled:
+            self._ack_scheduled = True
+            self._schedule(self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        self._ack_scheduled = False
+        acks, self._acks = self._acks, []
+        if acks and not self._closed():
+            self._push([P.SIGNATURE, P.pack({P.KIND: Kind.ACK, P.IDS: acks}), b""])
+
+    # ------------------------------------------------------------------------ answers
+
+    def _answer(self, msg: Message, value: Any) -> None:
+        if msg._answered or value is DEFER:
+            return
+        self.reply(msg, value)
+
+    def _handler_failed(self, msg: Message, exc: Exception) -> None:
+        log.warning("agent %s: handler for %r raised %s: %s", self.agent_name, msg.topic,
+                    type(exc).__name__, exc)
+        if msg.is_request:
+            self.reply_error(msg, P.ErrorCode.HANDLER_ERROR, str(exc) or type(exc).__name__,
+                             remote_type=type(exc).__name__)
+
+    def reply(self, msg: Message, value: Any, status: str | None = None) -> None:
+        """The reply to ``msg``, to its original requester; a handoff reply gets its verdict."""
+        if self._closed():
+            return
+        msg._answered = True
+        if msg.topic == P.HANDOFF_TOPIC and status is None:
+            # One verdict, used for the header (daemons and observers) and the payload alike:
+            # True/False, or a dict whose "accepted" says it (a dict without it is a reject).
+            accepted = bool(value.get("accepted", False)) if isinstance(value, dict) else bool(value)
+            value = ({**value, "accepted": accepted} if isinstance(value, dict) else {"accepted": accepted})
+            status = "accepted" if accepted else "rejected"
+        try:
+            data = self._encode(value)
+        except MeshError as exc:
+            self.reply_error(msg, exc.code, f"reply refused: {exc.message}")
+            return
+        header = {P.KIND: Kind.REPLY, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id,
+                  P.TOPIC: msg.topic}
+        if status is not None:
+            header[P.STATUS] = status
+        self._enqueue(to_agent(msg.reply_to or msg.sender), header, data)
+
+    def reply_error(self, msg: Message, code: str, message: str, remote_type: str | None = None) -> None:
+        """An error envelope for ``msg`` to its original requester (once per message)."""
+        if self._closed() or not msg.sender or msg._answered:
+            return
+        msg._answered = True
+        err: dict[str, Any] = {"code": code, "message": message, "retry": False}
+        if remote_type:
+            err["type"] = remote_type
+        header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id, P.ERROR: err}
+        self._enqueue(to_agent(msg.reply_to or msg.sender), header, b"")
+
+    def progress(self, msg: Message, note: str) -> None:
+        header = {P.KIND: Kind.PROGRESS, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id,
+                  P.NOTE: note[:PROGRESS_NOTE_CHARS]}
+        self._enqueue(to_agent(msg.reply_to or msg.sender), header, b"")
+
+    def send_cancel(self, to: str, msg_id: str) -> None:
+        if self._closed():
+            return
+        try:
+            self._enqueue(to_agent(to), {P.KIND: Kind.CANCEL, P.ID: P.new_id(), P.CORR: msg_id}, b"")
+        except MeshError:
+            pass
+
+    def delegated(self, corr: str, to: str, asked_by: str) -> None:
+        """Remember where a request went, so a cancel from the requester follows it down the chain."""
+        self._delegated[corr] = (to, asked_by)
+        while len(self._delegated) > MAX_DELEGATED:
+            self._delegated.pop(next(iter(self._delegated)))

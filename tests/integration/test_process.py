@@ -1,0 +1,48 @@
+"""meshd.process.DaemonProcess, the one helper that runs a daemon for the fixtures, the demo and the
+bench: a daemon that cannot start is a typed error carrying its log; a started one stops cleanly."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from meshd.process import DaemonExited, DaemonProcess
+from meshd.testing import short_tempdir
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    path = short_tempdir("mshdp-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_daemon_that_exits_while_starting_is_a_typed_error_with_its_log(workdir: Path) -> None:
+    d = DaemonProcess("p", f"t{uuid.uuid4().hex[:12]}", workdir / "p",
+                      args=["--interface", "127.0.0.1", "--port", "not-a-port"])
+    d.start()
+    try:
+        with pytest.raises(DaemonExited) as err:
+            d.wait_ready(timeout=30)
+        assert err.value.returncode == 2
+        assert "port" in str(err.value), "the log tail names the bad key"
+        assert not d.alive()
+    finally:
+        d.kill()
+
+
+def test_a_started_daemon_is_ready_and_stops_with_exit_0(workdir: Path) -> None:
+    d = DaemonProcess("p", f"t{uuid.uuid4().hex[:12]}", workdir / "p",
+                      args=["--interface", "127.0.0.1", "--no-discovery"])
+    d.start()
+    try:
+        assert d.wait_ready(timeout=30) > 0
+        assert d.alive() and d.socket.exists() and d.pid > 0
+        assert d.stop(timeout=10) == 0
+        assert d.exited() == 0
+    finally:
+        d.kill()
