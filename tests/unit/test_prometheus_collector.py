@@ -3,6 +3,7 @@ observer hooks' counters, rendered by prometheus_client and parsed back (no daem
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import sys
 from pathlib import Path
@@ -16,8 +17,14 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from meshd.view import MetricsSnapshot, NodeView  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "meshd-prometheus"))
-import meshd_prometheus as mp  # noqa: E402
+# Loaded from its file, not by putting the plugin's folder on sys.path: a pip build leaves
+# meshd_prometheus.egg-info there, and its entry point would then show up in other tests' plugin loads.
+_PLUGIN_FILE = Path(__file__).resolve().parents[2] / "plugins" / "meshd-prometheus" / "meshd_prometheus.py"
+_SPEC = importlib.util.spec_from_file_location("meshd_prometheus", _PLUGIN_FILE)
+assert _SPEC is not None and _SPEC.loader is not None
+mp = importlib.util.module_from_spec(_SPEC)
+sys.modules["meshd_prometheus"] = mp
+_SPEC.loader.exec_module(mp)
 
 SNAPSHOT = MetricsSnapshot(
     node_id="n1d", name='host "a"\n', mesh="m", uptime_s=12.5,
