@@ -32,7 +32,7 @@ import os
 import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ from .keys import (
     load_mesh_secret,
     load_or_create_node_keys,
 )
+from .logonce import LogOnce
 from .outcomes import Outcomes
 from .plugins import PluginHost
 from .protocol import FrameError, Kind
@@ -213,7 +214,7 @@ class Node:
         self._discovery: Discovery | None = None
         self._timers: list[asyncio.Task[None]] = []
         self._stopping = False
-        self._logged_once: set[str] = set()
+        self._quiet = LogOnce(log)  # bounded: many keys come from peers
         self._max_frame = settings.max_payload_bytes + P.BATCH_OVERHEAD + 4096
         self.curve: transport.Curve | None = None
         self.trust: TrustStore | None = None
@@ -467,9 +468,7 @@ class Node:
     # ----------------------------------------------------------------------------- peers
 
     def _log_once(self, key: str, msg: str, *args: Any) -> None:
-        if key not in self._logged_once:
-            self._logged_once.add(key)
-            log.warning(msg, *args)
+        self._quiet.log(key, msg, *args)
 
     def _on_discovered(self, ad: PeerAdvert) -> None:
         if self._stopping or ad.node_id == self.node_id or ad.mesh != self.settings.mesh:
@@ -578,7 +577,7 @@ class Node:
             peer.dealer = None
         peer.connected_router = ""
 
-    def _send_peer(self, peer: Peer, header: dict[str, Any], body: bytes = b"") -> bool:
+    def _send_peer(self, peer: Peer, header: Mapping[str, Any], body: bytes = b"") -> bool:
         if peer.dealer is None:
             return False
         try:
@@ -704,11 +703,11 @@ class Node:
         """Everything peers send us: control, routed messages and batches."""
         rid = frames[0]
         try:
-            header = P.decode_routed(frames)
+            header = P.decode_routed_header(frames)
         except FrameError as exc:
-            self._reject(exc, frames, origin=f"peer {rid[:32]!r}")
+            self._reject(exc, frames, origin=f"peer {rid[:32]!r}", header=exc.fields)
             return
-        kind = header[P.KIND]
+        kind = header.kind
         peer = self.peers.get(rid.decode("ascii", "replace"))
         if kind in P.PEER_CONTROL_KINDS:
             self._on_peer_control(rid, peer, kind, header, frames)
@@ -719,16 +718,16 @@ class Node:
         peer.last_seen = time.monotonic()
         if peer.state is not PeerState.ONLINE:
             self._set_peer_state(peer, PeerState.ONLINE)
-        to = header.get(P.TO)
+        to = header.to
         if not isinstance(to, str) or kind not in _AGENT_DATA_KINDS:
             self._reject(FrameError("not_deliverable", f"{kind} without a destination"), frames,
                          origin=f"peer {peer.node_id}", header=header)
             return
-        if kind == Kind.ERROR and header.get(P.CORR) in self.qos.store.outbox:
+        if kind == Kind.ERROR and header.corr in self.qos.store.outbox:
             err = header.get(P.ERROR)
-            self.qos.bounced(str(header[P.CORR]), str(err.get("code")) if isinstance(err, dict) else "ERROR")
+            self.qos.bounced(str(header.corr), str(err.get("code")) if isinstance(err, dict) else "ERROR")
             return
-        if header.get(P.QOS) == 1 and self.qos.reack_if_done(str(header.get(P.ID)), peer.node_id):
+        if header.qos == 1 and self.qos.reack_if_done(str(header.id), peer.node_id):
             return  # handled already (maybe by an agent that has left since): ack, never bounce
         name, _, node = to.partition("@")
         agent = self.local.get(name)
@@ -752,7 +751,7 @@ class Node:
             peer.last_sync_request = now
             self._send_hello(peer, reply=False)
 
-    def _on_peer_control(self, rid: bytes, peer: Peer | None, kind: str, header: dict[str, Any],
+    def _on_peer_control(self, rid: bytes, peer: Peer | None, kind: str, header: P.Header,
                          frames: list[bytes]) -> None:
         now = time.monotonic()
         if kind == Kind.HELLO:
@@ -867,12 +866,15 @@ class Node:
         """Everything local agents send us."""
         rid = frames[0]
         try:
-            header = P.decode_routed(frames)
+            header = P.decode_routed_header(frames)
         except FrameError as exc:
-            self._reject(exc, frames, origin="local agent")
-            self._send_agent_error(rid, None, "VALIDATION_FAILED", f"malformed message: {exc}")
+            # A header that decoded but has a field out of range names its id, so the sender's
+            # request fails at once instead of timing out.
+            self._reject(exc, frames, origin="local agent", header=exc.fields)
+            corr = exc.fields.get(P.ID) if exc.fields else None
+            self._send_agent_error(rid, corr, P.ErrorCode.VALIDATION_FAILED, f"malformed message: {exc}")
             return
-        kind = header[P.KIND]
+        kind = header.kind
         agent = self.local_by_rid.get(rid)
         if agent is not None:
             agent.last_seen = time.monotonic()
@@ -887,12 +889,12 @@ class Node:
         if agent is None:
             self._refuse(rid, header, frames, P.ErrorCode.NOT_REGISTERED, "register a name before sending")
             return
-        if header.get(P.FROM) != agent.name:
+        if header.sender != agent.name:
             self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
                          f"'from' must be your registered name {agent.name!r}")
             return
         if len(frames) != 4:
-            self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.VALIDATION_FAILED,
+            self._send_agent_error(rid, header.id, P.ErrorCode.VALIDATION_FAILED,
                                    f"a {kind} message has exactly 3 frames")
             return
         limit = self.settings.max_payload_bytes + (P.BATCH_OVERHEAD if kind == Kind.BATCH else 0)
@@ -901,20 +903,20 @@ class Node:
                          f"{kind} of {len(frames[3])} bytes exceeds max_payload_bytes="
                          f"{self.settings.max_payload_bytes}")
             return
-        topic = header.get(P.TOPIC)
-        if kind == Kind.PUBLISH or (kind == Kind.BATCH and P.TO not in header):
+        topic = header.topic
+        if kind == Kind.PUBLISH or (kind == Kind.BATCH and header.to is None):
             if not P.valid_topic(topic):
                 self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
                              "publish needs a valid topic")
                 return
             self._publish(agent, str(topic), header, frames[1:])
             return
-        to = header.get(P.TO)
+        to = header.to
         if not isinstance(to, str):
             self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"{kind} needs a 'to'")
             return
-        if header.get(P.QOS) == 1:
-            unit_id = header.get(P.ID)
+        if header.qos == 1:
+            unit_id = header.id
             if kind not in (Kind.SEND, Kind.BATCH) or not isinstance(unit_id, str):
                 self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
                              "qos 1 applies to send (single or batched) with a string id")
@@ -922,13 +924,13 @@ class Node:
             self.qos.accept(rid, agent.name, unit_id, to, frames[1:])
             return
         if kind == Kind.REQUEST:
-            hops = header.get(P.HOPS, 0)
-            if isinstance(hops, int) and hops > self.settings.hop_limit:
+            hops = header.hops
+            if hops > self.settings.hop_limit:
                 self._bounce(header, frames[1:], P.ErrorCode.HOP_LIMIT,
                              f"forwarded {hops} times; the hop limit is {self.settings.hop_limit}")
                 return
-            deadline = header.get(P.DEADLINE)
-            if isinstance(deadline, (int, float)) and deadline < time.time():
+            deadline = header.deadline
+            if deadline is not None and deadline < time.time():
                 self._bounce(header, frames[1:], P.ErrorCode.TIMEOUT,
                              "the request's deadline passed before it was delivered")
                 return
@@ -938,18 +940,18 @@ class Node:
         sends = self.outcomes.outgoing(header, frames[1:])
         self.outcomes.sends_routed(sends, self._route(to, header, frames[1:]))
 
-    def _refuse(self, rid: bytes, header: dict[str, Any], frames: list[bytes], code: str,
+    def _refuse(self, rid: bytes, header: P.Header, frames: list[bytes], code: str,
                 message: str) -> None:
         """Refuse an agent's message at the edge: one error per message, batches included."""
         self.stats[f"refused_{code.lower()}"] += 1
-        ids: list[Any] = [header.get(P.ID)]
-        if header[P.KIND] == Kind.BATCH:
+        ids: list[Any] = [header.id]
+        if header.kind == Kind.BATCH:
             with contextlib.suppress(FrameError):
                 ids = [h.get(P.ID) for h, _ in P.split_batch(frames[1:])]
         for msg_id in ids:
             self._send_agent_error(rid, msg_id, code, message)
 
-    def _route(self, to: str, header: dict[str, Any], msg: list[bytes]) -> str | None:
+    def _route(self, to: str, header: P.Header, msg: list[bytes]) -> str | None:
         """Deliver ``msg`` (signature, header, payload frames) to agent ``to`` wherever it is.
 
         Returns None when it went on its way, else the error code it bounced with.
@@ -972,9 +974,9 @@ class Node:
         self.stats["forwarded"] += 1
         return None
 
-    def _deliver_local(self, agent: LocalAgent, header: dict[str, Any], msg: list[bytes],
+    def _deliver_local(self, agent: LocalAgent, header: P.Header, msg: list[bytes],
                        origin: str) -> str | None:
-        unit_id = header.get(P.ID) if header.get(P.QOS) == 1 else None
+        unit_id = header.id if header.qos == 1 else None
         if unit_id is not None and not self.qos.admit(str(unit_id), origin, agent.rid, self._rid_alive):
             return None  # a duplicate: already handled or in the agent's hands
         if self.outcomes.inflight:
@@ -998,7 +1000,7 @@ class Node:
         self._reactor.kick(self.agents_sock)
         return code
 
-    def _bounce(self, header: dict[str, Any], msg: list[bytes], code: str, message: str, *,
+    def _bounce(self, header: P.Header, msg: list[bytes], code: str, message: str, *,
                 retry: bool = False, retry_after: float | None = None, origin: str | None = None) -> str:
         """Tell the sender of an undeliverable message why, as an error envelope per message.
 
@@ -1007,29 +1009,29 @@ class Node:
         Returns ``code``, so routing can report why a message did not go through.
         """
         self.stats[f"undeliverable_{code.lower()}"] += 1
-        if header.get(P.QOS) == 1:
-            unit_id = str(header.get(P.ID))
+        if header.qos == 1:
+            unit_id = str(header.id)
             if self.qos.bounced(unit_id, code):
                 return code  # ours: it waits in our outbox
             # Another daemon's unit: it still holds it. Tell that daemon (not the agent, which
             # may be gone), so the unit waits there instead of using up an attempt.
             peer = self.peers.get(origin) if origin else None
             if peer is not None:
-                self._send_peer(peer, P.error_header(header.get(P.FROM), unit_id, code, message, retry=True,
+                self._send_peer(peer, P.error_header(header.sender, unit_id, code, message, retry=True,
                                                      sender=f"meshd@{self.node_id}"))
             return code
         self._dead_letter(code, message, msg, header)
-        sender = header.get(P.ORIGIN) or header.get(P.FROM)
+        sender = header.origin or header.sender
         if not isinstance(sender, str):
             return code
-        if header[P.KIND] == Kind.BATCH:
+        if header.kind == Kind.BATCH:
             inner: list[tuple[Any, Any]] = []
             with contextlib.suppress(FrameError):
                 inner = P.split_batch(msg)
             ids = [h.get(P.CORR) or h.get(P.ID) for h, _ in inner
                    if h.get(P.KIND) in (Kind.SEND, Kind.REQUEST)]
-        elif header[P.KIND] in (Kind.SEND, Kind.REQUEST):
-            ids = [header.get(P.CORR) or header.get(P.ID)]
+        elif header.kind in (Kind.SEND, Kind.REQUEST):
+            ids = [header.corr or header.id]
         else:
             return code  # replies and errors never bounce: no loops
         ids = [i for i in ids if isinstance(i, str)]
@@ -1040,7 +1042,7 @@ class Node:
                              retry_after=retry_after, sender=f"meshd@{self.node_id}")
         if len(ids) > 1:
             err[P.IDS] = ids
-        self._route(sender, err, [P.SIGNATURE, P.pack(err), b""])
+        self._route(sender, P.header_from_map(err), P.frames(err))
         return code
 
     # ----------------------------------------------------------------------------- qos 1
@@ -1069,7 +1071,7 @@ class Node:
 
     def _qos_attempt(self, entry: OutboxEntry) -> None:
         try:
-            header = P.unpack_header(entry.frames[1])
+            header = P.decode_header(entry.frames[1])
         except FrameError:
             self.qos.store.remove(entry.id)
             return
@@ -1122,14 +1124,15 @@ class Node:
         self.plugins.agent_state({"name": agent.name, "node": self.node_id,
                                   "capabilities": list(agent.capabilities)}, old, new)
 
-    def _dead_letter(self, reason: str, detail: str, frames: list[bytes], header: dict[str, Any] | None,
-                     attempts: int = 0) -> None:
-        letter = self.dead_letters.add(reason, detail, frames, header, attempts)
+    def _dead_letter(self, reason: str, detail: str, frames: list[bytes],
+                     header: P.Header | Mapping[str, Any] | None, attempts: int = 0) -> None:
+        fields = header.fields if isinstance(header, P.Header) else header
+        letter = self.dead_letters.add(reason, detail, frames, dict(fields) if fields else None, attempts)
         self.plugins.dead_letter(letter)
 
     # ----------------------------------------------------------------------------- admin
 
-    def _admin(self, rid: bytes, msg_id: Any, header: dict[str, Any], frames: list[bytes]) -> None:
+    def _admin(self, rid: bytes, msg_id: Any, header: P.Header, frames: list[bytes]) -> None:
         """meshctl's operations on this daemon (dead letters)."""
         op = header.get(P.OP)
         try:
@@ -1178,16 +1181,20 @@ class Node:
             chosen.append(letter)
         replayed = 0
         for letter in chosen:
-            header = dict(letter["header"])
-            dest = header.get(P.TO)
+            fields = dict(letter["header"])
+            dest = fields.get(P.TO)
             if not isinstance(dest, str):
                 continue
+            fields[P.ID] = P.new_id()  # a fresh unit: the receiver may have seen the old id
+            try:
+                header = P.header_from_map(fields)
+            except FrameError:
+                continue  # kept for inspection; it cannot travel again
             self.dead_letters.pop(letter["seq"])
-            header[P.ID] = P.new_id()  # a fresh unit: the receiver may have seen the old id
-            frames = [P.SIGNATURE, P.pack(header), *letter["frames"][2:]]
-            if header.get(P.QOS) == 1:
-                sender = self.local.get(str(header.get(P.FROM)))
-                self.qos.accept(sender.rid if sender else b"", str(header.get(P.FROM)), header[P.ID], dest,
+            frames = [P.SIGNATURE, P.pack(fields), *letter["frames"][2:]]
+            if header.qos == 1:
+                sender = self.local.get(str(header.sender))
+                self.qos.accept(sender.rid if sender else b"", str(header.sender), fields[P.ID], dest,
                                 frames)
             else:
                 self._route(dest, header, frames)
@@ -1199,7 +1206,7 @@ class Node:
                              sender=f"meshd@{self.node_id}")
         self._send_agent(rid, err)
 
-    def _send_agent(self, rid: bytes, header: dict[str, Any], body: bytes = b"") -> bool:
+    def _send_agent(self, rid: bytes, header: Mapping[str, Any], body: bytes = b"") -> bool:
         try:
             self.agents_sock.send_multipart([rid, P.SIGNATURE, P.pack(header), body], zmq.NOBLOCK)
             return True
@@ -1210,8 +1217,8 @@ class Node:
             self._reactor.kick(self.agents_sock)
 
     def _on_agent_control(self, rid: bytes, agent: LocalAgent | None, kind: str,
-                          header: dict[str, Any], frames: list[bytes]) -> None:
-        msg_id = header.get(P.ID)
+                          header: P.Header, frames: list[bytes]) -> None:
+        msg_id = header.id
         if kind == Kind.AGENT_HEARTBEAT:
             if agent is None:  # we restarted and forgot it: tell it to register again
                 self._send_agent_error(rid, None, P.ErrorCode.NOT_REGISTERED, "not registered")
@@ -1257,12 +1264,12 @@ class Node:
             self._remove_local(agent, "unregistered")
             self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id})
             return
-        topic = header.get(P.TOPIC)
+        topic = header.topic
         if not P.valid_topic(topic):
             self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"invalid topic {topic!r}")
             return
         if kind == Kind.SUBSCRIBE:
-            self._subscribe(agent, str(topic), durable=header.get(P.QOS) == 1)
+            self._subscribe(agent, str(topic), durable=header.qos == 1)
         else:
             self._unsubscribe(agent, str(topic))
         self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id})
@@ -1423,16 +1430,16 @@ class Node:
             self._remote_topic_counts = counts
         return counts.get(topic, 0)
 
-    def _publish(self, agent: LocalAgent, topic: str, header: dict[str, Any], msg: list[bytes]) -> None:
+    def _publish(self, agent: LocalAgent, topic: str, header: P.Header, msg: list[bytes]) -> None:
         """Fan a publication out: PUB/SUB for everyone, and for a qos-1 publication one outbox
         unit per durable subscriber (who then gets it only that way, exactly once)."""
         reached = 0
         durable: list[str] = []
-        if header.get(P.QOS) == 1:
+        if header.qos == 1:
             durable = self._durable_subscribers(topic)
-            unit_id = str(header.get(P.ID))
+            unit_id = str(header.id)
             for name in durable:
-                unit_header = dict(header)
+                unit_header = dict(header.fields)
                 unit_header[P.TO] = name
                 unit_header[P.ID] = f"{unit_id}>{name}"
                 self.qos.accept(None, agent.name, unit_header[P.ID], name,
@@ -1457,7 +1464,7 @@ class Node:
             assert self._reactor is not None
             self._reactor.kick(self.xpub)
         self.stats["published"] += 1
-        ack = {P.KIND: Kind.OK, P.CORR: header.get(P.ID), P.COUNT: reached}
+        ack = {P.KIND: Kind.OK, P.CORR: header.id, P.COUNT: reached}
         if durable:  # confirmed once the durable copies are on disk
             self._after_flush.append(functools.partial(self._send_agent, agent.rid, ack))
             self._schedule_flush()
@@ -1502,7 +1509,7 @@ class Node:
     # ----------------------------------------------------------------------------- errors
 
     def _reject(self, exc: FrameError, frames: list[bytes], origin: str,
-                header: dict[str, Any] | None = None) -> None:
+                header: P.Header | Mapping[str, Any] | None = None) -> None:
         """A malformed frame set: count it, keep it as a dead letter, log once per reason."""
         self.stats["malformed"] += 1
         self.stats[f"malformed_{exc.reason}"] += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from . import protocol as P
@@ -35,16 +36,16 @@ class Outcomes:
             "at": time.time(),
         })
 
-    def outgoing(self, header: dict[str, Any], msg: list[bytes]) -> list[dict[str, Any]]:
+    def outgoing(self, header: P.Header, msg: list[bytes]) -> list[Mapping[str, Any]]:
         """A local agent's message is about to be routed: start its requests' clocks.
 
         Returns the headers of the sends in it; the caller reports them once routing said
         whether they went through (``sends_routed``).
         """
-        headers = [header]
-        if header[P.KIND] == Kind.BATCH:
+        headers: list[Mapping[str, Any]] = [header.fields]
+        if header.kind == Kind.BATCH:
             with contextlib.suppress(FrameError):
-                headers = [h | {P.FROM: header.get(P.FROM), P.TO: header.get(P.TO)}
+                headers = [h | {P.FROM: header.sender, P.TO: header.to}
                            for h, _ in P.split_batch(msg)]
         now = time.monotonic()
         sends = []
@@ -64,17 +65,17 @@ class Outcomes:
                     now, what, str(h.get(P.FROM)), str(h.get(P.TO)), str(h.get(P.TOPIC)), expires)
         return sends
 
-    def sends_routed(self, sends: list[dict[str, Any]], error_code: str | None) -> None:
+    def sends_routed(self, sends: list[Mapping[str, Any]], error_code: str | None) -> None:
         for h in sends:
             self.emit("send", h.get(P.ID), h.get(P.FROM), h.get(P.TO), h.get(P.TOPIC),
                       "error" if error_code else "sent", error_code)
 
-    def answer(self, requester: str, header: dict[str, Any], msg: list[bytes]) -> None:
+    def answer(self, requester: str, header: P.Header, msg: list[bytes]) -> None:
         """A reply or error reaching a local requester closes its request's outcome."""
         if not self.inflight:
             return
-        headers = [header]
-        if header[P.KIND] == Kind.BATCH:
+        headers: list[Mapping[str, Any]] = [header.fields]
+        if header.kind == Kind.BATCH:
             with contextlib.suppress(FrameError):
                 headers = [h for h, _ in P.split_batch(msg)]
         now = time.monotonic()
