@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
 import ipaddress
 import logging
@@ -46,6 +45,7 @@ from .auth import ZapHandler
 from .builtin_plugins import JsonlDeadLetterSink
 from .config import Settings
 from .delivery import DeadLetters, DeliveryStore, OutboxEntry, Qos1
+from .directory import Directory, LocalAgent
 from .discovery import Discovery, PeerAdvert, default_interfaces
 from .errors import ConfigError
 from .keys import (
@@ -56,6 +56,7 @@ from .keys import (
     load_mesh_secret,
     load_or_create_node_keys,
 )
+from .liveness import PeerState, next_state
 from .logonce import LogOnce
 from .outcomes import Outcomes
 from .plugins import PluginHost
@@ -67,41 +68,6 @@ log = logging.getLogger("meshd.node")
 
 _AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
 _REPLAYABLE = frozenset({Kind.SEND, Kind.REQUEST, Kind.BATCH})
-
-
-class PeerState(enum.StrEnum):
-    ONLINE = "online"
-    STALE = "stale"
-    OFFLINE = "offline"
-
-
-@dataclass(eq=False)
-class LocalAgent:
-    """An agent attached to this daemon over the local socket."""
-
-    name: str
-    rid: bytes
-    capabilities: list[str]
-    metadata: dict[str, Any]
-    registered_at: float
-    topics: set[str] = field(default_factory=set)
-    durable: set[str] = field(default_factory=set)  # topics whose qos-1 publications it must not miss
-    last_seen: float = field(default_factory=time.monotonic)
-    state: PeerState = PeerState.ONLINE
-    telemetry: dict[str, Any] = field(default_factory=dict)
-
-    def record(self, node_id: str) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "node": node_id,
-            "capabilities": self.capabilities,
-            "metadata": self.metadata,
-            "topics": sorted(self.topics),
-            "durable": sorted(self.durable),
-            "registered_at": self.registered_at,
-            "state": str(self.state),
-            "telemetry": self.telemetry,
-        }
 
 
 @dataclass(eq=False)
@@ -124,13 +90,12 @@ class Peer:
     state: PeerState = PeerState.OFFLINE
     last_seen: float = 0.0
     dir_version: int = -1
-    agents: dict[str, dict[str, Any]] = field(default_factory=dict)
     last_sync_request: float = 0.0
     telemetry: dict[str, Any] = field(default_factory=dict)  # agent name -> {state, telemetry}
     redial_backoff: float = 0.0
     redial_pending: bool = False
 
-    def info(self, now: float) -> dict[str, Any]:
+    def info(self, now: float, agents: int) -> dict[str, Any]:
         return {
             "node": self.node_id,
             "name": self.name,
@@ -138,7 +103,7 @@ class Peer:
             "router": self.connected_router,
             "pub": self.connected_pub,
             "source": self.source,
-            "agents": len(self.agents),
+            "agents": agents,
             "last_seen_ago": round(now - self.last_seen, 3) if self.last_seen else None,
         }
 
@@ -196,13 +161,9 @@ class Node:
         self._after_flush: list[Callable[[], Any]] = []
         self.peers: dict[str, Peer] = {}
         self.pending_static: dict[str, zmq.Socket[Any]] = {}
-        self.local: dict[str, LocalAgent] = {}
-        self.local_by_rid: dict[bytes, LocalAgent] = {}
-        self.remote: dict[str, Peer] = {}  # agent name -> hosting peer
-        self.local_topics: dict[str, set[LocalAgent]] = {}
-        self._local_topic_keys: dict[bytes, set[LocalAgent]] = {}
-        self._remote_topic_counts: dict[str, int] | None = None
-        self.dir_version = 0
+        self.directory = Directory()
+        self.local = self.directory.local  # name -> LocalAgent (the directory owns it)
+        self.local_by_rid = self.directory.local_by_rid
         self.interfaces: list[str] = []
         self.router_port = 0
         self.pub_port = 0
@@ -237,6 +198,7 @@ class Node:
         s = self.settings
         s.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.node_id = load_node_id(s.state_dir)
+        self.directory.node_id = self.node_id
         self.interfaces = list(s.interfaces) or default_interfaces()
         if not self.interfaces:
             raise RuntimeError("no usable network interface: pass --interface IP")
@@ -456,14 +418,8 @@ class Node:
             "via": via,  # the endpoint a static dial used; echoed back so the dial can be matched
             "uptime": round(now - self.started_at, 3),
             "peers": gossip,
-            "dir": self._dir_body(),
+            "dir": self.directory.body(),
         })
-
-    def _dir_body(self) -> dict[str, Any]:
-        return {
-            "version": self.dir_version,
-            "agents": [a.record(self.node_id) for a in self.local.values()],
-        }
 
     # ----------------------------------------------------------------------------- peers
 
@@ -556,7 +512,7 @@ class Node:
                 self._reactor.remove(peer.sub)
                 peer.sub.close(0)
             peer.sub = transport.peer_sub(self._ctx, self._max_frame, self.curve, peer.pubkey or None)
-            for key in self._local_topic_keys:
+            for key in self.directory.local_topic_keys:
                 peer.sub.setsockopt(zmq.SUBSCRIBE, key)
             peer.sub.connect(pub)
             peer.connected_pub = pub
@@ -633,50 +589,18 @@ class Node:
                                  "router": peer.connected_router}, str(old), str(state))
         self.stats[f"peer_{state}"] += 1
         if state is PeerState.OFFLINE:
-            self._drop_peer_agents(peer)
+            self.directory.drop_node(peer.node_id)
             peer.dir_version = -1
             peer.greeted = False
 
-    def _drop_peer_agents(self, peer: Peer) -> None:
-        for name in peer.agents:
-            if self.remote.get(name) is peer:
-                del self.remote[name]
-        if peer.agents:
-            self._remote_topic_counts = None
-        peer.agents = {}
-
     def _apply_directory(self, peer: Peer, body: Any) -> None:
-        if not isinstance(body, dict) or not isinstance(body.get("agents"), list):
+        applied = self.directory.apply_node(peer.node_id, body)
+        if applied is None:
             self.stats["bad_directory"] += 1
             return
-        version = body.get("version")
-        agents: dict[str, dict[str, Any]] = {}
-        for rec in body["agents"]:
-            if isinstance(rec, dict) and P.valid_name(rec.get("name")):
-                agents[rec["name"]] = rec
-        self._drop_peer_agents(peer)
-        peer.agents = agents
-        peer.dir_version = version if isinstance(version, int) else -1
-        self._remote_topic_counts = None
-        for name, rec in agents.items():
-            mine = self.local.get(name)
-            if mine is not None and self._loses_name(mine, rec):
-                self._evict_local(mine, f"name {name!r} is registered on node {peer.node_id} too")
-            holder = self.remote.get(name)
-            if holder is not None and holder is not peer:
-                other = holder.agents.get(name, {})
-                if (other.get("registered_at", 0), holder.node_id) < (rec.get("registered_at", 0),
-                                                                       peer.node_id):
-                    continue
-            if name not in self.local:
-                self.remote[name] = peer
-
-    def _loses_name(self, mine: LocalAgent, theirs: dict[str, Any]) -> bool:
-        """Two nodes accepted one name at the same time: the earlier registration keeps it."""
-        their_at = theirs.get("registered_at", 0)
-        if not isinstance(their_at, (int, float)):
-            return False
-        return (their_at, str(theirs.get("node"))) < (mine.registered_at, self.node_id)
+        peer.dir_version, losers = applied
+        for mine in losers:
+            self._evict_local(mine, f"name {mine.name!r} is registered on node {peer.node_id} too")
 
     # ----------------------------------------------------------------------------- mesh ingress
 
@@ -778,8 +702,8 @@ class Node:
                 peer.last_sync_request = now
                 self._send_peer(peer, {P.KIND: Kind.SYNC, P.FROM: self.node_id})
         elif kind == Kind.SYNC:
-            self._send_peer(peer, {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, P.VER: self.dir_version},
-                            P.pack(self._dir_body()))
+            self._send_peer(peer, {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id,
+                                   P.VER: self.directory.version}, P.pack(self.directory.body()))
         elif kind == Kind.DIRECTORY:
             try:
                 self._apply_directory(peer, P.unpack_body(frames[3]))
@@ -835,7 +759,7 @@ class Node:
         restarted = peer.incarnation and peer.incarnation != body.get("incarnation")
         if restarted:
             log.info("peer %s restarted", node_id)
-            self._drop_peer_agents(peer)
+            self.directory.drop_node(node_id)
             n = self.qos.reack_origin(node_id, time.time() - self.settings.qos1_ttl)
             if n:
                 log.info("re-acked %d qos-1 unit(s) handled for restarted peer %s", n, node_id)
@@ -960,7 +884,8 @@ class Node:
         agent = self.local.get(name)
         if agent is not None and (not node or node in (self.node_id, self.name)):
             return self._deliver_local(agent, header, msg, self.node_id)
-        peer = self.remote.get(name)
+        host = self.directory.host_of(name)
+        peer = self.peers.get(host) if host is not None else None
         if peer is None or (node and node not in (peer.node_id, peer.name)):
             return self._bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"no agent named {to!r} in the mesh")
         if peer.state is PeerState.OFFLINE or peer.dealer is None:
@@ -1305,7 +1230,8 @@ class Node:
                                        f"name {name!r} is taken on this node ({self.node_id})")
                 return
             self._remove_local(holder, "replaced by a new connection")
-        peer = self.remote.get(name)
+        host = self.directory.host_of(name)
+        peer = self.peers.get(host) if host is not None else None
         if peer is not None:
             self._send_agent_error(rid, msg_id, P.ErrorCode.NAME_TAKEN,
                                    f"name {name!r} is taken on node {peer.node_id} ({peer.name})")
@@ -1313,8 +1239,7 @@ class Node:
         if holder is None or holder.rid != rid:
             agent = LocalAgent(name=name, rid=rid, capabilities=caps, metadata=meta,
                                registered_at=time.time())
-            self.local[name] = agent
-            self.local_by_rid[rid] = agent
+            self.directory.add_local(agent)
         else:
             holder.capabilities, holder.metadata = caps, meta
         self._directory_changed()
@@ -1336,12 +1261,10 @@ class Node:
             return False
 
     def _remove_local(self, agent: LocalAgent, why: str) -> None:
-        if self.local.get(agent.name) is not agent:
+        dropped = self.directory.remove_local(agent)
+        if dropped is None:
             return
-        del self.local[agent.name]
-        self.local_by_rid.pop(agent.rid, None)
-        for topic in list(agent.topics):
-            self._unsubscribe(agent, topic, announce=False)
+        self._sub_keys(dropped, zmq.UNSUBSCRIBE)
         log.info("agent %r removed: %s", agent.name, why)
         self._agent_event(agent, str(agent.state), "absent")
         self._directory_changed()
@@ -1369,9 +1292,9 @@ class Node:
         self._reactor.kick(self.agents_sock)
 
     def _directory_changed(self) -> None:
-        self.dir_version += 1
-        body = P.pack(self._dir_body())
-        header = {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, P.VER: self.dir_version}
+        self.directory.bump()
+        body = P.pack(self.directory.body())
+        header = {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, P.VER: self.directory.version}
         for peer in self.peers.values():
             if peer.greeted and peer.state is not PeerState.OFFLINE:
                 self._send_peer(peer, header, body)
@@ -1379,56 +1302,25 @@ class Node:
     # ----------------------------------------------------------------------------- topics
 
     def _subscribe(self, agent: LocalAgent, topic: str, durable: bool = False) -> None:
-        if durable != (topic in agent.durable):
-            if durable:
-                agent.durable.add(topic)
-            else:
-                agent.durable.discard(topic)
-            if topic in agent.topics:
-                self._directory_changed()
-        if topic in agent.topics:
-            return  # idempotent
-        agent.topics.add(topic)
-        subs = self.local_topics.setdefault(topic, set())
-        key = P.topic_key(topic)
-        self._local_topic_keys[key] = subs
-        if not subs:
-            for peer in self.peers.values():
-                if peer.sub is not None:
-                    peer.sub.setsockopt(zmq.SUBSCRIBE, key)
-        subs.add(agent)
-        self._directory_changed()
-
-    def _unsubscribe(self, agent: LocalAgent, topic: str, announce: bool = True) -> None:
-        if topic not in agent.topics:
-            return  # idempotent
-        agent.topics.discard(topic)
-        agent.durable.discard(topic)
-        subs = self.local_topics.get(topic, set())
-        subs.discard(agent)
-        if not subs:
-            self.local_topics.pop(topic, None)
-            key = P.topic_key(topic)
-            self._local_topic_keys.pop(key, None)
-            for peer in self.peers.values():
-                if peer.sub is not None:
-                    peer.sub.setsockopt(zmq.UNSUBSCRIBE, key)
-        if announce:
+        changed, key = self.directory.subscribe(agent, topic, durable)
+        if key is not None:
+            self._sub_keys([key], zmq.SUBSCRIBE)
+        if changed:
             self._directory_changed()
 
-    def _remote_subscribers(self, topic: str) -> int:
-        counts = self._remote_topic_counts
-        if counts is None:
-            counts = Counter()
+    def _unsubscribe(self, agent: LocalAgent, topic: str) -> None:
+        changed, key = self.directory.unsubscribe(agent, topic)
+        if key is not None:
+            self._sub_keys([key], zmq.UNSUBSCRIBE)
+        if changed:
+            self._directory_changed()
+
+    def _sub_keys(self, keys: list[bytes], option: int) -> None:
+        """(Un)subscribe every peer's SUB socket: filtering happens at the publisher."""
+        for key in keys:
             for peer in self.peers.values():
-                if peer.state is PeerState.OFFLINE:
-                    continue
-                for rec in peer.agents.values():
-                    for t in rec.get("topics") or ():
-                        if isinstance(t, str):
-                            counts[t] += 1
-            self._remote_topic_counts = counts
-        return counts.get(topic, 0)
+                if peer.sub is not None:
+                    peer.sub.setsockopt(option, key)
 
     def _publish(self, agent: LocalAgent, topic: str, header: P.Header, msg: list[bytes]) -> None:
         """Fan a publication out: PUB/SUB for everyone, and for a qos-1 publication one outbox
@@ -1436,7 +1328,7 @@ class Node:
         reached = 0
         durable: list[str] = []
         if header.qos == 1:
-            durable = self._durable_subscribers(topic)
+            durable = self.directory.durable_subscribers(topic)
             unit_id = str(header.id)
             for name in durable:
                 unit_header = dict(header.fields)
@@ -1446,7 +1338,7 @@ class Node:
                                 [P.SIGNATURE, P.pack(unit_header), *msg[2:]])
             reached += len(durable)
         skip = set(durable)
-        for sub in self.local_topics.get(topic, ()):
+        for sub in self.directory.local_topics.get(topic, ()):
             if sub.name in skip:
                 continue
             try:
@@ -1454,7 +1346,7 @@ class Node:
                 reached += 1
             except zmq.ZMQError:
                 self.stats["publish_local_dropped"] += 1
-        remote = self._remote_subscribers(topic) - sum(1 for n in durable if n not in self.local)
+        remote = self.directory.remote_subscribers(topic) - sum(1 for n in durable if n not in self.local)
         if remote > 0:
             try:
                 self.xpub.send_multipart([P.topic_key(topic), *msg], zmq.NOBLOCK)
@@ -1471,17 +1363,9 @@ class Node:
         else:
             self._send_agent(agent.rid, ack)
 
-    def _durable_subscribers(self, topic: str) -> list[str]:
-        names = [a.name for a in self.local.values() if topic in a.durable]
-        for peer in self.peers.values():
-            if peer.state is PeerState.OFFLINE:
-                continue
-            names.extend(n for n, rec in peer.agents.items() if topic in (rec.get("durable") or ()))
-        return names
-
     def _on_topic(self, frames: list[bytes]) -> None:
         """A publication from a peer's XPUB: hand it to the local subscribers."""
-        subs = self._local_topic_keys.get(frames[0])
+        subs = self.directory.local_topic_keys.get(frames[0])
         if not subs or len(frames) < 4 or frames[1] != P.SIGNATURE:
             self.stats["topic_dropped"] += 1
             return
@@ -1523,7 +1407,7 @@ class Node:
         interval = self.settings.heartbeat_interval
         beats = 0
         while True:
-            header = {P.KIND: Kind.HEARTBEAT, P.FROM: self.node_id, P.VER: self.dir_version}
+            header = {P.KIND: Kind.HEARTBEAT, P.FROM: self.node_id, P.VER: self.directory.version}
             # The beat carries the local agents' latest telemetry (small: a few numbers each),
             # so every node sees load and state mesh-wide without versioning the directory.
             packed = [P.SIGNATURE, P.pack(header), P.pack(self._telemetry_body())]
@@ -1551,7 +1435,7 @@ class Node:
     def status_line(self) -> str:
         """One line for systemd's STATUS= and logs: peers and agents counted."""
         online = sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE)
-        remote = sum(len(p.agents) for p in self.peers.values() if p.state is not PeerState.OFFLINE)
+        remote = self.directory.remote_count()
         return (f"{online}/{len(self.peers)} peers online, {len(self.local)} local agents, "
                 f"{remote} remote agents, mesh {self.settings.mesh!r}")
 
@@ -1617,16 +1501,15 @@ class Node:
             for peer in list(self.peers.values()):
                 if not peer.greeted and peer.state is PeerState.OFFLINE:
                     continue
-                age = now - peer.last_seen
-                if age > s.offline_after:
-                    self._set_peer_state(peer, PeerState.OFFLINE)
-                elif age > s.stale_after and peer.state is PeerState.ONLINE:
-                    self._set_peer_state(peer, PeerState.STALE)
+                state = next_state(peer.state, now - peer.last_seen, s.stale_after, s.offline_after)
+                if state is not None:
+                    self._set_peer_state(peer, state)
             for agent in list(self.local.values()):
                 age = now - agent.last_seen
-                if age > s.offline_after:
+                state = next_state(agent.state, age, s.stale_after, s.offline_after)
+                if state is PeerState.OFFLINE:
                     self._remove_local(agent, f"no heartbeat for {age:.1f} s")
-                elif age > s.stale_after and agent.state is not PeerState.STALE:
+                elif state is PeerState.STALE:
                     self._agent_event(agent, str(agent.state), "stale")
                     agent.state = PeerState.STALE
                     self._directory_changed()
@@ -1641,7 +1524,7 @@ class Node:
         for peer in self.peers.values():
             if peer.state is PeerState.OFFLINE:
                 continue
-            for name, rec in peer.agents.items():
+            for name, rec in self.directory.records_of(peer.node_id).items():
                 live = peer.telemetry.get(name)
                 extra = live if isinstance(live, dict) else {}
                 agents.append(dict(rec) | extra | {"node": peer.node_id, "node_name": peer.name})
@@ -1649,7 +1532,8 @@ class Node:
 
     def peer_list(self) -> list[dict[str, Any]]:
         now = time.monotonic()
-        return sorted((p.info(now) for p in self.peers.values()), key=lambda r: r["node"])
+        return sorted((p.info(now, len(self.directory.records_of(p.node_id))) for p in self.peers.values()),
+                      key=lambda r: r["node"])
 
     def node_info(self) -> dict[str, Any]:
         return {
