@@ -25,87 +25,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import ipaddress
 import logging
 import os
 import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from . import protocol as P
 from . import transport
-from .auth import ZapHandler
 from .builtin_plugins import JsonlDeadLetterSink
 from .config import Settings
 from .delivery import DeadLetters, DeliveryStore, OutboxEntry, Qos1
 from .directory import Directory, LocalAgent
-from .discovery import Discovery, PeerAdvert, default_interfaces
-from .errors import ConfigError
-from .keys import (
-    TrustStore,
-    derive_mesh_keypair,
-    key_from_hex,
-    key_to_hex,
-    load_mesh_secret,
-    load_or_create_node_keys,
-)
+from .discovery import Discovery, default_interfaces
 from .liveness import PeerState, next_state
 from .logonce import LogOnce
 from .outcomes import Outcomes
+from .peers import Peer, PeerEvents, PeerTable
 from .plugins import PluginHost
 from .protocol import FrameError, Kind
 from .sdnotify import Notifier
+from .security import Security
 
 log = logging.getLogger("meshd.node")
 
 
 _AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
 _REPLAYABLE = frozenset({Kind.SEND, Kind.REQUEST, Kind.BATCH})
-
-
-@dataclass(eq=False)
-class Peer:
-    """Another daemon of the same mesh."""
-
-    node_id: str
-    name: str = ""
-    routers: list[str] = field(default_factory=list)
-    pubs: list[str] = field(default_factory=list)
-    incarnation: str = ""
-    pubkey: str = ""
-    source: str = "mdns"
-    dealer: zmq.Socket[Any] | None = None
-    monitor: zmq.Socket[Any] | None = None
-    sub: zmq.Socket[Any] | None = None
-    connected_router: str = ""
-    connected_pub: str = ""
-    greeted: bool = False  # we have had its HELLO: its traffic is accepted
-    state: PeerState = PeerState.OFFLINE
-    last_seen: float = 0.0
-    dir_version: int = -1
-    last_sync_request: float = 0.0
-    telemetry: dict[str, Any] = field(default_factory=dict)  # agent name -> {state, telemetry}
-    redial_backoff: float = 0.0
-    redial_pending: bool = False
-
-    def info(self, now: float, agents: int) -> dict[str, Any]:
-        return {
-            "node": self.node_id,
-            "name": self.name,
-            "state": str(self.state),
-            "router": self.connected_router,
-            "pub": self.connected_pub,
-            "source": self.source,
-            "agents": agents,
-            "last_seen_ago": round(now - self.last_seen, 3) if self.last_seen else None,
-        }
 
 
 def _letter_summary(letter: dict[str, Any]) -> dict[str, Any]:
@@ -135,16 +86,6 @@ def load_node_id(state_dir: Path) -> str:
     return node_id
 
 
-def _prefer(endpoints: list[str], own: list[str]) -> str:
-    """Pick the endpoint whose address shares a /24 with one of ours; else the first."""
-    for ep in endpoints:
-        host = ep.removeprefix("tcp://").rsplit(":", 1)[0]
-        for mine in own:
-            if host.rsplit(".", 1)[0] == mine.rsplit(".", 1)[0]:
-                return ep
-    return endpoints[0]
-
-
 class Node:
     """A meshd daemon. ``await start()``, then ``await stop()``; or ``await serve(trigger)``."""
 
@@ -159,8 +100,6 @@ class Node:
         self._flush_scheduled = False
         self._socket_bound = False
         self._after_flush: list[Callable[[], Any]] = []
-        self.peers: dict[str, Peer] = {}
-        self.pending_static: dict[str, zmq.Socket[Any]] = {}
         self.directory = Directory()
         self.local = self.directory.local  # name -> LocalAgent (the directory owns it)
         self.local_by_rid = self.directory.local_by_rid
@@ -177,13 +116,19 @@ class Node:
         self._stopping = False
         self._quiet = LogOnce(log)  # bounded: many keys come from peers
         self._max_frame = settings.max_payload_bytes + P.BATCH_OVERHEAD + 4096
-        self.curve: transport.Curve | None = None
-        self.trust: TrustStore | None = None
-        self._zap: ZapHandler | None = None
-        self._check_uid = False  # keys mode: every peer message must come from the key it claims
-        self._untrusted_ads: dict[str, PeerAdvert] = {}
-        self._static_keys: dict[str, str] = {}
-        self._authenticated_key = ""
+        self.security = Security(settings)
+        self.peer_table = PeerTable(
+            settings, node_id="", name=self.name, incarnation=self.incarnation, security=self.security,
+            stats=self.stats, quiet=self._quiet, interfaces=self.interfaces, max_frame=self._max_frame,
+            events=PeerEvents(
+                state_changed=self._peer_state_changed, directory=self._apply_directory,
+                restarted=self._peer_restarted, acks=self._acks_arrived, reject=self._reject_control,
+                topic_message=self._on_topic, topic_keys=lambda: self.directory.local_topic_keys.keys(),
+                directory_body=self.directory.body, directory_version=lambda: self.directory.version,
+                telemetry=self._telemetry_body,
+            ),
+        )
+        self.peers = self.peer_table.peers  # node id -> Peer (the peer table owns it)
         self.notifier = Notifier()
         self.plugins = PluginHost(settings.plugins)
         self.plugins.load()
@@ -198,14 +143,14 @@ class Node:
         s = self.settings
         s.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.node_id = load_node_id(s.state_dir)
-        self.directory.node_id = self.node_id
-        self.interfaces = list(s.interfaces) or default_interfaces()
+        self.directory.node_id = self.peer_table.node_id = self.node_id
+        self.interfaces[:] = list(s.interfaces) or default_interfaces()
         if not self.interfaces:
             raise RuntimeError("no usable network interface: pass --interface IP")
         loop = asyncio.get_running_loop()
         self._ctx = zmq.Context()
         self._reactor = transport.Reactor(loop)
-        self._setup_security()
+        self.security.start(self._ctx, self._reactor, self.interfaces)
         self.store = DeliveryStore(s.state_dir / "delivery.db", seen_ttl=2 * s.qos1_ttl + 60.0)
         self.qos = Qos1(
             self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout, ttl=s.qos1_ttl,
@@ -213,35 +158,37 @@ class Node:
             acked=self._qos_acked, give_up=self._qos_give_up, schedule_flush=self._schedule_flush,
         )
 
-        self.router = transport.mesh_router(self._ctx, self._max_frame, self.curve)
+        self.router = transport.mesh_router(self._ctx, self._max_frame, self.security.curve)
         self.router_port = transport.bind_tcp(self.router, self.interfaces, s.port)
-        self.xpub = transport.mesh_xpub(self._ctx, self._max_frame, self.curve)
+        self.xpub = transport.mesh_xpub(self._ctx, self._max_frame, self.security.curve)
         self.pub_port = transport.bind_tcp(self.xpub, self.interfaces, s.pub_port)
         self.agents_sock = transport.agent_router(self._ctx, max(s.inbox_cap, 1))
         self._bind_agent_socket()
         self.agents_monitor = self.agents_sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
-        self._reactor.add(self.router, self._on_mesh_checked if self._check_uid else self._on_mesh,
-                          copy=not self._check_uid)
+        check_uid = self.security.check_uid
+        self._reactor.add(self.router, self._on_mesh_checked if check_uid else self._on_mesh,
+                          copy=not check_uid)
         self._reactor.add(self.xpub, self._on_xpub)
         self._reactor.add(self.agents_sock, self._on_agent)
         self._reactor.add(self.agents_monitor, self._on_agent_monitor)
 
         self.started_at = time.monotonic()
+        self.peer_table.start(self._ctx, self._reactor, self.router_endpoints(), self.pub_endpoints())
         if s.discovery:
             self._discovery = Discovery(
                 node_id=self.node_id, mesh=s.mesh, name=self.name, interfaces=self.interfaces,
                 router_port=self.router_port, pub_port=self.pub_port, proto=P.PROTOCOL_VERSION,
-                on_found=self._on_discovered, on_lost=self._on_discovery_lost,
-                pubkey=self.curve.public if self.curve else None,
+                on_found=self.peer_table.on_discovered, on_lost=self.peer_table.on_discovery_lost,
+                pubkey=self.security.public_key,
             )
             await self._discovery.start()
         for endpoint in s.peers:
-            self._dial_static(endpoint)
+            self.peer_table.dial_static(endpoint)
         self._timers.append(asyncio.create_task(self._heartbeat_loop(), name="meshd-heartbeat"))
         self._timers.append(asyncio.create_task(self._liveness_loop(), name="meshd-liveness"))
         self._timers.append(asyncio.create_task(self._qos_loop(), name="meshd-qos1"))
-        if self.trust is not None and self.trust.mode == "keys":
+        if self.security.trust is not None and self.security.trust.mode == "keys":
             self._timers.append(asyncio.create_task(self._trust_loop(), name="meshd-trust"))
         log.info(
             "node %s (%s) mesh=%r router=%s pub=%s agents=%s%s", self.node_id, self.name, s.mesh,
@@ -254,41 +201,6 @@ class Node:
         self.ready.set()
         self.notifier.ready(self.status_line())
         self._timers.append(asyncio.create_task(self._status_loop(), name="meshd-status"))
-
-    def _setup_security(self) -> None:
-        """CURVE keys, the trust store and the ZAP handler, before any server socket exists."""
-        s = self.settings
-        if s.insecure:
-            lan = [i for i in self.interfaces if not ipaddress.ip_address(i).is_loopback]
-            if lan and not s.allow_insecure_lan:
-                raise ConfigError("insecure", f"plaintext mode on a non-loopback interface "
-                                  f"({', '.join(lan)}) is refused; set allow_insecure_lan = true "
-                                  "if you really mean it")
-            return
-        assert self._ctx is not None and self._reactor is not None
-        if s.trust_mode == "secret":
-            assert s.mesh_secret_file is not None
-            pair = derive_mesh_keypair(load_mesh_secret(s.mesh_secret_file))
-            self.trust = TrustStore("secret", None, mesh_public=pair.public)
-        else:
-            pair = load_or_create_node_keys(s.state_dir)
-            self.trust = TrustStore("keys", s.resolved_authorized_keys())
-            self._check_uid = True
-        self.curve = transport.Curve(pair.public, pair.secret)
-        self._zap = ZapHandler(self._ctx, self.trust)
-        self._reactor.add(self._zap.sock, self._zap.handle)
-
-    def _server_key(self, claimed: Any) -> str | None:
-        """The key to pin when dialing a peer: its own (keys mode) or the mesh key (secret mode)."""
-        if self.trust is None:
-            return None
-        if self.trust.mode == "secret":
-            # Everyone in the mesh holds the mesh key; a node advertising another key holds
-            # another secret: it is not ours, so we do not dial it.
-            if isinstance(claimed, str) and claimed != self.trust.mesh_public:
-                return None
-            return self.trust.mesh_public
-        return claimed if isinstance(claimed, str) and self.trust.is_trusted(claimed) else None
 
     def _bind_agent_socket(self) -> None:
         path = self.socket_path
@@ -323,7 +235,7 @@ class Node:
         """Drain and leave: BYE to peers, mDNS goodbye, close sockets (bounded linger)."""
         if self._stopping:
             return
-        self._stopping = True
+        self._stopping = self.peer_table.stopping = True
         self.notifier.stopping(f"stopping: {self.status_line()}")
         if self.ready.is_set():
             await self.plugins.shutdown(self)
@@ -332,9 +244,7 @@ class Node:
         for task in self._timers:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for peer in self.peers.values():
-            if peer.dealer is not None and peer.state is not PeerState.OFFLINE:
-                self._send_peer(peer, {P.KIND: Kind.BYE, P.FROM: self.node_id})
+        self.peer_table.say_bye()
         if self._discovery is not None:
             try:
                 await self._discovery.stop()
@@ -347,15 +257,9 @@ class Node:
                 self.store.close()
             except Exception:
                 log.exception("closing the delivery store failed")
-        if self._zap is not None:
-            self._zap.close()
+        self.security.close()
         if self._ctx is not None:
-            for peer in self.peers.values():
-                for sock in (peer.dealer, peer.sub, peer.monitor):
-                    if sock is not None:
-                        sock.close(transport.LINGER_MS)
-            for sock in self.pending_static.values():
-                sock.close(0)
+            self.peer_table.close()
             # A start that failed half-way may not have made every socket: close what exists.
             agents_sock = getattr(self, "agents_sock", None)
             if agents_sock is not None:
@@ -398,200 +302,28 @@ class Node:
     def pub_endpoints(self) -> list[str]:
         return [f"tcp://{a}:{self.pub_port}" for a in self.interfaces]
 
-    def _hello_body(self, reply: bool, via: str | None = None) -> bytes:
-        now = time.monotonic()
-        gossip = [
-            {"node": p.node_id, "routers": p.routers, "pubs": p.pubs, "pk": p.pubkey}
-            for p in self.peers.values()
-            if p.state is PeerState.ONLINE and p.routers
-        ]
-        return P.pack({
-            "node": self.node_id,
-            "name": self.name,
-            "mesh": self.settings.mesh,
-            "proto": P.PROTOCOL_VERSION,
-            "incarnation": self.incarnation,
-            "pk": self.curve.public if self.curve else None,
-            "routers": self.router_endpoints(),
-            "pubs": self.pub_endpoints(),
-            "reply": reply,
-            "via": via,  # the endpoint a static dial used; echoed back so the dial can be matched
-            "uptime": round(now - self.started_at, 3),
-            "peers": gossip,
-            "dir": self.directory.body(),
-        })
-
     # ----------------------------------------------------------------------------- peers
 
     def _log_once(self, key: str, msg: str, *args: Any) -> None:
         self._quiet.log(key, msg, *args)
 
-    def _on_discovered(self, ad: PeerAdvert) -> None:
-        if self._stopping or ad.node_id == self.node_id or ad.mesh != self.settings.mesh:
-            return
-        if ad.proto != P.PROTOCOL_VERSION:
-            self._log_once(f"proto:{ad.node_id}", "peer %s speaks protocol %s, not %s: ignored",
-                           ad.node_id, ad.proto, P.PROTOCOL_VERSION)
-            return
-        pubkey = self._server_key(ad.pubkey)
-        if self.curve is not None and pubkey is None:
-            self._untrusted_ads[ad.node_id] = ad  # dialed if its key is trusted later
-            self.stats["untrusted_adverts"] += 1
-            self._log_once(f"untrusted:{ad.node_id}:{ad.pubkey}",
-                           "not dialing discovered node %s (%s): its key %s is not trusted",
-                           ad.node_id, ad.name, ad.pubkey)
-            return
-        router = ad.router_endpoint(self.interfaces)
-        pub = ad.pub_endpoint(self.interfaces)
-        peer = self.peers.get(ad.node_id)
-        self.stats["discovered"] += 1
-        if peer is not None and peer.dealer is not None and peer.connected_router == router:
-            if peer.state is not PeerState.ONLINE:
-                self._send_hello(peer, reply=False)  # it may have restarted: greet again
-            return
-        peer = self._ensure_peer(ad.node_id, [router], [pub], source="mdns", pubkey=pubkey)
-        peer.name = peer.name or ad.name
-        self._send_hello(peer, reply=False)
-
-    def _on_discovery_lost(self, node_id: str) -> None:
-        peer = self.peers.get(node_id)
-        if peer is not None and peer.state is not PeerState.OFFLINE:
-            log.info("peer %s (%s) said goodbye on mDNS", node_id, peer.name)
-            self._set_peer_state(peer, PeerState.OFFLINE)
-
-    def _dial_static(self, endpoint: str) -> None:
-        """Connect to a configured peer whose node id we learn from its HELLO reply."""
-        endpoint, _, query = endpoint.partition("?")
-        if endpoint in self.router_endpoints() or endpoint in self.pending_static:
-            return
-        assert self._ctx is not None
-        key = key_from_hex(query.removeprefix("key=")) if query else None
-        server_key = self.trust.mesh_public if self.trust and self.trust.mode == "secret" else key
-        if self.curve is not None and server_key is None:
-            log.error("static peer %s has no key: in trust_mode keys write it as %s?key=<hex public key> "
-                      "(meshctl keys show prints it)", endpoint, endpoint)
-            return
-        if server_key:
-            self._static_keys[endpoint] = server_key
-        dealer = transport.peer_dealer(self._ctx, self.node_id, self.curve, server_key)
-        dealer.connect(endpoint)
-        self.pending_static[endpoint] = dealer
-        dealer.send_multipart([P.SIGNATURE, P.pack({P.KIND: Kind.HELLO, P.FROM: self.node_id}),
-                               self._hello_body(reply=False, via=endpoint)], zmq.NOBLOCK)
-
-    def _ensure_peer(self, node_id: str, routers: list[str], pubs: list[str], source: str,
-                     pubkey: str | None = None) -> Peer:
-        assert self._ctx is not None and self._reactor is not None
-        peer = self.peers.get(node_id)
-        if peer is None:
-            peer = Peer(node_id=node_id, source=source)
-            self.peers[node_id] = peer
-        if pubkey is not None and pubkey != peer.pubkey:
-            peer.pubkey = pubkey
-            peer.connected_router = peer.connected_pub = ""  # re-dial pinned to the new key
-        if routers:
-            peer.routers = list(routers)
-        if pubs:
-            peer.pubs = list(pubs)
-        router = _prefer(peer.routers, self.interfaces) if peer.routers else ""
-        if router and router != peer.connected_router:
-            self._close_peer_sockets(peer)
-            adopted = self.pending_static.pop(router, None)
-            peer.dealer = adopted or transport.peer_dealer(self._ctx, self.node_id, self.curve,
-                                                           peer.pubkey or None)
-            if adopted is None:
-                peer.dealer.connect(router)
-            peer.connected_router = router
-            peer.monitor = peer.dealer.get_monitor_socket(
-                zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            )
-            self._reactor.add(peer.monitor, functools.partial(self._on_peer_monitor, peer))
-        pub = _prefer(peer.pubs, self.interfaces) if peer.pubs else ""
-        if pub and pub != peer.connected_pub:
-            if peer.sub is not None:
-                self._reactor.remove(peer.sub)
-                peer.sub.close(0)
-            peer.sub = transport.peer_sub(self._ctx, self._max_frame, self.curve, peer.pubkey or None)
-            for key in self.directory.local_topic_keys:
-                peer.sub.setsockopt(zmq.SUBSCRIBE, key)
-            peer.sub.connect(pub)
-            peer.connected_pub = pub
-            self._reactor.add(peer.sub, self._on_topic)
-        return peer
-
-    def _close_peer_sockets(self, peer: Peer) -> None:
-        assert self._reactor is not None
-        if peer.monitor is not None:
-            self._reactor.remove(peer.monitor)
-            if peer.dealer is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    peer.dealer.disable_monitor()
-            peer.monitor.close(0)
-            peer.monitor = None
-        if peer.dealer is not None:
-            peer.dealer.close(0)
-            peer.dealer = None
-        peer.connected_router = ""
-
-    def _send_peer(self, peer: Peer, header: Mapping[str, Any], body: bytes = b"") -> bool:
-        if peer.dealer is None:
-            return False
-        try:
-            peer.dealer.send_multipart([P.SIGNATURE, P.pack(header), body], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError:
-            self.stats["peer_send_failed"] += 1
-            return False
-
-    def _send_hello(self, peer: Peer, reply: bool, via: str | None = None) -> None:
-        self._send_peer(peer, {P.KIND: Kind.HELLO, P.FROM: self.node_id}, self._hello_body(reply, via))
-
-    def _on_peer_monitor(self, peer: Peer, frames: list[bytes]) -> None:
-        if self._stopping:
-            return
-        try:
-            event = parse_monitor_message(frames)["event"]
-        except Exception:
-            return
-        if event == zmq.EVENT_DISCONNECTED and peer.state is PeerState.ONLINE:
-            # The connection dropped (killed daemon, reset): stale at once, offline by timer.
-            log.info("peer %s (%s) connection dropped", peer.node_id, peer.name)
-            self._set_peer_state(peer, PeerState.STALE)
-        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            # (Re)connected: a restart, a healed partition, or a peer that just started trusting
-            # us. Greet so it (re-)admits us and resyncs; what we queued before may be gone.
-            peer.redial_backoff = 0.0
-            self._send_hello(peer, reply=False)
-        elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH and not peer.redial_pending:
-            # The peer does not trust our key (yet). libzmq gives up on that connection; dial
-            # again with backoff, so a later `meshctl keys trust` on its side lets us in.
-            peer.redial_backoff = min(max(peer.redial_backoff * 2, 1.0), 30.0)
-            peer.redial_pending = True
-            self._log_once(f"authfail:{peer.node_id}", "peer %s (%s) refused our key; retrying",
-                           peer.node_id, peer.name)
-            asyncio.get_running_loop().call_later(peer.redial_backoff, self._redial, peer)
-
-    def _redial(self, peer: Peer) -> None:
-        """Recreate a peer's DEALER and SUB (same endpoints, same pinned key)."""
-        peer.redial_pending = False
-        if self._stopping or self.peers.get(peer.node_id) is not peer:
-            return
-        peer.connected_router = peer.connected_pub = ""
-        self._ensure_peer(peer.node_id, [], [], peer.source)
-        self._send_hello(peer, reply=False)
-
-    def _set_peer_state(self, peer: Peer, state: PeerState) -> None:
-        if peer.state is state:
-            return
-        old, peer.state = peer.state, state
-        log.info("peer %s (%s): %s -> %s", peer.node_id, peer.name, old, state)
-        self.plugins.peer_state({"node": peer.node_id, "name": peer.name, "state": str(state),
-                                 "router": peer.connected_router}, str(old), str(state))
-        self.stats[f"peer_{state}"] += 1
-        if state is PeerState.OFFLINE:
+    def _peer_state_changed(self, peer: Peer, old: PeerState, new: PeerState) -> None:
+        self.plugins.peer_state({"node": peer.node_id, "name": peer.name, "state": str(new),
+                                 "router": peer.connected_router}, str(old), str(new))
+        if new is PeerState.OFFLINE:
             self.directory.drop_node(peer.node_id)
-            peer.dir_version = -1
-            peer.greeted = False
+
+    def _peer_restarted(self, peer: Peer) -> None:
+        self.directory.drop_node(peer.node_id)
+        n = self.qos.reack_origin(peer.node_id, time.time() - self.settings.qos1_ttl)
+        if n:
+            log.info("re-acked %d qos-1 unit(s) handled for restarted peer %s", n, peer.node_id)
+
+    def _acks_arrived(self, ids: list[str]) -> None:
+        self.qos.acks_arrived(ids)
+
+    def _reject_control(self, exc: FrameError, frames: list[bytes], origin: str) -> None:
+        self._reject(exc, frames, origin=origin)
 
     def _apply_directory(self, peer: Peer, body: Any) -> None:
         applied = self.directory.apply_node(peer.node_id, body)
@@ -611,16 +343,15 @@ class Node:
         except zmq.ZMQError:
             uid = ""
         raw = [f.bytes for f in frames]
-        if self.trust is None or not self.trust.is_trusted(uid):
-            self.stats["dropped_untrusted"] += 1
-            return
         peer = self.peers.get(raw[0].decode("ascii", "replace"))
-        if peer is not None and peer.greeted and peer.pubkey and peer.pubkey != uid:
-            self.stats["dropped_spoofed"] += 1
-            self._log_once(f"spoof:{peer.node_id}:{uid}", "dropped traffic claiming to be node %s "
-                           "from key %s (its key is %s)", peer.node_id, uid, peer.pubkey)
+        verdict = self.security.admit(uid, peer.pubkey if peer is not None and peer.greeted else None)
+        if verdict is not None:
+            self.stats[verdict] += 1
+            if peer is not None and verdict == "dropped_spoofed":
+                self._log_once(f"spoof:{peer.node_id}:{uid}", "dropped traffic claiming to be node %s "
+                               "from key %s (its key is %s)", peer.node_id, uid, peer.pubkey)
             return
-        self._authenticated_key = uid
+        self.peer_table.authenticated_key = uid
         self._on_mesh(raw)
 
     def _on_mesh(self, frames: list[bytes]) -> None:
@@ -634,14 +365,12 @@ class Node:
         kind = header.kind
         peer = self.peers.get(rid.decode("ascii", "replace"))
         if kind in P.PEER_CONTROL_KINDS:
-            self._on_peer_control(rid, peer, kind, header, frames)
+            self.peer_table.on_control(rid, peer, header, frames)
             return
         if peer is None or not peer.greeted:
-            self._unknown_sender(peer)
+            self.peer_table.unknown_sender(peer)
             return
-        peer.last_seen = time.monotonic()
-        if peer.state is not PeerState.ONLINE:
-            self._set_peer_state(peer, PeerState.ONLINE)
+        self.peer_table.heard_from(peer)
         to = header.to
         if not isinstance(to, str) or kind not in _AGENT_DATA_KINDS:
             self._reject(FrameError("not_deliverable", f"{kind} without a destination"), frames,
@@ -664,125 +393,6 @@ class Node:
                          origin=f"peer {peer.node_id}", header=header)
             return
         self._deliver_local(agent, header, frames[1:], peer.node_id)
-
-    def _unknown_sender(self, peer: Peer | None) -> None:
-        """Traffic before HELLO is dropped; if we can reach the sender, ask it to greet us."""
-        self.stats["dropped_before_hello"] += 1
-        now = time.monotonic()
-        if self._stopping:
-            return
-        if peer is not None and peer.dealer is not None and now - peer.last_sync_request > 1.0:
-            peer.last_sync_request = now
-            self._send_hello(peer, reply=False)
-
-    def _on_peer_control(self, rid: bytes, peer: Peer | None, kind: str, header: P.Header,
-                         frames: list[bytes]) -> None:
-        now = time.monotonic()
-        if kind == Kind.HELLO:
-            try:
-                body = P.unpack_body(frames[3])
-                self._on_hello(rid, body)
-            except (FrameError, KeyError, TypeError, ValueError) as exc:
-                self._reject(FrameError("bad_hello", str(exc)), frames, origin=f"peer {rid[:32]!r}")
-            return
-        if peer is None or not peer.greeted:
-            self._unknown_sender(peer)
-            return
-        peer.last_seen = now
-        if kind != Kind.BYE and peer.state is not PeerState.ONLINE:
-            self._set_peer_state(peer, PeerState.ONLINE)
-        if kind == Kind.HEARTBEAT:
-            if len(frames) > 3 and frames[3]:
-                with contextlib.suppress(FrameError):
-                    body = P.unpack_body(frames[3], 256 * 1024)
-                    if isinstance(body, dict):
-                        peer.telemetry = body
-            version = header.get(P.VER)
-            if version != peer.dir_version and now - peer.last_sync_request > 0.5:
-                peer.last_sync_request = now
-                self._send_peer(peer, {P.KIND: Kind.SYNC, P.FROM: self.node_id})
-        elif kind == Kind.SYNC:
-            self._send_peer(peer, {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id,
-                                   P.VER: self.directory.version}, P.pack(self.directory.body()))
-        elif kind == Kind.DIRECTORY:
-            try:
-                self._apply_directory(peer, P.unpack_body(frames[3]))
-            except FrameError as exc:
-                self._reject(exc, frames, origin=f"peer {peer.node_id}")
-        elif kind == Kind.ACK:
-            ids = header.get(P.IDS)
-            if isinstance(ids, list):
-                self.qos.acks_arrived([i for i in ids if isinstance(i, str)])
-        elif kind == Kind.BYE:
-            log.info("peer %s (%s) left", peer.node_id, peer.name)
-            self._set_peer_state(peer, PeerState.OFFLINE)
-
-    def _on_hello(self, rid: bytes, body: Any) -> None:
-        if self._stopping:
-            return  # we said BYE: greeting back now would make the peer re-admit a leaving node
-        if not isinstance(body, dict):
-            raise ValueError("HELLO body is not a map")
-        node_id = str(body["node"])
-        if rid.decode("ascii", "replace") != node_id:
-            raise ValueError(f"routing id {rid!r} does not match node id {node_id!r}")
-        if node_id == self.node_id:
-            return
-        if body.get("mesh") != self.settings.mesh:
-            self._log_once(f"mesh:{node_id}", "ignoring node %s of mesh %r", node_id, body.get("mesh"))
-            self.stats["other_mesh"] += 1
-            return
-        if body.get("proto") != P.PROTOCOL_VERSION:
-            self._log_once(f"proto:{node_id}", "node %s speaks protocol %r: ignored", node_id,
-                           body.get("proto"))
-            return
-        routers = [str(r) for r in body.get("routers", [])]
-        pubs = [str(p) for p in body.get("pubs", [])]
-        existing = self.peers.get(node_id)
-        pubkey: str | None = None
-        if self.curve is not None:
-            claimed = body.get("pk")
-            if self._check_uid and claimed != self._authenticated_key:
-                raise ValueError(f"HELLO from {node_id} claims key {claimed!r} but authenticated "
-                                 f"as {self._authenticated_key!r}")
-            pubkey = self._server_key(claimed)
-            if pubkey is None:
-                raise ValueError(f"HELLO from {node_id} with untrusted key {claimed!r}")
-        via = body.get("via")
-        dialed = isinstance(via, str) and via in self.pending_static
-        source = existing.source if existing else ("static" if dialed or any(
-            r in self.pending_static for r in routers) else "gossip")
-        peer = self._ensure_peer(node_id, routers, pubs, source=source, pubkey=pubkey)
-        if dialed and isinstance(via, str) and via in self.pending_static:
-            # We dialed it by an address it does not advertise (a host name, NAT): the answer
-            # matched the dial; its advertised endpoint is used from now on.
-            self.pending_static.pop(via).close(0)
-        restarted = peer.incarnation and peer.incarnation != body.get("incarnation")
-        if restarted:
-            log.info("peer %s restarted", node_id)
-            self.directory.drop_node(node_id)
-            n = self.qos.reack_origin(node_id, time.time() - self.settings.qos1_ttl)
-            if n:
-                log.info("re-acked %d qos-1 unit(s) handled for restarted peer %s", n, node_id)
-        peer.incarnation = str(body.get("incarnation", ""))
-        peer.name = str(body.get("name", ""))
-        peer.greeted = True
-        peer.last_seen = time.monotonic()
-        self._set_peer_state(peer, PeerState.ONLINE)
-        self._apply_directory(peer, body.get("dir"))
-        if not body.get("reply"):
-            self._send_hello(peer, reply=True, via=via if isinstance(via, str) else None)
-        for entry in body.get("peers", []):
-            if not isinstance(entry, dict):
-                continue
-            other = str(entry.get("node", ""))
-            if other and other != self.node_id and other not in self.peers:
-                gossip_key = self._server_key(entry.get("pk"))
-                if self.curve is not None and gossip_key is None:
-                    continue  # we do not trust that node: nothing out
-                gossiped = self._ensure_peer(other, [str(r) for r in entry.get("routers", [])],
-                                             [str(p) for p in entry.get("pubs", [])], source="gossip",
-                                             pubkey=gossip_key)
-                self._send_hello(gossiped, reply=False)
 
     # ----------------------------------------------------------------------------- agents
 
@@ -942,7 +552,7 @@ class Node:
             # may be gone), so the unit waits there instead of using up an attempt.
             peer = self.peers.get(origin) if origin else None
             if peer is not None:
-                self._send_peer(peer, P.error_header(header.sender, unit_id, code, message, retry=True,
+                self.peer_table.send(peer, P.error_header(header.sender, unit_id, code, message, retry=True,
                                                      sender=f"meshd@{self.node_id}"))
             return code
         self._dead_letter(code, message, msg, header)
@@ -1011,7 +621,7 @@ class Node:
             return
         peer = self.peers.get(origin)
         if peer is not None:
-            self._send_peer(peer, {P.KIND: Kind.ACK, P.FROM: self.node_id, P.IDS: ids})
+            self.peer_table.send(peer, {P.KIND: Kind.ACK, P.FROM: self.node_id, P.IDS: ids})
 
     def _qos_acked(self, entry: OutboxEntry) -> None:
         self.stats["qos1_delivered"] += 1
@@ -1297,7 +907,7 @@ class Node:
         header = {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, P.VER: self.directory.version}
         for peer in self.peers.values():
             if peer.greeted and peer.state is not PeerState.OFFLINE:
-                self._send_peer(peer, header, body)
+                self.peer_table.send(peer, header, body)
 
     # ----------------------------------------------------------------------------- topics
 
@@ -1404,33 +1014,9 @@ class Node:
     # ----------------------------------------------------------------------------- timers
 
     async def _heartbeat_loop(self) -> None:
-        interval = self.settings.heartbeat_interval
-        beats = 0
         while True:
-            header = {P.KIND: Kind.HEARTBEAT, P.FROM: self.node_id, P.VER: self.directory.version}
-            # The beat carries the local agents' latest telemetry (small: a few numbers each),
-            # so every node sees load and state mesh-wide without versioning the directory.
-            packed = [P.SIGNATURE, P.pack(header), P.pack(self._telemetry_body())]
-            for peer in list(self.peers.values()):
-                if peer.dealer is not None:
-                    try:
-                        peer.dealer.send_multipart(packed, zmq.NOBLOCK)
-                    except zmq.ZMQError:
-                        pass
-            beats += 1
-            for endpoint, dealer in list(self.pending_static.items()):
-                if beats % 10 == 0:
-                    # No answer for a while (down, or it refused our key): dial afresh.
-                    dealer.close(0)
-                    del self.pending_static[endpoint]
-                    self._dial_static(endpoint + (f"?key={key_to_hex(self._static_keys[endpoint])}"
-                                                  if endpoint in self._static_keys else ""))
-                    continue
-                # A static peer that has not answered yet: greet it again (it may be starting).
-                with contextlib.suppress(zmq.ZMQError):
-                    dealer.send_multipart([P.SIGNATURE, P.pack({P.KIND: Kind.HELLO, P.FROM: self.node_id}),
-                                           self._hello_body(reply=False, via=endpoint)], zmq.NOBLOCK)
-            await asyncio.sleep(interval)
+            self.peer_table.beat()
+            await asyncio.sleep(self.settings.heartbeat_interval)
 
     def status_line(self) -> str:
         """One line for systemd's STATUS= and logs: peers and agents counted."""
@@ -1459,11 +1045,10 @@ class Node:
 
     async def _trust_loop(self) -> None:
         """Apply changes to the authorized-keys folder without a restart."""
-        assert self.trust is not None
         while True:
             await asyncio.sleep(1.0)
             try:
-                changed = self.trust.reload()
+                changed = self.security.reload()
             except OSError as exc:
                 self._log_once(f"trust:{exc}", "cannot read authorized keys: %s", exc)
                 continue
@@ -1472,25 +1057,7 @@ class Node:
 
     def apply_trust_change(self) -> None:
         """Cut off peers whose key is no longer trusted; dial discovered ones that now are."""
-        assert self.trust is not None
-        if self._zap is not None:
-            self._zap.forget_refusals()
-        for peer in list(self.peers.values()):
-            if peer.pubkey and not self.trust.is_trusted(peer.pubkey):
-                log.warning("peer %s (%s) is no longer trusted: disconnected", peer.node_id, peer.name)
-                self._set_peer_state(peer, PeerState.OFFLINE)
-                self._close_peer_sockets(peer)
-                if peer.sub is not None:
-                    assert self._reactor is not None
-                    self._reactor.remove(peer.sub)
-                    peer.sub.close(0)
-                    peer.sub = None
-                    peer.connected_pub = ""
-                del self.peers[peer.node_id]
-        for node_id, ad in list(self._untrusted_ads.items()):
-            if self._server_key(ad.pubkey) is not None:
-                del self._untrusted_ads[node_id]
-                self._on_discovered(ad)
+        self.peer_table.apply_trust_change()
 
     async def _liveness_loop(self) -> None:
         s = self.settings
@@ -1498,12 +1065,7 @@ class Node:
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
-            for peer in list(self.peers.values()):
-                if not peer.greeted and peer.state is PeerState.OFFLINE:
-                    continue
-                state = next_state(peer.state, now - peer.last_seen, s.stale_after, s.offline_after)
-                if state is not None:
-                    self._set_peer_state(peer, state)
+            self.peer_table.check_liveness(now)
             for agent in list(self.local.values()):
                 age = now - agent.last_seen
                 state = next_state(agent.state, age, s.stale_after, s.offline_after)
@@ -1545,8 +1107,8 @@ class Node:
             "socket": str(self.socket_path),
             "insecure": self.settings.insecure,
             "trust_mode": None if self.settings.insecure else self.settings.trust_mode,
-            "public_key": self.curve.public if self.curve else None,
-            "auth": dict(self._zap.stats) if self._zap else {},
+            "public_key": self.security.public_key,
+            "auth": self.security.stats(),
             "uptime": round(time.monotonic() - self.started_at, 3),
             "agents": len(self.local),
             "peers": sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE),
@@ -1558,6 +1120,3 @@ class Node:
             "qos1": {"pending": self.qos.pending, "in_flight": self.qos.in_flight, **self.qos.stats,
                      "commits": self.qos.store.commits},
         }
-
-    def peers_online(self) -> Iterable[Peer]:
-        return (p for p in self.peers.values() if p.state is PeerState.ONLINE)
