@@ -41,7 +41,7 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from meshd.hookspecs import hookimpl
@@ -292,24 +292,19 @@ def node_snapshot(node: Any) -> dict[str, Any]:
                 log.debug("cannot read %s from the node", key, exc_info=True)
                 return
 
-    def by_state(items: Iterable[Any]) -> dict[str, int]:
-        counts = dict.fromkeys(STATES, 0)
-        for item in items:
-            counts[str(item.state)] = counts.get(str(item.state), 0) + 1
-        return counts
-
-    read("info", lambda: {"node": str(node.node_id), "name": str(node.name),
-                          "mesh": str(node.settings.mesh)})
-    read("uptime", lambda: time.monotonic() - node.started_at if node.started_at else None)
-    read("peers", lambda: by_state(list(node.peers.values())))
-    read("local_agents", lambda: by_state(list(node.local.values())))
-    read("telemetry", lambda: {str(a.name): dict(a.telemetry) for a in list(node.local.values())})
-    read("qos1_pending", lambda: int(node.qos.pending))
-    read("qos1_in_flight", lambda: int(node.qos.in_flight))
-    read("dead_letters", lambda: int(node.dead_letters.total))
-    read("stats", lambda: dict(node.stats))
-    read("plugin_queue", lambda: int(node.plugins.queued))
-    read("plugin_stats", lambda: dict(node.plugins.stats))
+    # The node's documented NodeView (meshd.view): one consistent, thread-safe reading.
+    m = node.metrics_snapshot()
+    read("info", lambda: {"node": str(m.node_id), "name": str(m.name), "mesh": str(m.mesh)})
+    read("uptime", lambda: m.uptime_s or None)
+    read("peers", lambda: dict.fromkeys(STATES, 0) | dict(m.peers_by_state))
+    read("local_agents", lambda: dict.fromkeys(STATES, 0) | dict(m.local_agents_by_state))
+    read("telemetry", lambda: {k: dict(v) for k, v in m.agent_telemetry.items()})
+    read("qos1_pending", lambda: m.qos1_pending)
+    read("qos1_in_flight", lambda: m.qos1_in_flight)
+    read("dead_letters", lambda: m.dead_letters_total)
+    read("stats", lambda: dict(m.events))
+    read("plugin_queue", lambda: m.plugin_queue)
+    read("plugin_stats", lambda: dict(m.plugin_stats))
     return snap
 
 

@@ -16,7 +16,7 @@ from meshd import protocol as P
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "PROTOCOL.md"
 
-NODE_PATH = DOC_PATH.parents[1] / "meshd" / "node.py"
+NODE_PATH = DOC_PATH.parents[1] / "meshd" / "admin.py"  # where the admin ops are answered
 
 # Module-level str constants of meshd.protocol that are not header keys; every other one is.
 NOT_HEADER_KEYS = frozenset({"HANDOFF_TOPIC"})
