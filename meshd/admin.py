@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
 from .agents import AgentLink
-from .delivery import DeadLetters
+from .deadletters import DeadLetters
 from .directory import Directory
 from .liveness import PeerState
 from .peers import PeerTable
 from .protocol import FrameError, Kind
 
 if TYPE_CHECKING:
-    from .delivery import Qos1
+    from .qos1_driver import Qos1Driver
     from .routing import Router
 
 __all__ = ["Admin", "letter_summary"]
@@ -52,7 +52,7 @@ class Admin:
         self.dead_letters = dead_letters
         self.link = link
         self.router: Router
-        self.qos: Qos1
+        self.qos: Qos1Driver
 
     def handle(self, rid: bytes, msg_id: Any, header: P.Header, frames: list[bytes]) -> None:
         """meshctl's operations on this daemon (dead letters)."""

@@ -31,7 +31,7 @@ from .protocol import FrameError, Kind
 
 if TYPE_CHECKING:
     from .admin import Admin
-    from .delivery import Qos1
+    from .qos1_driver import Qos1Driver
 
 __all__ = ["AgentLink", "LocalAgents"]
 
@@ -83,7 +83,7 @@ class LocalAgents:
         self.stats = stats
         self.node_info = node_info
         self.stopping = False
-        self.qos: Qos1
+        self.qos: Qos1Driver
         self.admin: Admin
 
     def on_control(self, rid: bytes, agent: LocalAgent | None, kind: str,

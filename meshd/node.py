@@ -9,7 +9,9 @@ each owning its state (docs/architecture.md draws them):
   directory.py  local and remote agents, the name-conflict rule, the topic index
   agents.py     the local agent socket: its link and its control plane (register, subscribe, ...)
   routing.py    the edge checks and the data path: route, deliver, bounce, publish
-  delivery.py   the qos-1 outbox and seen-set (SQLite) and the qos-1 machine; dead letters
+  qos1.py       the qos-1 outbox and seen-set (SQLite) and the qos-1 machine (sans I/O)
+  qos1_driver.py  performs the machine's actions, schedules the group commit
+  deadletters.py  the bounded dead-letter FIFO
   admin.py      meshctl's queries and dead-letter operations
   outcomes.py   collaboration outcomes for observer plugins
 
@@ -33,7 +35,6 @@ import stat
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -45,7 +46,7 @@ from .admin import Admin
 from .agents import AgentLink, LocalAgents
 from .builtin_plugins import JsonlDeadLetterSink
 from .config import Settings
-from .delivery import DeadLetters, DeliveryStore, OutboxEntry, Qos1
+from .deadletters import DeadLetters
 from .directory import Directory
 from .discovery import Discovery, default_interfaces
 from .errors import StartupError
@@ -54,7 +55,9 @@ from .logonce import LogOnce
 from .outcomes import Outcomes
 from .peers import Peer, PeerEvents, PeerTable
 from .plugins import PluginHost
-from .protocol import FrameError, Kind
+from .protocol import FrameError
+from .qos1 import DeliveryStore, Qos1
+from .qos1_driver import Qos1Driver
 from .routing import Router
 from .sdnotify import Notifier
 from .security import Security
@@ -137,8 +140,6 @@ class Node:
         self._timers: list[asyncio.Task[None]] = []
         self._stopping = False
         self._socket_bound = False
-        self._flush_scheduled = False
-        self._after_flush: list[Callable[[], Any]] = []
         self._sockets: list[zmq.Socket[Any]] = []
         self._snapshot_lock = threading.Lock()
         self._snapshot: MetricsSnapshot | None = None
@@ -165,7 +166,7 @@ class Node:
             ),
         )
         self.store: DeliveryStore | None = None
-        self.qos: Qos1
+        self.qos: Qos1Driver
         self.agents_sock: zmq.Socket[Any] | None = None
         self.local_agents: LocalAgents
         self.routing: Router
@@ -238,11 +239,9 @@ class Node:
     async def _start_delivery(self) -> None:
         s = self.settings
         self.store = DeliveryStore(s.state_dir / "delivery.db", seen_ttl=2 * s.qos1_ttl + 60.0)
-        self.qos = Qos1(
-            self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout, ttl=s.qos1_ttl,
-            attempt=self._qos_attempt, confirm=self._qos_confirm, send_acks=self._qos_send_acks,
-            acked=self._qos_acked, give_up=self._qos_give_up, schedule_flush=self._schedule_flush,
-        )
+        machine = Qos1(self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout, ttl=s.qos1_ttl)
+        self.qos = Qos1Driver(machine, node_id=self.node_id, stats=self.stats, outcomes=self.outcomes,
+                              qos1_ttl=s.qos1_ttl)
 
     async def _start_sockets(self) -> None:
         s, ctx, reactor = self.settings, self._ctx, self._reactor
@@ -279,10 +278,12 @@ class Node:
             self.settings, node_id=self.node_id, name=self.name, directory=self.directory,
             peer_table=self.peer_table, security=self.security, agents=self.local_agents, link=link,
             xpub=self.xpub, reactor=reactor, outcomes=self.outcomes, dead_letters=self.dead_letters,
-            plugins=self.plugins, stats=self.stats, quiet=self._quiet, after_flush=self._run_after_flush)
+            plugins=self.plugins, stats=self.stats, quiet=self._quiet, after_flush=self.qos.after_flush)
         self.admin = Admin(node_id=self.node_id, name=self.name, directory=self.directory,
                            peer_table=self.peer_table, dead_letters=self.dead_letters, link=link)
         self.local_agents.qos = self.routing.qos = self.admin.qos = self.qos
+        self.qos.router, self.qos.link = self.routing, link
+        self.qos.peer_table, self.qos.directory = self.peer_table, self.directory
         self.local_agents.admin = self.admin
         self.admin.router = self.routing
 
@@ -346,6 +347,8 @@ class Node:
         if self._stopping:
             return
         self._stopping = self.peer_table.stopping = True
+        if getattr(self, "qos", None) is not None:
+            self.qos.stopping = True
         local_agents = getattr(self, "local_agents", None)
         if local_agents is not None:
             local_agents.stopping = True
@@ -435,9 +438,7 @@ class Node:
 
     def _peer_restarted(self, peer: Peer) -> None:
         self.directory.drop_node(peer.node_id)
-        n = self.qos.reack_origin(peer.node_id, time.time() - self.settings.qos1_ttl)
-        if n:
-            log.info("re-acked %d qos-1 unit(s) handled for restarted peer %s", n, peer.node_id)
+        self.qos.peer_restarted(peer.node_id)
 
     def _peer_acks(self, ids: list[str]) -> None:
         self.qos.acks_arrived(ids)
@@ -460,70 +461,6 @@ class Node:
     def _telemetry(self) -> dict[str, Any]:
         return self.local_agents.telemetry()
 
-    # ----------------------------------------------------------------------------- qos 1 glue
-
-    def _schedule_flush(self) -> None:
-        if not self._flush_scheduled and not self._stopping:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_delivery)
-
-    def _run_after_flush(self, action: Callable[[], Any]) -> None:
-        """Run ``action`` once what is staged now is on disk (a qos-1 publish's confirmation)."""
-        self._after_flush.append(action)
-        self._schedule_flush()
-
-    def _flush_delivery(self) -> None:
-        self._flush_scheduled = False
-        try:
-            self.qos.flush()
-        except Exception:
-            # The disk failed us: nothing staged is confirmed; clients time out and may retry.
-            log.exception("qos-1 commit failed")
-            self.stats["qos1_commit_failed"] += 1
-            return
-        after, self._after_flush = self._after_flush, []
-        for action in after:
-            action()
-
-    def _qos_attempt(self, entry: OutboxEntry) -> None:
-        try:
-            header = P.decode_header(entry.frames[1])
-        except FrameError:
-            self.qos.store.remove(entry.id)
-            return
-        self.routing.route(entry.dest, header, entry.frames)
-
-    def _qos_confirm(self, rid: bytes, unit_id: str) -> None:
-        self.routing.link.send(rid, {P.KIND: Kind.OK, P.CORR: unit_id, P.QOS: 1})
-
-    def _qos_send_acks(self, origin: str, ids: list[str]) -> None:
-        if origin == self.node_id:
-            self.qos.acks_arrived(ids)
-            return
-        peer = self.peer_table.get(origin)
-        if peer is not None:
-            self.peer_table.send(peer, {P.KIND: Kind.ACK, P.FROM: self.node_id, P.IDS: ids})
-
-    def _qos_acked(self, entry: OutboxEntry) -> None:
-        self.stats["qos1_delivered"] += 1
-        if self.outcomes.enabled:
-            self.outcomes.delivered(entry.id, entry.sender, entry.dest, entry.frames, entry.created)
-
-    def _qos_give_up(self, entry: OutboxEntry, why: str) -> None:
-        header: dict[str, Any] | None = None
-        with contextlib.suppress(FrameError):
-            header = P.unpack_header(entry.frames[1])
-        self.routing.dead_letter(P.ErrorCode.UNDELIVERABLE, f"to {entry.dest!r}: {why}", entry.frames,
-                                 header, attempts=entry.attempts)
-        sender = self.directory.local.get(entry.sender)
-        if sender is not None:
-            err = P.error_header(sender.name, entry.id, P.ErrorCode.UNDELIVERABLE,
-                                 f"qos-1 message to {entry.dest!r}: {why}", sender=f"meshd@{self.node_id}")
-            if header is not None and header.get(P.KIND) == Kind.BATCH:
-                with contextlib.suppress(FrameError):  # name each message, not the batch
-                    err[P.IDS] = [h.get(P.ID) for h, _ in P.split_batch(entry.frames)]
-            self.routing.link.send(sender.rid, err)
-
     # ----------------------------------------------------------------------------- timers
 
     async def _qos_loop(self) -> None:
@@ -537,8 +474,7 @@ class Node:
             if ticks % 20 == 0:  # every second
                 self._take_snapshot()
             if ticks % 1200 == 0:  # every minute
-                self.qos.forget_delivering(older_than=max(600.0, 4 * self.settings.qos1_ack_timeout))
-                self.qos.store.prune_seen()
+                self.qos.housekeeping(self.settings.qos1_ack_timeout)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -615,7 +551,6 @@ class Node:
             "plugins": {"stats": dict(self.plugins.stats), "queued": self.plugins.queued,
                         "loaded": [p["name"] for p in self.plugins.list_plugins()
                                    if p["status"] == "loaded"]},
-            "qos1": {"pending": self.qos.pending, "in_flight": self.qos.in_flight, **self.qos.stats,
-                     "commits": self.qos.store.commits},
+            "qos1": self.qos.info(),
         }
 

@@ -99,11 +99,8 @@ class Outcomes:
             else:
                 self.emit(what, h.get(P.CORR), initiator, target, topic, "ok", None, latency)
 
-    def delivered(self, unit_id: str, sender: str, dest: str, frames: list[bytes], created: float) -> None:
+    def delivered(self, unit_id: str, sender: str, dest: str, topic: str | None, created: float) -> None:
         """A qos-1 unit was acknowledged: its handler finished on the receiving side."""
-        topic = None
-        with contextlib.suppress(FrameError):
-            topic = P.unpack_header(frames[1]).get(P.TOPIC)
         self.emit("send", unit_id, sender, dest, topic, "delivered", None,
                   round((time.time() - created) * 1000, 3), qos=1)
 

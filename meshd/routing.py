@@ -7,7 +7,7 @@ or a peer (its DEALER); what cannot go anywhere is ``bounce``-d to its sender as
 envelope; ``publish`` fans a publication out (and stages qos-1 copies for durable subscribers);
 ``on_topic`` hands a peer's publication to local subscribers; malformed input is ``reject``-ed
 (counted, dead-lettered). Forwarding sends the raw frames it received: nothing is re-encoded.
-It must not own peer state (peers.py), agent records (directory.py) or the outbox (delivery.py):
+It must not own peer state (peers.py), agent records (directory.py) or the outbox (qos1.py):
 it asks them.
 """
 
@@ -27,7 +27,7 @@ from . import protocol as P
 from . import transport
 from .agents import AgentLink, LocalAgents
 from .config import Settings
-from .delivery import DeadLetters
+from .deadletters import DeadLetters
 from .directory import Directory, LocalAgent
 from .liveness import PeerState
 from .logonce import LogOnce
@@ -38,7 +38,7 @@ from .protocol import FrameError, Kind
 from .security import Security
 
 if TYPE_CHECKING:
-    from .delivery import Qos1
+    from .qos1_driver import Qos1Driver
 
 __all__ = ["AGENT_DATA_KINDS", "Router"]
 
@@ -73,7 +73,7 @@ class Router:
         self.stats = stats
         self.quiet = quiet
         self.after_flush = after_flush
-        self.qos: Qos1
+        self.qos: Qos1Driver
 
     def on_mesh_checked(self, frames: list[Any]) -> None:
         """Keys mode: the ZAP User-Id (the authenticated key) must be the key the sender claims."""
@@ -115,7 +115,7 @@ class Router:
             self.reject(FrameError("not_deliverable", f"{kind} without a destination"), frames,
                          origin=f"peer {peer.node_id}", header=header)
             return
-        if kind == Kind.ERROR and header.corr in self.qos.store.outbox:
+        if kind == Kind.ERROR and self.qos.is_ours(header.corr):
             err = header.get(P.ERROR)
             self.qos.bounced(str(header.corr), str(err.get("code")) if isinstance(err, dict) else "ERROR")
             return
@@ -192,7 +192,7 @@ class Router:
                 self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
                              "qos 1 applies to send (single or batched) with a string id")
                 return
-            self.qos.accept(rid, agent.name, unit_id, to, frames[1:])
+            self.qos.accept(rid, agent.name, unit_id, to, frames[1:], header)
             return
         if kind == Kind.REQUEST:
             hops = header.hops
