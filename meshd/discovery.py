@@ -12,6 +12,9 @@ defaults explicitly with :func:`default_interfaces`.
 mDNS record TTLs are long, so a peer killed with SIGKILL stays "found" here until its records
 expire; liveness comes from heartbeats. A clean :meth:`Discovery.stop` sends goodbye packets, and
 peers receiving them report ``on_lost`` at once.
+
+Owns: the zeroconf instance, our service record and the browser. It must not dial, greet or
+judge trust: it reports adverts (``on_found`` / ``on_lost``) and peers.py decides.
 """
 
 from __future__ import annotations

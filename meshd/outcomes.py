@@ -5,6 +5,9 @@ The node reports what it routes for its local agents; this module turns that int
 runs when some plugin implements that hook, so a daemon without observers pays nothing.
 Requests are timed from the moment they leave their requester's daemon until the reply or error
 comes back to it; a request that never gets an answer is reported as TIMEOUT after its deadline.
+
+Owns: the requests in flight from local agents (each forgotten after its deadline) and the events it
+emits. It must not change routing: routing.py reports to it after each decision.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ The routing path does not pay an asyncio future per message: ``Reactor`` hooks e
 edge-triggered ``FD`` with ``loop.add_reader`` and drains it with NOBLOCK until EAGAIN. Because
 the FD is edge-triggered, a send on a socket can swallow the read edge; ``Reactor.kick`` re-checks
 ``ZMQ_EVENTS`` for sockets that were sent on (see ../shared/DESIGN.md, Performance rules).
+
+Owns: socket construction and options, and the ``Reactor``. It must not parse frames or know
+what a message means: callbacks it drives (routing.py, peers.py, security.py) do that.
 """
 
 from __future__ import annotations
