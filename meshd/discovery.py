@@ -12,6 +12,9 @@ defaults explicitly with :func:`default_interfaces`.
 mDNS record TTLs are long, so a peer killed with SIGKILL stays "found" here until its records
 expire; liveness comes from heartbeats. A clean :meth:`Discovery.stop` sends goodbye packets, and
 peers receiving them report ``on_lost`` at once.
+
+Owns: the zeroconf instance, our service record and the browser. It must not dial, greet or
+judge trust: it reports adverts (``on_found`` / ``on_lost``) and peers.py decides.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from pathlib import Path
 import ifaddr
 from zeroconf import IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+
+from .logonce import LogOnce
 
 __all__ = [
     "SERVICE_TYPE",
@@ -240,7 +245,7 @@ class Discovery:
         self._announce: Awaitable[object] | None = None
         self._resolving: dict[str, asyncio.Task[None]] = {}
         self._known: dict[str, PeerAdvert] = {}  # instance name (lower) -> last advert reported
-        self._logged_bad: set[str] = set()
+        self._logged_bad = LogOnce(log)  # bounded: the keys are other hosts' service names
         self._started = False
         self._stopped = False
         self._stop_lock = asyncio.Lock()
@@ -444,7 +449,7 @@ class Discovery:
         if previous is not None and previous.node_id != advert.node_id:
             self._call_lost(previous.node_id)
         self._known[key] = advert
-        self._logged_bad.discard(key)
+        self._logged_bad.forget(key)
         log.debug("found peer %s (%s) at %s", advert.node_id, advert.name, ", ".join(advert.addresses))
         try:
             self._on_found(advert)
@@ -455,7 +460,7 @@ class Discovery:
         task = self._resolving.pop(key, None)
         if task is not None:
             task.cancel()
-        self._logged_bad.discard(key)
+        self._logged_bad.forget(key)
         previous = self._known.pop(key, None)
         if previous is not None:
             node_id: str | None = previous.node_id
@@ -488,10 +493,7 @@ class Discovery:
             log.exception("on_lost callback raised for peer %s", node_id)
 
     def _log_bad_once(self, key: str, msg: str, *args: object) -> None:
-        if key in self._logged_bad:
-            return
-        self._logged_bad.add(key)
-        log.debug(msg, *args)
+        self._logged_bad.log(key, msg, *args, level=logging.DEBUG)
 
 
 def _if_flags(ifname: str) -> int | None:

@@ -29,15 +29,6 @@ class MeshError(Exception):
         self.remote_type = remote_type
         self.details = details or {}
 
-    def to_wire(self) -> dict[str, Any]:
-        """The error map carried in an ``error`` envelope's header."""
-        wire: dict[str, Any] = {"code": self.code, "message": self.message, "retry": self.retryable}
-        if self.retry_after is not None:
-            wire["retry_after"] = self.retry_after
-        if self.remote_type:
-            wire["type"] = self.remote_type
-        return wire
-
 
 class NoSuchAgent(MeshError, LookupError):
     """The addressed agent is not in the mesh directory."""
@@ -119,6 +110,19 @@ class DaemonUnreachable(MeshError, ConnectionError):
 
     code = "DAEMON_UNREACHABLE"
     retryable = True
+
+
+class StartupError(MeshError, RuntimeError):
+    """The daemon cannot start: no usable interface, the agent socket path taken or not a socket.
+
+    ``step`` names the start-up step that failed (see ``meshd.node.START_STEPS``).
+    """
+
+    code = "STARTUP_ERROR"
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class ConfigError(MeshError, ValueError):

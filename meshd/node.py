@@ -1,157 +1,93 @@
-"""The daemon: peers, the agent directory, and routing.
+"""The daemon's composition root: it builds the parts, wires them, and owns start/stop and timers.
 
-One ``Node`` per host. It owns every zmq socket (see meshd.transport) and runs in one asyncio
-loop: the reactor drives the routing path, timers drive heartbeats and liveness, zeroconf runs
-in the same loop (meshd.discovery).
+One ``Node`` per host, in one asyncio loop: the reactor (meshd.transport) drives the sockets,
+timers drive heartbeats, liveness and qos-1 retries, zeroconf runs in the same loop. The parts,
+each owning its state (docs/architecture.md draws them):
 
-Start-up order (``Node.start``):
-  1. load or create the node id in the state dir (a restarted daemon is the same peer again);
-  2. security: CURVE keys and the trust store, and the ZAP handler before any server socket;
-  3. open the delivery store (qos-1 outbox and seen-set) and resume what it holds;
-  4. bind the mesh ROUTER, the XPUB and the local agent socket (mode 0660); start the reactor;
-  5. advertise and browse with zeroconf; dial static peers (HELLO);
-  6. start the timers (heartbeats, liveness, qos-1 retries, trust reload);
-  7. plugins: ``meshd_startup``, then each plugin's worker; the node is ready (sd_notify READY=1).
-Shutdown (``Node.stop``), the reverse:
-  1. STOPPING=1; plugins drain their queues, then ``meshd_shutdown``; stop the timers; from here
-     on nobody is greeted;
-  2. send BYE to every peer (they drop us at once); unregister from mDNS (goodbye packets);
-  3. stop the reactor; commit and close the delivery store; close sockets with a bounded
-     linger; terminate the context; remove the agent socket file (only if we bound it);
-  4. stop the plugin workers (bounded; a no-op after a drained shutdown).
+  security.py   CURVE keys, trust store, ZAP gate, trust policy
+  peers.py      the peer table: dials, HELLO, gossip, peer control, liveness, redials
+  directory.py  local and remote agents, the name-conflict rule, the topic index
+  agents.py     the local agent socket: its link and its control plane (register, subscribe, ...)
+  routing.py    the edge checks and the data path: route, deliver, bounce, publish
+  qos1.py       the qos-1 outbox and seen-set (SQLite) and the qos-1 machine (sans I/O)
+  qos1_driver.py  performs the machine's actions, schedules the group commit
+  deadletters.py  the bounded dead-letter FIFO
+  admin.py      meshctl's queries and dead-letter operations
+  outcomes.py   collaboration outcomes for observer plugins
+
+This module must not hold routing or protocol logic: it only composes. Parts never call each
+other through the node's attributes; they get what they need when built (see ``_build``).
+
+Start-up is the sequence ``START_STEPS`` (one method ``_start_<step>`` each); shutdown is
+``STOP_STEPS`` (``_stop_<step>``), run in that order even after a failed start (each stop step
+releases only what exists). To add a part (a gateway, a tools service), add a step to both
+tuples at the place it belongs and write the two methods.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import functools
-import ipaddress
 import logging
 import os
+import socket as pysocket
 import stat
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from . import protocol as P
 from . import transport
-from .auth import ZapHandler
+from .admin import Admin
+from .agents import AgentLink, LocalAgents
 from .builtin_plugins import JsonlDeadLetterSink
 from .config import Settings
-from .delivery import DeadLetters, DeliveryStore, OutboxEntry, Qos1
-from .discovery import Discovery, PeerAdvert, default_interfaces
-from .errors import ConfigError
-from .keys import (
-    TrustStore,
-    derive_mesh_keypair,
-    key_from_hex,
-    key_to_hex,
-    load_mesh_secret,
-    load_or_create_node_keys,
-)
+from .deadletters import DeadLetters
+from .directory import Directory
+from .discovery import Discovery, default_interfaces
+from .errors import StartupError
+from .liveness import PeerState
+from .logonce import LogOnce
 from .outcomes import Outcomes
+from .peers import Peer, PeerEvents, PeerTable
 from .plugins import PluginHost
-from .protocol import FrameError, Kind
+from .protocol import FrameError
+from .qos1 import DeliveryStore, Qos1
+from .qos1_driver import Qos1Driver
+from .routing import Router
 from .sdnotify import Notifier
-from .tools.names import SYSTEM_PREFIX
+from .security import Security
+from .view import MetricsSnapshot
+
+__all__ = ["START_STEPS", "STOP_STEPS", "Node", "load_node_id"]
 
 log = logging.getLogger("meshd.node")
 
-
-_AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
-_REPLAYABLE = frozenset({Kind.SEND, Kind.REQUEST, Kind.BATCH})
-
-
-class PeerState(enum.StrEnum):
-    ONLINE = "online"
-    STALE = "stale"
-    OFFLINE = "offline"
-
-
-@dataclass(eq=False)
-class LocalAgent:
-    """An agent attached to this daemon over the local socket."""
-
-    name: str
-    rid: bytes
-    capabilities: list[str]
-    metadata: dict[str, Any]
-    registered_at: float
-    topics: set[str] = field(default_factory=set)
-    durable: set[str] = field(default_factory=set)  # topics whose qos-1 publications it must not miss
-    last_seen: float = field(default_factory=time.monotonic)
-    state: PeerState = PeerState.ONLINE
-    telemetry: dict[str, Any] = field(default_factory=dict)
-
-    def record(self, node_id: str) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "node": node_id,
-            "capabilities": self.capabilities,
-            "metadata": self.metadata,
-            "topics": sorted(self.topics),
-            "durable": sorted(self.durable),
-            "registered_at": self.registered_at,
-            "state": str(self.state),
-            "telemetry": self.telemetry,
-        }
-
-
-@dataclass(eq=False)
-class Peer:
-    """Another daemon of the same mesh."""
-
-    node_id: str
-    name: str = ""
-    routers: list[str] = field(default_factory=list)
-    pubs: list[str] = field(default_factory=list)
-    incarnation: str = ""
-    pubkey: str = ""
-    source: str = "mdns"
-    dealer: zmq.Socket[Any] | None = None
-    monitor: zmq.Socket[Any] | None = None
-    sub: zmq.Socket[Any] | None = None
-    connected_router: str = ""
-    connected_pub: str = ""
-    greeted: bool = False  # we have had its HELLO: its traffic is accepted
-    state: PeerState = PeerState.OFFLINE
-    last_seen: float = 0.0
-    dir_version: int = -1
-    agents: dict[str, dict[str, Any]] = field(default_factory=dict)
-    last_sync_request: float = 0.0
-    telemetry: dict[str, Any] = field(default_factory=dict)  # agent name -> {state, telemetry}
-    redial_backoff: float = 0.0
-    redial_pending: bool = False
-
-    def info(self, now: float) -> dict[str, Any]:
-        return {
-            "node": self.node_id,
-            "name": self.name,
-            "state": str(self.state),
-            "router": self.connected_router,
-            "pub": self.connected_pub,
-            "source": self.source,
-            "agents": len(self.agents),
-            "last_seen_ago": round(now - self.last_seen, 3) if self.last_seen else None,
-        }
-
-
-def _letter_summary(letter: dict[str, Any]) -> dict[str, Any]:
-    header = letter.get("header") or {}
-    return {
-        "seq": letter["seq"], "at": letter["at"], "reason": letter["reason"], "detail": letter["detail"],
-        "attempts": letter.get("attempts", 0), "header": header,
-        "kind": header.get(P.KIND), "from": header.get(P.FROM), "to": header.get(P.TO),
-        "topic": header.get(P.TOPIC), "bytes": sum(len(f) for f in letter["frames"]),
-    }
+START_STEPS: Final = (
+    "identity",   # load or create the node id (a restarted daemon is the same peer again)
+    "security",   # CURVE keys, trust store, ZAP handler: before any server socket exists
+    "delivery",   # open the qos-1 store (outbox and seen-set) and resume what it holds
+    "sockets",    # bind the mesh ROUTER, the XPUB, the local agent socket (0660); build the parts
+    "discovery",  # advertise and browse with zeroconf; dial static peers (HELLO)
+    "timers",     # heartbeats, liveness, qos-1 retries, trust reload, metrics snapshot
+    "gateway",    # the HTTP/SSE gateway and dashboard (meshd/gateway), when [http] is on
+    "plugins",    # meshd_startup, then each plugin's worker (no observer call before startup)
+    "system",     # the system agent serving syscall tools, tasks, spawning (meshd/tools); READY=1
+)
+STOP_STEPS: Final = (
+    "gateway",    # STOPPING=1; the HTTP agents leave cleanly
+    "system",     # the system agent leaves (its tasks stay in tasks.db for the next start)
+    "plugins",    # plugins drain their queues, then meshd_shutdown
+    "timers",     # cancel the timers; from here on nobody is greeted
+    "discovery",  # BYE to every peer (they drop us at once); mDNS goodbye
+    "sockets",    # stop the reactor; close the qos-1 store (commit); close sockets (bounded
+                  # linger); terminate the context; remove the agent socket file if we bound it
+    "workers",    # stop the plugin worker (bounded)
+)
 
 
 def load_node_id(state_dir: Path) -> str:
@@ -171,18 +107,22 @@ def load_node_id(state_dir: Path) -> str:
     return node_id
 
 
-def _prefer(endpoints: list[str], own: list[str]) -> str:
-    """Pick the endpoint whose address shares a /24 with one of ours; else the first."""
-    for ep in endpoints:
-        host = ep.removeprefix("tcp://").rsplit(":", 1)[0]
-        for mine in own:
-            if host.rsplit(".", 1)[0] == mine.rsplit(".", 1)[0]:
-                return ep
-    return endpoints[0]
+def _socket_in_use(path: Path) -> bool:
+    probe = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
 
 
 class Node:
-    """A meshd daemon. ``await start()``, then ``await stop()``; or ``await serve(trigger)``."""
+    """A meshd daemon. ``await start()``, then ``await stop()``; or ``await serve(trigger)``.
+
+    It implements :class:`meshd.view.NodeView`, the face plugins get.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -190,43 +130,27 @@ class Node:
         self.incarnation = os.urandom(4).hex()
         self.name = settings.name
         self.stats: Counter[str] = Counter()
-        self.dead_letters = DeadLetters(settings.dead_letter_capacity)
-        self.store: DeliveryStore | None = None
-        self._flush_scheduled = False
-        self._socket_bound = False
-        self._after_flush: list[Callable[[], Any]] = []
-        self.peers: dict[str, Peer] = {}
-        self.pending_static: dict[str, zmq.Socket[Any]] = {}
-        self.local: dict[str, LocalAgent] = {}
-        self.local_by_rid: dict[bytes, LocalAgent] = {}
-        self.remote: dict[str, Peer] = {}  # agent name -> hosting peer
-        self.local_topics: dict[str, set[LocalAgent]] = {}
-        self._local_topic_keys: dict[bytes, set[LocalAgent]] = {}
-        self._remote_topic_counts: dict[str, int] | None = None
-        self.dir_version = 0
         self.interfaces: list[str] = []
         self.router_port = 0
         self.pub_port = 0
         self.socket_path = settings.resolved_socket()
         self.started_at = 0.0
         self.ready = asyncio.Event()
+        self._quiet = LogOnce(log)  # bounded: many keys come from peers
+        self._max_frame = settings.max_payload_bytes + P.BATCH_OVERHEAD + 4096
         self._ctx: zmq.Context[Any] | None = None
         self._reactor: transport.Reactor | None = None
         self._discovery: Discovery | None = None
         self._timers: list[asyncio.Task[None]] = []
         self._stopping = False
-        self._logged_once: set[str] = set()
-        self._max_frame = settings.max_payload_bytes + P.BATCH_OVERHEAD + 4096
-        self.curve: transport.Curve | None = None
-        self.trust: TrustStore | None = None
-        self._zap: ZapHandler | None = None
-        self._check_uid = False  # keys mode: every peer message must come from the key it claims
-        self._untrusted_ads: dict[str, PeerAdvert] = {}
-        self._static_keys: dict[str, str] = {}
-        self._authenticated_key = ""
+        self._socket_bound = False
+        self._sockets: list[zmq.Socket[Any]] = []
+        self._snapshot_lock = threading.Lock()
+        self._snapshot: MetricsSnapshot | None = None
+        # Parts that need no socket are built now; the rest in _start_sockets.
         self.notifier = Notifier()
-        # [plugins] edit: each plugin's own config section and queue bound reach the host; load()
-        # raises ConfigError (exit 2) for a section its plugin's model refuses.
+        # Each plugin's own config section and queue bound; load() raises ConfigError (exit 2)
+        # for a section its plugin's model refuses.
         self.plugins = PluginHost(settings.plugins, queue_size=settings.plugin_queue_size,
                                   sections=settings.plugin_sections)
         self.plugins.load()
@@ -234,184 +158,261 @@ class Node:
             self.plugins.register(JsonlDeadLetterSink(settings.state_dir / "deadletters.jsonl"),
                                   name="meshd.jsonl_dead_letters")
         self.outcomes = Outcomes(self.plugins)
-        # issue 9 "tools": the system agent (meshd/tools/service.py) and its secret for the
-        # reserved name, created in start(), stopped first in stop().
-        self.system: Any = None
+        self.dead_letters = DeadLetters(settings.dead_letter_capacity)
+        self.directory = Directory()
+        self.security = Security(settings)
+        self.peer_table = PeerTable(
+            settings, node_id="", name=self.name, incarnation=self.incarnation, security=self.security,
+            stats=self.stats, quiet=self._quiet, interfaces=self.interfaces, max_frame=self._max_frame,
+            events=PeerEvents(
+                state_changed=self._peer_state_changed, directory=self._apply_directory,
+                restarted=self._peer_restarted, acks=self._peer_acks, reject=self._reject_control,
+                topic_message=self._on_topic, topic_keys=lambda: self.directory.local_topic_keys.keys(),
+                directory_body=self.directory.body, directory_version=lambda: self.directory.version,
+                telemetry=self._telemetry,
+            ),
+        )
+        self.store: DeliveryStore | None = None
+        self.qos: Qos1Driver
+        self.agents_sock: zmq.Socket[Any] | None = None
+        self.local_agents: LocalAgents
+        self.routing: Router
+        self.admin: Admin
+        self.gateway: Any = None  # meshd.gateway.Gateway when [http] is on
+        self.system: Any = None  # meshd.tools.service.SystemAgent
         self._system_token = os.urandom(16).hex()
-        self.gateway: Any = None  # meshd.gateway.Gateway when [http] is on (started in start())
+
+    # ----------------------------------------------------------------------------- NodeView
+
+    def info(self) -> dict[str, Any]:
+        """What ``meshctl node`` prints: identity, endpoints, counters."""
+        return self.node_info()
+
+    def agents(self) -> list[dict[str, Any]]:
+        return self.admin.agent_list()
+
+    def peers(self) -> list[dict[str, Any]]:
+        return self.admin.peer_list()
+
+    def is_local_agent(self, name: str) -> bool:
+        """Whether ``name`` is registered on this daemon (the system agent serves only those)."""
+        return name in self.directory.local
+
+    @property
+    def mesh(self) -> str:
+        return self.settings.mesh
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """The latest consistent reading (rebuilt on the loop every second). Thread-safe."""
+        with self._snapshot_lock:
+            snap = self._snapshot
+        return snap if snap is not None else MetricsSnapshot(self.node_id, self.name, self.settings.mesh, 0.0)
+
+    def _take_snapshot(self) -> None:
+        """Build a MetricsSnapshot on the loop (plain copies only) and swap it in."""
+        local = Counter(str(a.state) for a in self.directory.local.values())
+        qos = getattr(self, "qos", None)
+        snap = MetricsSnapshot(
+            node_id=self.node_id, name=self.name, mesh=self.settings.mesh,
+            uptime_s=time.monotonic() - self.started_at if self.started_at else 0.0,
+            peers_by_state=self.peer_table.by_state(),
+            local_agents_by_state={"online": local.get("online", 0), "stale": local.get("stale", 0)},
+            agent_telemetry={a.name: dict(a.telemetry) for a in self.directory.local.values()},
+            qos1_pending=qos.pending if qos is not None else 0,
+            qos1_in_flight=qos.in_flight if qos is not None else 0,
+            dead_letters_total=self.dead_letters.total,
+            events=dict(self.stats),
+            plugin_queue=self.plugins.queued,
+            plugin_stats=dict(self.plugins.stats),
+        )
+        with self._snapshot_lock:
+            self._snapshot = snap
 
     # ----------------------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
+        """Run ``START_STEPS`` in order. Raises StartupError / ConfigError / KeyFileError."""
+        for step in START_STEPS:
+            await getattr(self, f"_start_{step}")()
+
+    async def _start_identity(self) -> None:
         s = self.settings
         s.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.node_id = load_node_id(s.state_dir)
-        self.interfaces = list(s.interfaces) or default_interfaces()
+        self.directory.node_id = self.peer_table.node_id = self.node_id
+        self.interfaces[:] = list(s.interfaces) or default_interfaces()
         if not self.interfaces:
-            raise RuntimeError("no usable network interface: pass --interface IP")
-        loop = asyncio.get_running_loop()
+            raise StartupError("identity", "no usable network interface: pass --interface IP")
         self._ctx = zmq.Context()
-        self._reactor = transport.Reactor(loop)
-        self._setup_security()
+        self._reactor = transport.Reactor(asyncio.get_running_loop())
+
+    async def _start_security(self) -> None:
+        assert self._ctx is not None and self._reactor is not None
+        self.security.start(self._ctx, self._reactor, self.interfaces)
+
+    async def _start_delivery(self) -> None:
+        s = self.settings
         self.store = DeliveryStore(s.state_dir / "delivery.db", seen_ttl=2 * s.qos1_ttl + 60.0)
-        self.qos = Qos1(
-            self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout, ttl=s.qos1_ttl,
-            attempt=self._qos_attempt, confirm=self._qos_confirm, send_acks=self._qos_send_acks,
-            acked=self._qos_acked, give_up=self._qos_give_up, schedule_flush=self._schedule_flush,
-        )
+        machine = Qos1(self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout, ttl=s.qos1_ttl)
+        self.qos = Qos1Driver(machine, node_id=self.node_id, stats=self.stats, outcomes=self.outcomes,
+                              qos1_ttl=s.qos1_ttl)
 
-        self.router = transport.mesh_router(self._ctx, self._max_frame, self.curve)
+    async def _start_sockets(self) -> None:
+        s, ctx, reactor = self.settings, self._ctx, self._reactor
+        assert ctx is not None and reactor is not None
+        curve = self.security.curve
+        self.router = transport.mesh_router(ctx, self._max_frame, curve)
+        self._sockets.append(self.router)
         self.router_port = transport.bind_tcp(self.router, self.interfaces, s.port)
-        self.xpub = transport.mesh_xpub(self._ctx, self._max_frame, self.curve)
+        self.xpub = transport.mesh_xpub(ctx, self._max_frame, curve)
+        self._sockets.append(self.xpub)
         self.pub_port = transport.bind_tcp(self.xpub, self.interfaces, s.pub_port)
-        self.agents_sock = transport.agent_router(self._ctx, max(s.inbox_cap, 1))
-        self._bind_agent_socket()
+        self.agents_sock = transport.agent_router(ctx, max(s.inbox_cap, 1))
+        self._sockets.append(self.agents_sock)
+        self._bind_agent_socket(self.agents_sock)
         self.agents_monitor = self.agents_sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-
-        self._reactor.add(self.router, self._on_mesh_checked if self._check_uid else self._on_mesh,
-                          copy=not self._check_uid)
-        self._reactor.add(self.xpub, self._on_xpub)
-        self._reactor.add(self.agents_sock, self._on_agent)
-        self._reactor.add(self.agents_monitor, self._on_agent_monitor)
-
         self.started_at = time.monotonic()
+        self.peer_table.start(ctx, reactor, self.router_endpoints(), self.pub_endpoints())
+        self._build(self.agents_sock, reactor)
+        check_uid = self.security.check_uid
+        reactor.add(self.router, self.routing.on_mesh_checked if check_uid else self.routing.on_mesh,
+                    copy=not check_uid)
+        reactor.add(self.xpub, self.routing.on_xpub)
+        reactor.add(self.agents_sock, self.routing.on_agent)
+        reactor.add(self.agents_monitor, self.local_agents.on_monitor)
+
+    def _build(self, agents_sock: zmq.Socket[Any], reactor: transport.Reactor) -> None:
+        """Wire the parts that need the sockets: the agent link, agent control, routing, admin."""
+        link = AgentLink(agents_sock, reactor, self.node_id)
+        self.local_agents = LocalAgents(
+            self.settings, node_id=self.node_id, name=self.name, directory=self.directory,
+            peer_table=self.peer_table, link=link, plugins=self.plugins, stats=self.stats,
+            node_info=self.node_info)
+        self.routing = Router(
+            self.settings, node_id=self.node_id, name=self.name, directory=self.directory,
+            peer_table=self.peer_table, security=self.security, agents=self.local_agents, link=link,
+            xpub=self.xpub, reactor=reactor, outcomes=self.outcomes, dead_letters=self.dead_letters,
+            plugins=self.plugins, stats=self.stats, quiet=self._quiet, after_flush=self.qos.after_flush)
+        self.admin = Admin(node_id=self.node_id, name=self.name, directory=self.directory,
+                           peer_table=self.peer_table, dead_letters=self.dead_letters, link=link)
+        self.local_agents.qos = self.routing.qos = self.admin.qos = self.qos
+        self.qos.router, self.qos.link = self.routing, link
+        self.qos.peer_table, self.qos.directory = self.peer_table, self.directory
+        self.local_agents.admin = self.admin
+        self.admin.router = self.routing
+
+    async def _start_discovery(self) -> None:
+        s = self.settings
         if s.discovery:
             self._discovery = Discovery(
                 node_id=self.node_id, mesh=s.mesh, name=self.name, interfaces=self.interfaces,
                 router_port=self.router_port, pub_port=self.pub_port, proto=P.PROTOCOL_VERSION,
-                on_found=self._on_discovered, on_lost=self._on_discovery_lost,
-                pubkey=self.curve.public if self.curve else None,
+                on_found=self.peer_table.on_discovered, on_lost=self.peer_table.on_discovery_lost,
+                pubkey=self.security.public_key,
             )
             await self._discovery.start()
         for endpoint in s.peers:
-            self._dial_static(endpoint)
-        self._timers.append(asyncio.create_task(self._heartbeat_loop(), name="meshd-heartbeat"))
-        self._timers.append(asyncio.create_task(self._liveness_loop(), name="meshd-liveness"))
-        self._timers.append(asyncio.create_task(self._qos_loop(), name="meshd-qos1"))
-        if self.trust is not None and self.trust.mode == "keys":
-            self._timers.append(asyncio.create_task(self._trust_loop(), name="meshd-trust"))
+            self.peer_table.dial_static(endpoint)
+
+    async def _start_timers(self) -> None:
+        self._timer(self._heartbeat_loop(), "meshd-heartbeat")
+        self._timer(self._liveness_loop(), "meshd-liveness")
+        self._timer(self._qos_loop(), "meshd-qos1")
+        if self.security.trust is not None and self.security.trust.mode == "keys":
+            self._timer(self._trust_loop(), "meshd-trust")
+        self._take_snapshot()
+
+    async def _start_plugins(self) -> None:
+        s = self.settings
         log.info(
             "node %s (%s) mesh=%r router=%s pub=%s agents=%s%s", self.node_id, self.name, s.mesh,
             self.router_endpoints(), self.pub_endpoints(), self.socket_path,
             " INSECURE (plaintext mesh)" if s.insecure else "",
         )
-        # --- HTTP gateway hook (meshd/gateway, docs/http.md): after the agent socket is bound ---
-        if s.http:
-            from .gateway import Gateway  # lazily: aiohttp only in a daemon that serves HTTP
-
-            self.gateway = Gateway(s, self)
-            await self.gateway.start()
-        # --- end of the HTTP gateway hook ---
         self.outcomes.enabled = self.plugins.wants("meshd_collaboration")
-        # [plugins] edit: meshd_startup before the workers start, so no observer hook of a plugin
-        # runs before its startup returned (events meanwhile wait in its queue).
         await self.plugins.startup(self)
         self.plugins.start()
-        # -- issue 9 "tools": start the system agent that serves syscall tools ------------------
+
+    async def _start_gateway(self) -> None:
+        if self.settings.http:
+            from .gateway import Gateway  # lazily: aiohttp only in a daemon that serves HTTP
+
+            self.gateway = Gateway(self.settings, self)
+            await self.gateway.start()
+
+    async def _start_system(self) -> None:
         from .tools.service import SystemAgent
 
+        self.local_agents.system_token = self._system_token
         self.system = SystemAgent(self, self._system_token)
         await self.system.start()
-        # -- end of the system agent start ------------------------------------------------------
         self.ready.set()
         self.notifier.ready(self.status_line())
-        self._timers.append(asyncio.create_task(self._status_loop(), name="meshd-status"))
+        self._timer(self._status_loop(), "meshd-status")
 
-    def _setup_security(self) -> None:
-        """CURVE keys, the trust store and the ZAP handler, before any server socket exists."""
-        s = self.settings
-        if s.insecure:
-            lan = [i for i in self.interfaces if not ipaddress.ip_address(i).is_loopback]
-            if lan and not s.allow_insecure_lan:
-                raise ConfigError("insecure", f"plaintext mode on a non-loopback interface "
-                                  f"({', '.join(lan)}) is refused; set allow_insecure_lan = true "
-                                  "if you really mean it")
-            return
-        assert self._ctx is not None and self._reactor is not None
-        if s.trust_mode == "secret":
-            assert s.mesh_secret_file is not None
-            pair = derive_mesh_keypair(load_mesh_secret(s.mesh_secret_file))
-            self.trust = TrustStore("secret", None, mesh_public=pair.public)
-        else:
-            pair = load_or_create_node_keys(s.state_dir)
-            self.trust = TrustStore("keys", s.resolved_authorized_keys())
-            self._check_uid = True
-        self.curve = transport.Curve(pair.public, pair.secret)
-        self._zap = ZapHandler(self._ctx, self.trust)
-        self._reactor.add(self._zap.sock, self._zap.handle)
+    def _timer(self, coro: Any, name: str) -> None:
+        self._timers.append(asyncio.create_task(coro, name=name))
 
-    def _server_key(self, claimed: Any) -> str | None:
-        """The key to pin when dialing a peer: its own (keys mode) or the mesh key (secret mode)."""
-        if self.trust is None:
-            return None
-        if self.trust.mode == "secret":
-            # Everyone in the mesh holds the mesh key; a node advertising another key holds
-            # another secret: it is not ours, so we do not dial it.
-            if isinstance(claimed, str) and claimed != self.trust.mesh_public:
-                return None
-            return self.trust.mesh_public
-        return claimed if isinstance(claimed, str) and self.trust.is_trusted(claimed) else None
-
-    def _bind_agent_socket(self) -> None:
+    def _bind_agent_socket(self, sock: zmq.Socket[Any]) -> None:
         path = self.socket_path
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
         if path.exists():
             if not stat.S_ISSOCK(path.stat().st_mode):
-                raise RuntimeError(f"{path} exists and is not a socket")
-            if self._socket_in_use(path):
-                raise RuntimeError(f"another meshd is serving {path}")
+                raise StartupError("sockets", f"{path} exists and is not a socket")
+            if _socket_in_use(path):
+                raise StartupError("sockets", f"another meshd is serving {path}")
             path.unlink()
         old_umask = os.umask(0o117)  # the socket file is created 0660, never world-accessible
         try:
-            self.agents_sock.bind(f"ipc://{path}")
+            sock.bind(f"ipc://{path}")
             self._socket_bound = True
         finally:
             os.umask(old_umask)
         os.chmod(path, 0o660)
 
-    def _socket_in_use(self, path: Path) -> bool:
-        import socket as pysocket
-
-        probe = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-            return True
-        except OSError:
-            return False
-        finally:
-            probe.close()
-
     async def stop(self) -> None:
-        """Drain and leave: BYE to peers, mDNS goodbye, close sockets (bounded linger)."""
+        """Run ``STOP_STEPS`` in order: drain and leave, close sockets (bounded linger)."""
         if self._stopping:
             return
-        self._stopping = True
+        self._stopping = self.peer_table.stopping = True
+        if getattr(self, "qos", None) is not None:
+            self.qos.stopping = True
+        local_agents = getattr(self, "local_agents", None)
+        if local_agents is not None:
+            local_agents.stopping = True
+        for step in STOP_STEPS:
+            try:
+                await getattr(self, f"_stop_{step}")()
+            except Exception:
+                log.exception("shutdown step %s failed", step)
+        log.info("node %s stopped", self.node_id)
+
+    async def _stop_gateway(self) -> None:
         self.notifier.stopping(f"stopping: {self.status_line()}")
-        if self.gateway is not None:  # HTTP gateway first (its agents leave cleanly), then the system agent
-            try:
-                await self.gateway.stop()
-            except Exception:
-                log.exception("HTTP gateway stop failed")
-        if self.system is not None:  # issue 9 "tools": the system agent leaves next
-            try:
-                await self.system.stop()
-            except Exception:
-                log.exception("stopping the system agent failed")
+        if self.gateway is not None:
+            await self.gateway.stop()
+
+    async def _stop_system(self) -> None:
+        if self.system is not None:
+            await self.system.stop()
+
+    async def _stop_plugins(self) -> None:
         if self.ready.is_set():
             await self.plugins.shutdown(self)
+
+    async def _stop_timers(self) -> None:
         for task in self._timers:
             task.cancel()
         for task in self._timers:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for peer in self.peers.values():
-            if peer.dealer is not None and peer.state is not PeerState.OFFLINE:
-                self._send_peer(peer, {P.KIND: Kind.BYE, P.FROM: self.node_id})
+
+    async def _stop_discovery(self) -> None:
+        self.peer_table.say_bye()
         if self._discovery is not None:
-            try:
-                await self._discovery.stop()
-            except Exception:
-                log.exception("discovery stop failed")
+            await self._discovery.stop()
+
+    async def _stop_sockets(self) -> None:
         if self._reactor is not None:
             self._reactor.close()
         if self.store is not None:
@@ -419,33 +420,26 @@ class Node:
                 self.store.close()
             except Exception:
                 log.exception("closing the delivery store failed")
-        if self._zap is not None:
-            self._zap.close()
+        self.security.close()
         if self._ctx is not None:
-            for peer in self.peers.values():
-                for sock in (peer.dealer, peer.sub, peer.monitor):
-                    if sock is not None:
-                        sock.close(transport.LINGER_MS)
-            for sock in self.pending_static.values():
-                sock.close(0)
+            self.peer_table.close()
             # A start that failed half-way may not have made every socket: close what exists.
-            agents_sock = getattr(self, "agents_sock", None)
-            if agents_sock is not None:
+            if self.agents_sock is not None:
                 with contextlib.suppress(zmq.ZMQError):
-                    agents_sock.disable_monitor()
+                    self.agents_sock.disable_monitor()
             monitor = getattr(self, "agents_monitor", None)
             if monitor is not None:
                 monitor.close(0)
-            for sock in (getattr(self, "router", None), getattr(self, "xpub", None), agents_sock):
-                if sock is not None:
-                    sock.close(transport.LINGER_MS)
+            for sock in self._sockets:
+                sock.close(transport.LINGER_MS)
             self._ctx.term()
         if self._socket_bound:  # never remove another daemon's socket after a failed start
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
+
+    async def _stop_workers(self) -> None:
         self.notifier.close()
         self.plugins.stop()
-        log.info("node %s stopped", self.node_id)
 
     async def serve(self, shutdown_trigger: asyncio.Future[Any] | asyncio.Event) -> None:
         """Start, run until the trigger fires, stop. Tests stop a node without signals."""
@@ -470,676 +464,40 @@ class Node:
     def pub_endpoints(self) -> list[str]:
         return [f"tcp://{a}:{self.pub_port}" for a in self.interfaces]
 
-    def _hello_body(self, reply: bool, via: str | None = None) -> bytes:
-        now = time.monotonic()
-        gossip = [
-            {"node": p.node_id, "routers": p.routers, "pubs": p.pubs, "pk": p.pubkey}
-            for p in self.peers.values()
-            if p.state is PeerState.ONLINE and p.routers
-        ]
-        return P.pack({
-            "node": self.node_id,
-            "name": self.name,
-            "mesh": self.settings.mesh,
-            "proto": P.PROTOCOL_VERSION,
-            "incarnation": self.incarnation,
-            "pk": self.curve.public if self.curve else None,
-            "routers": self.router_endpoints(),
-            "pubs": self.pub_endpoints(),
-            "reply": reply,
-            "via": via,  # the endpoint a static dial used; echoed back so the dial can be matched
-            "uptime": round(now - self.started_at, 3),
-            "peers": gossip,
-            "dir": self._dir_body(),
-        })
+    # ----------------------------------------------------------------------------- peer events
 
-    def _dir_body(self) -> dict[str, Any]:
-        return {
-            "version": self.dir_version,
-            "agents": [a.record(self.node_id) for a in self.local.values()],
-        }
+    def _peer_state_changed(self, peer: Peer, old: PeerState, new: PeerState) -> None:
+        self.plugins.peer_state({"node": peer.node_id, "name": peer.name, "state": str(new),
+                                 "router": peer.connected_router}, str(old), str(new))
+        if new is PeerState.OFFLINE:
+            self.directory.drop_node(peer.node_id)
 
-    # ----------------------------------------------------------------------------- peers
+    def _peer_restarted(self, peer: Peer) -> None:
+        self.directory.drop_node(peer.node_id)
+        self.qos.peer_restarted(peer.node_id)
 
-    def _log_once(self, key: str, msg: str, *args: Any) -> None:
-        if key not in self._logged_once:
-            self._logged_once.add(key)
-            log.warning(msg, *args)
+    def _peer_acks(self, ids: list[str]) -> None:
+        self.qos.acks_arrived(ids)
 
-    def _on_discovered(self, ad: PeerAdvert) -> None:
-        if self._stopping or ad.node_id == self.node_id or ad.mesh != self.settings.mesh:
-            return
-        if ad.proto != P.PROTOCOL_VERSION:
-            self._log_once(f"proto:{ad.node_id}", "peer %s speaks protocol %s, not %s: ignored",
-                           ad.node_id, ad.proto, P.PROTOCOL_VERSION)
-            return
-        pubkey = self._server_key(ad.pubkey)
-        if self.curve is not None and pubkey is None:
-            self._untrusted_ads[ad.node_id] = ad  # dialed if its key is trusted later
-            self.stats["untrusted_adverts"] += 1
-            self._log_once(f"untrusted:{ad.node_id}:{ad.pubkey}",
-                           "not dialing discovered node %s (%s): its key %s is not trusted",
-                           ad.node_id, ad.name, ad.pubkey)
-            return
-        router = ad.router_endpoint(self.interfaces)
-        pub = ad.pub_endpoint(self.interfaces)
-        peer = self.peers.get(ad.node_id)
-        self.stats["discovered"] += 1
-        if peer is not None and peer.dealer is not None and peer.connected_router == router:
-            if peer.state is not PeerState.ONLINE:
-                self._send_hello(peer, reply=False)  # it may have restarted: greet again
-            return
-        peer = self._ensure_peer(ad.node_id, [router], [pub], source="mdns", pubkey=pubkey)
-        peer.name = peer.name or ad.name
-        self._send_hello(peer, reply=False)
-
-    def _on_discovery_lost(self, node_id: str) -> None:
-        peer = self.peers.get(node_id)
-        if peer is not None and peer.state is not PeerState.OFFLINE:
-            log.info("peer %s (%s) said goodbye on mDNS", node_id, peer.name)
-            self._set_peer_state(peer, PeerState.OFFLINE)
-
-    def _dial_static(self, endpoint: str) -> None:
-        """Connect to a configured peer whose node id we learn from its HELLO reply."""
-        endpoint, _, query = endpoint.partition("?")
-        if endpoint in self.router_endpoints() or endpoint in self.pending_static:
-            return
-        assert self._ctx is not None
-        key = key_from_hex(query.removeprefix("key=")) if query else None
-        server_key = self.trust.mesh_public if self.trust and self.trust.mode == "secret" else key
-        if self.curve is not None and server_key is None:
-            log.error("static peer %s has no key: in trust_mode keys write it as %s?key=<hex public key> "
-                      "(meshctl keys show prints it)", endpoint, endpoint)
-            return
-        if server_key:
-            self._static_keys[endpoint] = server_key
-        dealer = transport.peer_dealer(self._ctx, self.node_id, self.curve, server_key)
-        dealer.connect(endpoint)
-        self.pending_static[endpoint] = dealer
-        dealer.send_multipart([P.SIGNATURE, P.pack({P.KIND: Kind.HELLO, P.FROM: self.node_id}),
-                               self._hello_body(reply=False, via=endpoint)], zmq.NOBLOCK)
-
-    def _ensure_peer(self, node_id: str, routers: list[str], pubs: list[str], source: str,
-                     pubkey: str | None = None) -> Peer:
-        assert self._ctx is not None and self._reactor is not None
-        peer = self.peers.get(node_id)
-        if peer is None:
-            peer = Peer(node_id=node_id, source=source)
-            self.peers[node_id] = peer
-        if pubkey is not None and pubkey != peer.pubkey:
-            peer.pubkey = pubkey
-            peer.connected_router = peer.connected_pub = ""  # re-dial pinned to the new key
-        if routers:
-            peer.routers = list(routers)
-        if pubs:
-            peer.pubs = list(pubs)
-        router = _prefer(peer.routers, self.interfaces) if peer.routers else ""
-        if router and router != peer.connected_router:
-            self._close_peer_sockets(peer)
-            adopted = self.pending_static.pop(router, None)
-            peer.dealer = adopted or transport.peer_dealer(self._ctx, self.node_id, self.curve,
-                                                           peer.pubkey or None)
-            if adopted is None:
-                peer.dealer.connect(router)
-            peer.connected_router = router
-            peer.monitor = peer.dealer.get_monitor_socket(
-                zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            )
-            self._reactor.add(peer.monitor, functools.partial(self._on_peer_monitor, peer))
-        pub = _prefer(peer.pubs, self.interfaces) if peer.pubs else ""
-        if pub and pub != peer.connected_pub:
-            if peer.sub is not None:
-                self._reactor.remove(peer.sub)
-                peer.sub.close(0)
-            peer.sub = transport.peer_sub(self._ctx, self._max_frame, self.curve, peer.pubkey or None)
-            for key in self._local_topic_keys:
-                peer.sub.setsockopt(zmq.SUBSCRIBE, key)
-            peer.sub.connect(pub)
-            peer.connected_pub = pub
-            self._reactor.add(peer.sub, self._on_topic)
-        return peer
-
-    def _close_peer_sockets(self, peer: Peer) -> None:
-        assert self._reactor is not None
-        if peer.monitor is not None:
-            self._reactor.remove(peer.monitor)
-            if peer.dealer is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    peer.dealer.disable_monitor()
-            peer.monitor.close(0)
-            peer.monitor = None
-        if peer.dealer is not None:
-            peer.dealer.close(0)
-            peer.dealer = None
-        peer.connected_router = ""
-
-    def _send_peer(self, peer: Peer, header: dict[str, Any], body: bytes = b"") -> bool:
-        if peer.dealer is None:
-            return False
-        try:
-            peer.dealer.send_multipart([P.SIGNATURE, P.pack(header), body], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError:
-            self.stats["peer_send_failed"] += 1
-            return False
-
-    def _send_hello(self, peer: Peer, reply: bool, via: str | None = None) -> None:
-        self._send_peer(peer, {P.KIND: Kind.HELLO, P.FROM: self.node_id}, self._hello_body(reply, via))
-
-    def _on_peer_monitor(self, peer: Peer, frames: list[bytes]) -> None:
-        if self._stopping:
-            return
-        try:
-            event = parse_monitor_message(frames)["event"]
-        except Exception:
-            return
-        if event == zmq.EVENT_DISCONNECTED and peer.state is PeerState.ONLINE:
-            # The connection dropped (killed daemon, reset): stale at once, offline by timer.
-            log.info("peer %s (%s) connection dropped", peer.node_id, peer.name)
-            self._set_peer_state(peer, PeerState.STALE)
-        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            # (Re)connected: a restart, a healed partition, or a peer that just started trusting
-            # us. Greet so it (re-)admits us and resyncs; what we queued before may be gone.
-            peer.redial_backoff = 0.0
-            self._send_hello(peer, reply=False)
-        elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH and not peer.redial_pending:
-            # The peer does not trust our key (yet). libzmq gives up on that connection; dial
-            # again with backoff, so a later `meshctl keys trust` on its side lets us in.
-            peer.redial_backoff = min(max(peer.redial_backoff * 2, 1.0), 30.0)
-            peer.redial_pending = True
-            self._log_once(f"authfail:{peer.node_id}", "peer %s (%s) refused our key; retrying",
-                           peer.node_id, peer.name)
-            asyncio.get_running_loop().call_later(peer.redial_backoff, self._redial, peer)
-
-    def _redial(self, peer: Peer) -> None:
-        """Recreate a peer's DEALER and SUB (same endpoints, same pinned key)."""
-        peer.redial_pending = False
-        if self._stopping or self.peers.get(peer.node_id) is not peer:
-            return
-        peer.connected_router = peer.connected_pub = ""
-        self._ensure_peer(peer.node_id, [], [], peer.source)
-        self._send_hello(peer, reply=False)
-
-    def _set_peer_state(self, peer: Peer, state: PeerState) -> None:
-        if peer.state is state:
-            return
-        old, peer.state = peer.state, state
-        log.info("peer %s (%s): %s -> %s", peer.node_id, peer.name, old, state)
-        self.plugins.peer_state({"node": peer.node_id, "name": peer.name, "state": str(state),
-                                 "router": peer.connected_router}, str(old), str(state))
-        self.stats[f"peer_{state}"] += 1
-        if state is PeerState.OFFLINE:
-            self._drop_peer_agents(peer)
-            peer.dir_version = -1
-            peer.greeted = False
-
-    def _drop_peer_agents(self, peer: Peer) -> None:
-        for name in peer.agents:
-            if self.remote.get(name) is peer:
-                del self.remote[name]
-        if peer.agents:
-            self._remote_topic_counts = None
-        peer.agents = {}
+    def _reject_control(self, exc: FrameError, frames: list[bytes], origin: str) -> None:
+        self.routing.reject(exc, frames, origin=origin)
 
     def _apply_directory(self, peer: Peer, body: Any) -> None:
-        if not isinstance(body, dict) or not isinstance(body.get("agents"), list):
+        applied = self.directory.apply_node(peer.node_id, body)
+        if applied is None:
             self.stats["bad_directory"] += 1
             return
-        version = body.get("version")
-        agents: dict[str, dict[str, Any]] = {}
-        for rec in body["agents"]:
-            if isinstance(rec, dict) and P.valid_name(rec.get("name")):
-                agents[rec["name"]] = rec
-        self._drop_peer_agents(peer)
-        peer.agents = agents
-        peer.dir_version = version if isinstance(version, int) else -1
-        self._remote_topic_counts = None
-        for name, rec in agents.items():
-            mine = self.local.get(name)
-            if mine is not None and self._loses_name(mine, rec):
-                self._evict_local(mine, f"name {name!r} is registered on node {peer.node_id} too")
-            holder = self.remote.get(name)
-            if holder is not None and holder is not peer:
-                other = holder.agents.get(name, {})
-                if (other.get("registered_at", 0), holder.node_id) < (rec.get("registered_at", 0),
-                                                                       peer.node_id):
-                    continue
-            if name not in self.local:
-                self.remote[name] = peer
+        peer.dir_version, losers = applied
+        for mine in losers:
+            self.local_agents.evict(mine, f"name {mine.name!r} is registered on node {peer.node_id} too")
 
-    def _loses_name(self, mine: LocalAgent, theirs: dict[str, Any]) -> bool:
-        """Two nodes accepted one name at the same time: the earlier registration keeps it."""
-        their_at = theirs.get("registered_at", 0)
-        if not isinstance(their_at, (int, float)):
-            return False
-        return (their_at, str(theirs.get("node"))) < (mine.registered_at, self.node_id)
+    def _on_topic(self, frames: list[bytes]) -> None:
+        self.routing.on_topic(frames)
 
-    # ----------------------------------------------------------------------------- mesh ingress
+    def _telemetry(self) -> dict[str, Any]:
+        return self.local_agents.telemetry()
 
-    def _on_mesh_checked(self, frames: list[Any]) -> None:
-        """Keys mode: the ZAP User-Id (the authenticated key) must be the key the sender claims."""
-        try:
-            uid = frames[1].get("User-Id")
-        except zmq.ZMQError:
-            uid = ""
-        raw = [f.bytes for f in frames]
-        if self.trust is None or not self.trust.is_trusted(uid):
-            self.stats["dropped_untrusted"] += 1
-            return
-        peer = self.peers.get(raw[0].decode("ascii", "replace"))
-        if peer is not None and peer.greeted and peer.pubkey and peer.pubkey != uid:
-            self.stats["dropped_spoofed"] += 1
-            self._log_once(f"spoof:{peer.node_id}:{uid}", "dropped traffic claiming to be node %s "
-                           "from key %s (its key is %s)", peer.node_id, uid, peer.pubkey)
-            return
-        self._authenticated_key = uid
-        self._on_mesh(raw)
-
-    def _on_mesh(self, frames: list[bytes]) -> None:
-        """Everything peers send us: control, routed messages and batches."""
-        rid = frames[0]
-        try:
-            header = P.decode_routed(frames)
-        except FrameError as exc:
-            self._reject(exc, frames, origin=f"peer {rid[:32]!r}")
-            return
-        kind = header[P.KIND]
-        peer = self.peers.get(rid.decode("ascii", "replace"))
-        if kind in P.PEER_CONTROL_KINDS:
-            self._on_peer_control(rid, peer, kind, header, frames)
-            return
-        if peer is None or not peer.greeted:
-            self._unknown_sender(peer)
-            return
-        peer.last_seen = time.monotonic()
-        if peer.state is not PeerState.ONLINE:
-            self._set_peer_state(peer, PeerState.ONLINE)
-        to = header.get(P.TO)
-        if not isinstance(to, str) or kind not in _AGENT_DATA_KINDS:
-            self._reject(FrameError("not_deliverable", f"{kind} without a destination"), frames,
-                         origin=f"peer {peer.node_id}", header=header)
-            return
-        if kind == Kind.ERROR and header.get(P.CORR) in self.qos.store.outbox:
-            err = header.get(P.ERROR)
-            self.qos.bounced(str(header[P.CORR]), str(err.get("code")) if isinstance(err, dict) else "ERROR")
-            return
-        if header.get(P.QOS) == 1 and self.qos.reack_if_done(str(header.get(P.ID)), peer.node_id):
-            return  # handled already (maybe by an agent that has left since): ack, never bounce
-        name, _, node = to.partition("@")
-        agent = self.local.get(name)
-        if agent is None or (node and node not in (self.node_id, self.name)):
-            self._bounce(header, frames[1:], P.ErrorCode.NO_SUCH_AGENT,
-                         f"no agent named {to!r} on node {self.node_id}", origin=peer.node_id)
-            return
-        if kind == Kind.BATCH and len(frames) != 4:
-            self._reject(FrameError("batch_odd_frames", str(len(frames))), frames,
-                         origin=f"peer {peer.node_id}", header=header)
-            return
-        self._deliver_local(agent, header, frames[1:], peer.node_id)
-
-    def _unknown_sender(self, peer: Peer | None) -> None:
-        """Traffic before HELLO is dropped; if we can reach the sender, ask it to greet us."""
-        self.stats["dropped_before_hello"] += 1
-        now = time.monotonic()
-        if self._stopping:
-            return
-        if peer is not None and peer.dealer is not None and now - peer.last_sync_request > 1.0:
-            peer.last_sync_request = now
-            self._send_hello(peer, reply=False)
-
-    def _on_peer_control(self, rid: bytes, peer: Peer | None, kind: str, header: dict[str, Any],
-                         frames: list[bytes]) -> None:
-        now = time.monotonic()
-        if kind == Kind.HELLO:
-            try:
-                body = P.unpack_body(frames[3])
-                self._on_hello(rid, body)
-            except (FrameError, KeyError, TypeError, ValueError) as exc:
-                self._reject(FrameError("bad_hello", str(exc)), frames, origin=f"peer {rid[:32]!r}")
-            return
-        if peer is None or not peer.greeted:
-            self._unknown_sender(peer)
-            return
-        peer.last_seen = now
-        if kind != Kind.BYE and peer.state is not PeerState.ONLINE:
-            self._set_peer_state(peer, PeerState.ONLINE)
-        if kind == Kind.HEARTBEAT:
-            if len(frames) > 3 and frames[3]:
-                with contextlib.suppress(FrameError):
-                    body = P.unpack_body(frames[3], 256 * 1024)
-                    if isinstance(body, dict):
-                        peer.telemetry = body
-            version = header.get(P.VER)
-            if version != peer.dir_version and now - peer.last_sync_request > 0.5:
-                peer.last_sync_request = now
-                self._send_peer(peer, {P.KIND: Kind.SYNC, P.FROM: self.node_id})
-        elif kind == Kind.SYNC:
-            self._send_peer(peer, {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, P.VER: self.dir_version},
-                            P.pack(self._dir_body()))
-        elif kind == Kind.DIRECTORY:
-            try:
-                self._apply_directory(peer, P.unpack_body(frames[3]))
-            except FrameError as exc:
-                self._reject(exc, frames, origin=f"peer {peer.node_id}")
-        elif kind == Kind.ACK:
-            ids = header.get(P.IDS)
-            if isinstance(ids, list):
-                self.qos.acks_arrived([i for i in ids if isinstance(i, str)])
-        elif kind == Kind.BYE:
-            log.info("peer %s (%s) left", peer.node_id, peer.name)
-            self._set_peer_state(peer, PeerState.OFFLINE)
-
-    def _on_hello(self, rid: bytes, body: Any) -> None:
-        if self._stopping:
-            return  # we said BYE: greeting back now would make the peer re-admit a leaving node
-        if not isinstance(body, dict):
-            raise ValueError("HELLO body is not a map")
-        node_id = str(body["node"])
-        if rid.decode("ascii", "replace") != node_id:
-            raise ValueError(f"routing id {rid!r} does not match node id {node_id!r}")
-        if node_id == self.node_id:
-            return
-        if body.get("mesh") != self.settings.mesh:
-            self._log_once(f"mesh:{node_id}", "ignoring node %s of mesh %r", node_id, body.get("mesh"))
-            self.stats["other_mesh"] += 1
-            return
-        if body.get("proto") != P.PROTOCOL_VERSION:
-            self._log_once(f"proto:{node_id}", "node %s speaks protocol %r: ignored", node_id,
-                           body.get("proto"))
-            return
-        routers = [str(r) for r in body.get("routers", [])]
-        pubs = [str(p) for p in body.get("pubs", [])]
-        existing = self.peers.get(node_id)
-        pubkey: str | None = None
-        if self.curve is not None:
-            claimed = body.get("pk")
-            if self._check_uid and claimed != self._authenticated_key:
-                raise ValueError(f"HELLO from {node_id} claims key {claimed!r} but authenticated "
-                                 f"as {self._authenticated_key!r}")
-            pubkey = self._server_key(claimed)
-            if pubkey is None:
-                raise ValueError(f"HELLO from {node_id} with untrusted key {claimed!r}")
-        via = body.get("via")
-        dialed = isinstance(via, str) and via in self.pending_static
-        source = existing.source if existing else ("static" if dialed or any(
-            r in self.pending_static for r in routers) else "gossip")
-        peer = self._ensure_peer(node_id, routers, pubs, source=source, pubkey=pubkey)
-        if dialed and isinstance(via, str) and via in self.pending_static:
-            # We dialed it by an address it does not advertise (a host name, NAT): the answer
-            # matched the dial; its advertised endpoint is used from now on.
-            self.pending_static.pop(via).close(0)
-        restarted = peer.incarnation and peer.incarnation != body.get("incarnation")
-        if restarted:
-            log.info("peer %s restarted", node_id)
-            self._drop_peer_agents(peer)
-            n = self.qos.reack_origin(node_id, time.time() - self.settings.qos1_ttl)
-            if n:
-                log.info("re-acked %d qos-1 unit(s) handled for restarted peer %s", n, node_id)
-        peer.incarnation = str(body.get("incarnation", ""))
-        peer.name = str(body.get("name", ""))
-        peer.greeted = True
-        peer.last_seen = time.monotonic()
-        self._set_peer_state(peer, PeerState.ONLINE)
-        self._apply_directory(peer, body.get("dir"))
-        if not body.get("reply"):
-            self._send_hello(peer, reply=True, via=via if isinstance(via, str) else None)
-        for entry in body.get("peers", []):
-            if not isinstance(entry, dict):
-                continue
-            other = str(entry.get("node", ""))
-            if other and other != self.node_id and other not in self.peers:
-                gossip_key = self._server_key(entry.get("pk"))
-                if self.curve is not None and gossip_key is None:
-                    continue  # we do not trust that node: nothing out
-                gossiped = self._ensure_peer(other, [str(r) for r in entry.get("routers", [])],
-                                             [str(p) for p in entry.get("pubs", [])], source="gossip",
-                                             pubkey=gossip_key)
-                self._send_hello(gossiped, reply=False)
-
-    # ----------------------------------------------------------------------------- agents
-
-    def _on_agent(self, frames: list[bytes]) -> None:
-        """Everything local agents send us."""
-        rid = frames[0]
-        try:
-            header = P.decode_routed(frames)
-        except FrameError as exc:
-            self._reject(exc, frames, origin="local agent")
-            self._send_agent_error(rid, None, "VALIDATION_FAILED", f"malformed message: {exc}")
-            return
-        kind = header[P.KIND]
-        agent = self.local_by_rid.get(rid)
-        if agent is not None:
-            agent.last_seen = time.monotonic()
-        if kind in P.AGENT_CONTROL_KINDS:
-            self._on_agent_control(rid, agent, kind, header, frames)
-            return
-        if kind not in _AGENT_DATA_KINDS:
-            # hello, hb, dir, ok, ... are daemon business: an agent must not forge them.
-            self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
-                         f"agents may not send {kind!r} messages")
-            return
-        if agent is None:
-            self._refuse(rid, header, frames, P.ErrorCode.NOT_REGISTERED, "register a name before sending")
-            return
-        if header.get(P.FROM) != agent.name:
-            self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
-                         f"'from' must be your registered name {agent.name!r}")
-            return
-        if len(frames) != 4:
-            self._send_agent_error(rid, header.get(P.ID), P.ErrorCode.VALIDATION_FAILED,
-                                   f"a {kind} message has exactly 3 frames")
-            return
-        limit = self.settings.max_payload_bytes + (P.BATCH_OVERHEAD if kind == Kind.BATCH else 0)
-        if len(frames[3]) > limit:
-            self._refuse(rid, header, frames, P.ErrorCode.TOO_LARGE,
-                         f"{kind} of {len(frames[3])} bytes exceeds max_payload_bytes="
-                         f"{self.settings.max_payload_bytes}")
-            return
-        topic = header.get(P.TOPIC)
-        if kind == Kind.PUBLISH or (kind == Kind.BATCH and P.TO not in header):
-            if not P.valid_topic(topic):
-                self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
-                             "publish needs a valid topic")
-                return
-            self._publish(agent, str(topic), header, frames[1:])
-            return
-        to = header.get(P.TO)
-        if not isinstance(to, str):
-            self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"{kind} needs a 'to'")
-            return
-        if header.get(P.QOS) == 1:
-            unit_id = header.get(P.ID)
-            if kind not in (Kind.SEND, Kind.BATCH) or not isinstance(unit_id, str):
-                self._refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
-                             "qos 1 applies to send (single or batched) with a string id")
-                return
-            self.qos.accept(rid, agent.name, unit_id, to, frames[1:])
-            return
-        if kind == Kind.REQUEST:
-            hops = header.get(P.HOPS, 0)
-            if isinstance(hops, int) and hops > self.settings.hop_limit:
-                self._bounce(header, frames[1:], P.ErrorCode.HOP_LIMIT,
-                             f"forwarded {hops} times; the hop limit is {self.settings.hop_limit}")
-                return
-            deadline = header.get(P.DEADLINE)
-            if isinstance(deadline, (int, float)) and deadline < time.time():
-                self._bounce(header, frames[1:], P.ErrorCode.TIMEOUT,
-                             "the request's deadline passed before it was delivered")
-                return
-        if not self.outcomes.enabled:
-            self._route(to, header, frames[1:])
-            return
-        sends = self.outcomes.outgoing(header, frames[1:])
-        self.outcomes.sends_routed(sends, self._route(to, header, frames[1:]))
-
-    def _refuse(self, rid: bytes, header: dict[str, Any], frames: list[bytes], code: str,
-                message: str) -> None:
-        """Refuse an agent's message at the edge: one error per message, batches included."""
-        self.stats[f"refused_{code.lower()}"] += 1
-        ids: list[Any] = [header.get(P.ID)]
-        if header[P.KIND] == Kind.BATCH:
-            with contextlib.suppress(FrameError):
-                ids = [h.get(P.ID) for h, _ in P.split_batch(frames[1:])]
-        for msg_id in ids:
-            self._send_agent_error(rid, msg_id, code, message)
-
-    def _route(self, to: str, header: dict[str, Any], msg: list[bytes]) -> str | None:
-        """Deliver ``msg`` (signature, header, payload frames) to agent ``to`` wherever it is.
-
-        Returns None when it went on its way, else the error code it bounced with.
-        """
-        name, _, node = to.partition("@")
-        agent = self.local.get(name)
-        if agent is not None and (not node or node in (self.node_id, self.name)):
-            return self._deliver_local(agent, header, msg, self.node_id)
-        peer = self.remote.get(name)
-        if peer is None or (node and node not in (peer.node_id, peer.name)):
-            return self._bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"no agent named {to!r} in the mesh")
-        if peer.state is PeerState.OFFLINE or peer.dealer is None:
-            return self._bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
-                                f"node {peer.node_id} hosting {name!r} is offline", retry=True)
-        try:
-            peer.dealer.send_multipart(msg, zmq.NOBLOCK)
-        except zmq.ZMQError:
-            return self._bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
-                                f"node {peer.node_id} is not accepting messages", retry=True)
-        self.stats["forwarded"] += 1
-        return None
-
-    def _deliver_local(self, agent: LocalAgent, header: dict[str, Any], msg: list[bytes],
-                       origin: str) -> str | None:
-        unit_id = header.get(P.ID) if header.get(P.QOS) == 1 else None
-        if unit_id is not None and not self.qos.admit(str(unit_id), origin, agent.rid, self._rid_alive):
-            return None  # a duplicate: already handled or in the agent's hands
-        if self.outcomes.inflight:
-            self.outcomes.answer(agent.name, header, msg)
-        code: str | None = None
-        try:
-            self.agents_sock.send_multipart([agent.rid, *msg], zmq.NOBLOCK)
-            self.stats["delivered"] += 1
-        except zmq.Again:
-            if unit_id is not None:
-                self.qos.not_delivered(str(unit_id))
-            code = self._bounce(header, msg, P.ErrorCode.INBOX_FULL, f"inbox of {agent.name!r} is full",
-                                retry=True, retry_after=0.1, origin=origin)
-        except zmq.ZMQError:
-            if unit_id is not None:
-                self.qos.not_delivered(str(unit_id))
-            self._remove_local(agent, "connection gone")
-            code = self._bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"agent {agent.name!r} disconnected",
-                                origin=origin)
-        assert self._reactor is not None
-        self._reactor.kick(self.agents_sock)
-        return code
-
-    def _bounce(self, header: dict[str, Any], msg: list[bytes], code: str, message: str, *,
-                retry: bool = False, retry_after: float | None = None, origin: str | None = None) -> str:
-        """Tell the sender of an undeliverable message why, as an error envelope per message.
-
-        A qos-1 unit of ours does not bounce: it waits in the outbox for another try. A delegated
-        request's error goes to its origin (the original requester), with its correlation id.
-        Returns ``code``, so routing can report why a message did not go through.
-        """
-        self.stats[f"undeliverable_{code.lower()}"] += 1
-        if header.get(P.QOS) == 1:
-            unit_id = str(header.get(P.ID))
-            if self.qos.bounced(unit_id, code):
-                return code  # ours: it waits in our outbox
-            # Another daemon's unit: it still holds it. Tell that daemon (not the agent, which
-            # may be gone), so the unit waits there instead of using up an attempt.
-            peer = self.peers.get(origin) if origin else None
-            if peer is not None:
-                self._send_peer(peer, P.error_header(header.get(P.FROM), unit_id, code, message, retry=True,
-                                                     sender=f"meshd@{self.node_id}"))
-            return code
-        self._dead_letter(code, message, msg, header)
-        sender = header.get(P.ORIGIN) or header.get(P.FROM)
-        if not isinstance(sender, str):
-            return code
-        if header[P.KIND] == Kind.BATCH:
-            inner: list[tuple[Any, Any]] = []
-            with contextlib.suppress(FrameError):
-                inner = P.split_batch(msg)
-            ids = [h.get(P.CORR) or h.get(P.ID) for h, _ in inner
-                   if h.get(P.KIND) in (Kind.SEND, Kind.REQUEST)]
-        elif header[P.KIND] in (Kind.SEND, Kind.REQUEST):
-            ids = [header.get(P.CORR) or header.get(P.ID)]
-        else:
-            return code  # replies and errors never bounce: no loops
-        ids = [i for i in ids if isinstance(i, str)]
-        if not ids:
-            return code
-        # One envelope for the whole batch (``ids``), so a refused batch of 64 is one message back.
-        err = P.error_header(sender, ids[0] if len(ids) == 1 else None, code, message, retry=retry,
-                             retry_after=retry_after, sender=f"meshd@{self.node_id}")
-        if len(ids) > 1:
-            err[P.IDS] = ids
-        self._route(sender, err, [P.SIGNATURE, P.pack(err), b""])
-        return code
-
-    # ----------------------------------------------------------------------------- qos 1
-
-    def _rid_alive(self, rid: bytes) -> bool:
-        agent = self.local_by_rid.get(rid)
-        return agent is not None and self._agent_alive(agent)
-
-    def _schedule_flush(self) -> None:
-        if not self._flush_scheduled and not self._stopping:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_delivery)
-
-    def _flush_delivery(self) -> None:
-        self._flush_scheduled = False
-        try:
-            self.qos.flush()
-        except Exception:
-            # The disk failed us: nothing staged is confirmed; clients time out and may retry.
-            log.exception("qos-1 commit failed")
-            self.stats["qos1_commit_failed"] += 1
-            return
-        after, self._after_flush = self._after_flush, []
-        for action in after:
-            action()
-
-    def _qos_attempt(self, entry: OutboxEntry) -> None:
-        try:
-            header = P.unpack_header(entry.frames[1])
-        except FrameError:
-            self.qos.store.remove(entry.id)
-            return
-        self._route(entry.dest, header, entry.frames)
-
-    def _qos_confirm(self, rid: bytes, unit_id: str) -> None:
-        self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: unit_id, P.QOS: 1})
-
-    def _qos_send_acks(self, origin: str, ids: list[str]) -> None:
-        if origin == self.node_id:
-            self.qos.acks_arrived(ids)
-            return
-        peer = self.peers.get(origin)
-        if peer is not None:
-            self._send_peer(peer, {P.KIND: Kind.ACK, P.FROM: self.node_id, P.IDS: ids})
-
-    def _qos_acked(self, entry: OutboxEntry) -> None:
-        self.stats["qos1_delivered"] += 1
-        if self.outcomes.enabled:
-            self.outcomes.delivered(entry.id, entry.sender, entry.dest, entry.frames, entry.created)
-
-    def _qos_give_up(self, entry: OutboxEntry, why: str) -> None:
-        header: dict[str, Any] | None = None
-        with contextlib.suppress(FrameError):
-            header = P.unpack_header(entry.frames[1])
-        self._dead_letter(P.ErrorCode.UNDELIVERABLE, f"to {entry.dest!r}: {why}", entry.frames, header,
-                          attempts=entry.attempts)
-        sender = self.local.get(entry.sender)
-        if sender is not None:
-            err = P.error_header(sender.name, entry.id, P.ErrorCode.UNDELIVERABLE,
-                                 f"qos-1 message to {entry.dest!r}: {why}", sender=f"meshd@{self.node_id}")
-            if header is not None and header.get(P.KIND) == Kind.BATCH:
-                with contextlib.suppress(FrameError):  # name each message, not the batch
-                    err[P.IDS] = [h.get(P.ID) for h, _ in P.split_batch(entry.frames)]
-            self._send_agent(sender.rid, err)
+    # ----------------------------------------------------------------------------- timers
 
     async def _qos_loop(self) -> None:
         ticks = 0
@@ -1149,451 +507,45 @@ class Node:
             ticks += 1
             if self.outcomes.inflight and ticks % 20 == 0:
                 self.outcomes.expire()
+            if ticks % 20 == 0:  # every second
+                self._take_snapshot()
             if ticks % 1200 == 0:  # every minute
-                self.qos.forget_delivering(older_than=max(600.0, 4 * self.settings.qos1_ack_timeout))
-                self.qos.store.prune_seen()
-
-    def _agent_event(self, agent: LocalAgent, old: str, new: str) -> None:
-        self.plugins.agent_state({"name": agent.name, "node": self.node_id,
-                                  "capabilities": list(agent.capabilities)}, old, new)
-
-    def _dead_letter(self, reason: str, detail: str, frames: list[bytes], header: dict[str, Any] | None,
-                     attempts: int = 0) -> None:
-        letter = self.dead_letters.add(reason, detail, frames, header, attempts)
-        self.plugins.dead_letter(letter)
-
-    # ----------------------------------------------------------------------------- admin
-
-    def _admin(self, rid: bytes, msg_id: Any, header: dict[str, Any], frames: list[bytes]) -> None:
-        """meshctl's operations on this daemon (dead letters)."""
-        op = header.get(P.OP)
-        try:
-            args = P.unpack_body(frames[3], 64 * 1024) if frames[3] else {}
-        except FrameError as exc:
-            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, str(exc))
-            return
-        if not isinstance(args, dict):
-            args = {}
-        result: Any
-        if op == "deadletters.list":
-            result = [_letter_summary(d) for d in self.dead_letters.list()]
-        elif op == "deadletters.show":
-            seq = args.get("seq")
-            letter = self.dead_letters.get(seq) if isinstance(seq, int) else None
-            if letter is None:
-                self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
-                                       f"no dead letter {args.get('seq')!r}")
-                return
-            result = _letter_summary(letter) | {"frames": letter["frames"]}
-        elif op == "deadletters.replay":
-            result = self._replay(args)
-        elif op == "deadletters.purge":
-            result = {"purged": self.dead_letters.purge()}
-        else:
-            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"unknown admin op {op!r}")
-            return
-        self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack(result))
-
-    def _replay(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Send dead letters again (one by seq, or all matching a reason / destination)."""
-        seq = args.get("seq")
-        reason = args.get("reason")
-        to = args.get("to")
-        chosen = []
-        for letter in self.dead_letters.list():
-            if seq is not None and letter["seq"] != seq:
-                continue
-            if reason and letter["reason"] != reason:
-                continue
-            header = letter["header"]
-            if not isinstance(header, dict) or header.get(P.KIND) not in _REPLAYABLE:
-                continue  # malformed input and control traffic cannot be replayed
-            if to and header.get(P.TO) != to:
-                continue
-            chosen.append(letter)
-        replayed = 0
-        for letter in chosen:
-            header = dict(letter["header"])
-            dest = header.get(P.TO)
-            if not isinstance(dest, str):
-                continue
-            self.dead_letters.pop(letter["seq"])
-            header[P.ID] = P.new_id()  # a fresh unit: the receiver may have seen the old id
-            frames = [P.SIGNATURE, P.pack(header), *letter["frames"][2:]]
-            if header.get(P.QOS) == 1:
-                sender = self.local.get(str(header.get(P.FROM)))
-                self.qos.accept(sender.rid if sender else b"", str(header.get(P.FROM)), header[P.ID], dest,
-                                frames)
-            else:
-                self._route(dest, header, frames)
-            replayed += 1
-        return {"replayed": replayed}
-
-    def _send_agent_error(self, rid: bytes, corr: Any, code: str, message: str) -> None:
-        err = P.error_header(None, corr if isinstance(corr, str) else None, code, message,
-                             sender=f"meshd@{self.node_id}")
-        self._send_agent(rid, err)
-
-    def _send_agent(self, rid: bytes, header: dict[str, Any], body: bytes = b"") -> bool:
-        try:
-            self.agents_sock.send_multipart([rid, P.SIGNATURE, P.pack(header), body], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError:
-            return False
-        finally:
-            assert self._reactor is not None
-            self._reactor.kick(self.agents_sock)
-
-    def _on_agent_control(self, rid: bytes, agent: LocalAgent | None, kind: str,
-                          header: dict[str, Any], frames: list[bytes]) -> None:
-        msg_id = header.get(P.ID)
-        if kind == Kind.AGENT_HEARTBEAT:
-            if agent is None:  # we restarted and forgot it: tell it to register again
-                self._send_agent_error(rid, None, P.ErrorCode.NOT_REGISTERED, "not registered")
-                return
-            if agent is not None:
-                with contextlib.suppress(FrameError):
-                    telemetry = P.unpack_body(frames[3], 16 * 1024)
-                    if isinstance(telemetry, dict):
-                        agent.telemetry = telemetry
-                if agent.state is not PeerState.ONLINE:
-                    self._agent_event(agent, str(agent.state), "online")
-                    agent.state = PeerState.ONLINE
-                    self._directory_changed()  # peers show agent states too
-            return
-        if kind == Kind.REGISTER:
-            self._register(rid, agent, msg_id, frames)
-            return
-        if kind == Kind.ACK:
-            ids = header.get(P.IDS)
-            if isinstance(ids, list):
-                self.qos.agent_acked([i for i in ids if isinstance(i, str)])
-            return
-        if kind == Kind.ADMIN:
-            self._admin(rid, msg_id, header, frames)
-            return
-        if kind == Kind.QUERY:
-            what = header.get(P.WHAT)
-            if what == "agents":
-                body: Any = self.agent_list()
-            elif what == "peers":
-                body = self.peer_list()
-            elif what == "node":
-                body = self.node_info()
-            else:
-                self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"unknown query {what!r}")
-                return
-            self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack(body))
-            return
-        if agent is None:
-            self._send_agent_error(rid, msg_id, P.ErrorCode.NOT_REGISTERED, "register a name first")
-            return
-        if kind == Kind.UNREGISTER:
-            self._remove_local(agent, "unregistered")
-            self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id})
-            return
-        topic = header.get(P.TOPIC)
-        if not P.valid_topic(topic):
-            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"invalid topic {topic!r}")
-            return
-        if kind == Kind.SUBSCRIBE:
-            self._subscribe(agent, str(topic), durable=header.get(P.QOS) == 1)
-        else:
-            self._unsubscribe(agent, str(topic))
-        self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id})
-
-    def _register(self, rid: bytes, agent: LocalAgent | None, msg_id: Any, frames: list[bytes]) -> None:
-        try:
-            body = P.unpack_body(frames[3], 64 * 1024)
-        except FrameError as exc:
-            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, str(exc))
-            return
-        name = body.get("name") if isinstance(body, dict) else None
-        if not P.valid_name(name):
-            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
-                                   f"invalid agent name {name!r}: 1-128 printable characters, "
-                                   "no '@' or spaces")
-            return
-        assert isinstance(name, str) and isinstance(body, dict)
-        caps = body.get("capabilities") or []
-        meta = body.get("metadata") or {}
-        caps_ok = isinstance(caps, list) and all(isinstance(c, str) for c in caps)
-        if not caps_ok or not isinstance(meta, dict):
-            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
-                                   "capabilities must be a list of strings, metadata a map")
-            return
-        # issue 9 "tools": the meshd.sys. prefix is the daemons' own; only our system agent, which
-        # knows the token, may register it (the token is not kept in the directory).
-        token = meta.pop("meshd.sys.token", None)
-        if name.startswith(SYSTEM_PREFIX) and token != self._system_token:
-            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
-                                   f"agent names starting with {SYSTEM_PREFIX!r} are reserved for daemons")
-            return
-        if agent is not None and agent.name != name:
-            self._send_agent_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
-                                   f"this connection is already registered as {agent.name!r}")
-            return
-        holder = self.local.get(name)
-        if holder is not None and holder.rid != rid:
-            if self._agent_alive(holder):
-                self._send_agent_error(rid, msg_id, P.ErrorCode.NAME_TAKEN,
-                                       f"name {name!r} is taken on this node ({self.node_id})")
-                return
-            self._remove_local(holder, "replaced by a new connection")
-        peer = self.remote.get(name)
-        if peer is not None:
-            self._send_agent_error(rid, msg_id, P.ErrorCode.NAME_TAKEN,
-                                   f"name {name!r} is taken on node {peer.node_id} ({peer.name})")
-            return
-        if holder is None or holder.rid != rid:
-            agent = LocalAgent(name=name, rid=rid, capabilities=caps, metadata=meta,
-                               registered_at=time.time())
-            self.local[name] = agent
-            self.local_by_rid[rid] = agent
-        else:
-            holder.capabilities, holder.metadata = caps, meta
-        self._directory_changed()
-        log.info("agent %r registered", name)
-        if holder is None or holder.rid != rid:
-            self._agent_event(self.local[name], "absent", "online")
-        self._send_agent(rid, {P.KIND: Kind.OK, P.CORR: msg_id},
-                         P.pack({"node": self.node_id, "node_name": self.name, "mesh": self.settings.mesh}))
-
-    def _agent_alive(self, agent: LocalAgent) -> bool:
-        """Probe with a PING: ROUTER_MANDATORY says at once whether the connection still exists."""
-        try:
-            self.agents_sock.send_multipart([agent.rid, P.SIGNATURE, P.pack({P.KIND: Kind.PING}), b""],
-                                            zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            return True  # connected but busy
-        except zmq.ZMQError:
-            return False
-
-    def _remove_local(self, agent: LocalAgent, why: str) -> None:
-        if self.local.get(agent.name) is not agent:
-            return
-        del self.local[agent.name]
-        self.local_by_rid.pop(agent.rid, None)
-        for topic in list(agent.topics):
-            self._unsubscribe(agent, topic, announce=False)
-        log.info("agent %r removed: %s", agent.name, why)
-        self._agent_event(agent, str(agent.state), "absent")
-        self._directory_changed()
-
-    def _evict_local(self, agent: LocalAgent, why: str) -> None:
-        err = P.error_header(agent.name, None, P.ErrorCode.NAME_TAKEN, why, sender=f"meshd@{self.node_id}")
-        self._send_agent(agent.rid, err)
-        self._remove_local(agent, why)
-
-    def _on_agent_monitor(self, frames: list[bytes]) -> None:
-        # An agent connection closed; find out which by probing (MANDATORY reports the dead one).
-        # libzmq may still be tearing the pipe down, so probe again a moment later.
-        loop = asyncio.get_running_loop()
-        self._probe_agents()
-        loop.call_later(0.05, self._probe_agents)
-        loop.call_later(0.5, self._probe_agents)
-
-    def _probe_agents(self) -> None:
-        if self._stopping:
-            return
-        for agent in list(self.local.values()):
-            if not self._agent_alive(agent):
-                self._remove_local(agent, "disconnected")
-        assert self._reactor is not None
-        self._reactor.kick(self.agents_sock)
-
-    def _directory_changed(self) -> None:
-        self.dir_version += 1
-        body = P.pack(self._dir_body())
-        header = {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, P.VER: self.dir_version}
-        for peer in self.peers.values():
-            if peer.greeted and peer.state is not PeerState.OFFLINE:
-                self._send_peer(peer, header, body)
-
-    # ----------------------------------------------------------------------------- topics
-
-    def _subscribe(self, agent: LocalAgent, topic: str, durable: bool = False) -> None:
-        if durable != (topic in agent.durable):
-            if durable:
-                agent.durable.add(topic)
-            else:
-                agent.durable.discard(topic)
-            if topic in agent.topics:
-                self._directory_changed()
-        if topic in agent.topics:
-            return  # idempotent
-        agent.topics.add(topic)
-        subs = self.local_topics.setdefault(topic, set())
-        key = P.topic_key(topic)
-        self._local_topic_keys[key] = subs
-        if not subs:
-            for peer in self.peers.values():
-                if peer.sub is not None:
-                    peer.sub.setsockopt(zmq.SUBSCRIBE, key)
-        subs.add(agent)
-        self._directory_changed()
-
-    def _unsubscribe(self, agent: LocalAgent, topic: str, announce: bool = True) -> None:
-        if topic not in agent.topics:
-            return  # idempotent
-        agent.topics.discard(topic)
-        agent.durable.discard(topic)
-        subs = self.local_topics.get(topic, set())
-        subs.discard(agent)
-        if not subs:
-            self.local_topics.pop(topic, None)
-            key = P.topic_key(topic)
-            self._local_topic_keys.pop(key, None)
-            for peer in self.peers.values():
-                if peer.sub is not None:
-                    peer.sub.setsockopt(zmq.UNSUBSCRIBE, key)
-        if announce:
-            self._directory_changed()
-
-    def _remote_subscribers(self, topic: str) -> int:
-        counts = self._remote_topic_counts
-        if counts is None:
-            counts = Counter()
-            for peer in self.peers.values():
-                if peer.state is PeerState.OFFLINE:
-                    continue
-                for rec in peer.agents.values():
-                    for t in rec.get("topics") or ():
-                        if isinstance(t, str):
-                            counts[t] += 1
-            self._remote_topic_counts = counts
-        return counts.get(topic, 0)
-
-    def _publish(self, agent: LocalAgent, topic: str, header: dict[str, Any], msg: list[bytes]) -> None:
-        """Fan a publication out: PUB/SUB for everyone, and for a qos-1 publication one outbox
-        unit per durable subscriber (who then gets it only that way, exactly once)."""
-        reached = 0
-        durable: list[str] = []
-        if header.get(P.QOS) == 1:
-            durable = self._durable_subscribers(topic)
-            unit_id = str(header.get(P.ID))
-            for name in durable:
-                unit_header = dict(header)
-                unit_header[P.TO] = name
-                unit_header[P.ID] = f"{unit_id}>{name}"
-                self.qos.accept(None, agent.name, unit_header[P.ID], name,
-                                [P.SIGNATURE, P.pack(unit_header), *msg[2:]])
-            reached += len(durable)
-        skip = set(durable)
-        for sub in self.local_topics.get(topic, ()):
-            if sub.name in skip:
-                continue
-            try:
-                self.agents_sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
-                reached += 1
-            except zmq.ZMQError:
-                self.stats["publish_local_dropped"] += 1
-        remote = self._remote_subscribers(topic) - sum(1 for n in durable if n not in self.local)
-        if remote > 0:
-            try:
-                self.xpub.send_multipart([P.topic_key(topic), *msg], zmq.NOBLOCK)
-                reached += remote
-            except zmq.ZMQError:
-                self.stats["publish_remote_dropped"] += 1
-            assert self._reactor is not None
-            self._reactor.kick(self.xpub)
-        self.stats["published"] += 1
-        ack = {P.KIND: Kind.OK, P.CORR: header.get(P.ID), P.COUNT: reached}
-        if durable:  # confirmed once the durable copies are on disk
-            self._after_flush.append(functools.partial(self._send_agent, agent.rid, ack))
-            self._schedule_flush()
-        else:
-            self._send_agent(agent.rid, ack)
-
-    def _durable_subscribers(self, topic: str) -> list[str]:
-        names = [a.name for a in self.local.values() if topic in a.durable]
-        for peer in self.peers.values():
-            if peer.state is PeerState.OFFLINE:
-                continue
-            names.extend(n for n, rec in peer.agents.items() if topic in (rec.get("durable") or ()))
-        return names
-
-    def _on_topic(self, frames: list[bytes]) -> None:
-        """A publication from a peer's XPUB: hand it to the local subscribers."""
-        subs = self._local_topic_keys.get(frames[0])
-        if not subs or len(frames) < 4 or frames[1] != P.SIGNATURE:
-            self.stats["topic_dropped"] += 1
-            return
-        msg = frames[1:]
-        qos1: bool | None = None
-        for sub in list(subs):
-            if sub.durable and qos1 is None:
-                try:
-                    qos1 = P.unpack_header(msg[1]).get(P.QOS) == 1
-                except FrameError:
-                    qos1 = False
-            if qos1 and sub.durable and any(k == frames[0] for k in map(P.topic_key, sub.durable)):
-                continue  # it gets its own qos-1 copy from the publisher's outbox
-            try:
-                self.agents_sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                self.stats["publish_local_dropped"] += 1
-        assert self._reactor is not None
-        self._reactor.kick(self.agents_sock)
-
-    def _on_xpub(self, frames: list[bytes]) -> None:
-        # Subscription notices from peers' SUBs; the XPUB applies them itself, we only count.
-        self.stats["subscription_notices"] += 1
-
-    # ----------------------------------------------------------------------------- errors
-
-    def _reject(self, exc: FrameError, frames: list[bytes], origin: str,
-                header: dict[str, Any] | None = None) -> None:
-        """A malformed frame set: count it, keep it as a dead letter, log once per reason."""
-        self.stats["malformed"] += 1
-        self.stats[f"malformed_{exc.reason}"] += 1
-        self._dead_letter(f"malformed:{exc.reason}", f"from {origin}: {exc}", frames[1:], header)
-        self._log_once(f"malformed:{exc.reason}:{origin}", "dropped malformed message from %s: %s",
-                       origin, exc)
-
-    # ----------------------------------------------------------------------------- timers
+                self.qos.housekeeping(self.settings.qos1_ack_timeout)
 
     async def _heartbeat_loop(self) -> None:
-        interval = self.settings.heartbeat_interval
-        beats = 0
         while True:
-            header = {P.KIND: Kind.HEARTBEAT, P.FROM: self.node_id, P.VER: self.dir_version}
-            # The beat carries the local agents' latest telemetry (small: a few numbers each),
-            # so every node sees load and state mesh-wide without versioning the directory.
-            packed = [P.SIGNATURE, P.pack(header), P.pack(self._telemetry_body())]
-            for peer in list(self.peers.values()):
-                if peer.dealer is not None:
-                    try:
-                        peer.dealer.send_multipart(packed, zmq.NOBLOCK)
-                    except zmq.ZMQError:
-                        pass
-            beats += 1
-            for endpoint, dealer in list(self.pending_static.items()):
-                if beats % 10 == 0:
-                    # No answer for a while (down, or it refused our key): dial afresh.
-                    dealer.close(0)
-                    del self.pending_static[endpoint]
-                    self._dial_static(endpoint + (f"?key={key_to_hex(self._static_keys[endpoint])}"
-                                                  if endpoint in self._static_keys else ""))
-                    continue
-                # A static peer that has not answered yet: greet it again (it may be starting).
-                with contextlib.suppress(zmq.ZMQError):
-                    dealer.send_multipart([P.SIGNATURE, P.pack({P.KIND: Kind.HELLO, P.FROM: self.node_id}),
-                                           self._hello_body(reply=False, via=endpoint)], zmq.NOBLOCK)
-            await asyncio.sleep(interval)
+            self.peer_table.beat()
+            await asyncio.sleep(self.settings.heartbeat_interval)
+
+    async def _liveness_loop(self) -> None:
+        tick = min(0.25, self.settings.heartbeat_interval / 2)
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            self.peer_table.check_liveness(now)
+            self.local_agents.check_liveness(now)
+
+    async def _trust_loop(self) -> None:
+        """Apply changes to the authorized-keys folder without a restart."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                changed = self.security.reload()
+            except OSError as exc:
+                self._quiet.log(f"trust:{exc}", "cannot read authorized keys: %s", exc)
+                continue
+            if changed:
+                self.apply_trust_change()
+
+    def apply_trust_change(self) -> None:
+        """Cut off peers whose key is no longer trusted; dial discovered ones that now are."""
+        self.peer_table.apply_trust_change()
 
     def status_line(self) -> str:
         """One line for systemd's STATUS= and logs: peers and agents counted."""
-        online = sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE)
-        remote = sum(1 for p in self.peers.values() if p.state is not PeerState.OFFLINE
-                     for name in p.agents if not name.startswith(SYSTEM_PREFIX))
-        return (f"{online}/{len(self.peers)} peers online, {self._own_agents()} local agents, "
-                f"{remote} remote agents, mesh {self.settings.mesh!r}")
-
-    def _own_agents(self) -> int:
-        """Local agents, not counting the system agent (issue 9)."""
-        return sum(1 for name in self.local if not name.startswith(SYSTEM_PREFIX))
+        return (f"{self.peer_table.online_count()}/{len(self.peer_table)} peers online, "
+                f"{self.directory.own_count()} local agents, {self.directory.remote_count()} remote "
+                f"agents, mesh {self.settings.mesh!r}")
 
     async def _status_loop(self) -> None:
         """STATUS= when it changes (checked every second) and WATCHDOG=1 at half of WatchdogSec."""
@@ -1613,86 +565,7 @@ class Node:
                 last_ping = now
             await asyncio.sleep(tick)
 
-    async def _trust_loop(self) -> None:
-        """Apply changes to the authorized-keys folder without a restart."""
-        assert self.trust is not None
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                changed = self.trust.reload()
-            except OSError as exc:
-                self._log_once(f"trust:{exc}", "cannot read authorized keys: %s", exc)
-                continue
-            if changed:
-                self.apply_trust_change()
-
-    def apply_trust_change(self) -> None:
-        """Cut off peers whose key is no longer trusted; dial discovered ones that now are."""
-        assert self.trust is not None
-        if self._zap is not None:
-            self._zap.forget_refusals()
-        for peer in list(self.peers.values()):
-            if peer.pubkey and not self.trust.is_trusted(peer.pubkey):
-                log.warning("peer %s (%s) is no longer trusted: disconnected", peer.node_id, peer.name)
-                self._set_peer_state(peer, PeerState.OFFLINE)
-                self._close_peer_sockets(peer)
-                if peer.sub is not None:
-                    assert self._reactor is not None
-                    self._reactor.remove(peer.sub)
-                    peer.sub.close(0)
-                    peer.sub = None
-                    peer.connected_pub = ""
-                del self.peers[peer.node_id]
-        for node_id, ad in list(self._untrusted_ads.items()):
-            if self._server_key(ad.pubkey) is not None:
-                del self._untrusted_ads[node_id]
-                self._on_discovered(ad)
-
-    async def _liveness_loop(self) -> None:
-        s = self.settings
-        tick = min(0.25, s.heartbeat_interval / 2)
-        while True:
-            await asyncio.sleep(tick)
-            now = time.monotonic()
-            for peer in list(self.peers.values()):
-                if not peer.greeted and peer.state is PeerState.OFFLINE:
-                    continue
-                age = now - peer.last_seen
-                if age > s.offline_after:
-                    self._set_peer_state(peer, PeerState.OFFLINE)
-                elif age > s.stale_after and peer.state is PeerState.ONLINE:
-                    self._set_peer_state(peer, PeerState.STALE)
-            for agent in list(self.local.values()):
-                age = now - agent.last_seen
-                if age > s.offline_after:
-                    self._remove_local(agent, f"no heartbeat for {age:.1f} s")
-                elif age > s.stale_after and agent.state is not PeerState.STALE:
-                    self._agent_event(agent, str(agent.state), "stale")
-                    agent.state = PeerState.STALE
-                    self._directory_changed()
-
     # ----------------------------------------------------------------------------- queries
-
-    def _telemetry_body(self) -> dict[str, Any]:
-        return {a.name: {"state": str(a.state), "telemetry": a.telemetry} for a in self.local.values()}
-
-    def agent_list(self) -> list[dict[str, Any]]:
-        agents = [a.record(self.node_id) | {"node_name": self.name} for a in self.local.values()
-                  if not a.name.startswith(SYSTEM_PREFIX)]  # system agents are not listed (issue 9)
-        for peer in self.peers.values():
-            if peer.state is PeerState.OFFLINE:
-                continue
-            for name, rec in peer.agents.items():
-                if name.startswith(SYSTEM_PREFIX):
-                    continue
-                live = peer.telemetry.get(name)
-                extra = live if isinstance(live, dict) else {}
-                agents.append(dict(rec) | extra | {"node": peer.node_id, "node_name": peer.name})
-        return sorted(agents, key=lambda r: str(r.get("name")))
-
-    def peer_list(self) -> list[dict[str, Any]]:
-        now = time.monotonic()
-        return sorted((p.info(now) for p in self.peers.values()), key=lambda r: r["node"])
 
     def node_info(self) -> dict[str, Any]:
         return {
@@ -1704,21 +577,17 @@ class Node:
             "socket": str(self.socket_path),
             "insecure": self.settings.insecure,
             "trust_mode": None if self.settings.insecure else self.settings.trust_mode,
-            "public_key": self.curve.public if self.curve else None,
-            "auth": dict(self._zap.stats) if self._zap else {},
+            "public_key": self.security.public_key,
+            "auth": self.security.stats(),
             "uptime": round(time.monotonic() - self.started_at, 3),
-            "agents": self._own_agents(),
-            "peers": sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE),
+            "agents": self.directory.own_count(),
+            "peers": self.peer_table.online_count(),
             "stats": dict(self.stats),
             "dead_letters": self.dead_letters.total,
-            # [plugins] edit: "queues" (events waiting per plugin) added beside the totals.
             "plugins": {"stats": dict(self.plugins.stats), "queued": self.plugins.queued,
                         "queues": self.plugins.queue_depths(),
                         "loaded": [p["name"] for p in self.plugins.list_plugins()
                                    if p["status"] == "loaded"]},
-            "qos1": {"pending": self.qos.pending, "in_flight": self.qos.in_flight, **self.qos.stats,
-                     "commits": self.qos.store.commits},
+            "qos1": self.qos.info(),
         }
 
-    def peers_online(self) -> Iterable[Peer]:
-        return (p for p in self.peers.values() if p.state is PeerState.ONLINE)

@@ -5,12 +5,16 @@ The node reports what it routes for its local agents; this module turns that int
 runs when some plugin implements that hook, so a daemon without observers pays nothing.
 Requests are timed from the moment they leave their requester's daemon until the reply or error
 comes back to it; a request that never gets an answer is reported as TIMEOUT after its deadline.
+
+Owns: the requests in flight from local agents (each forgotten after its deadline) and the events it
+emits. It must not change routing: routing.py reports to it after each decision.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from . import protocol as P
@@ -35,16 +39,16 @@ class Outcomes:
             "at": time.time(),
         })
 
-    def outgoing(self, header: dict[str, Any], msg: list[bytes]) -> list[dict[str, Any]]:
+    def outgoing(self, header: P.Header, msg: list[bytes]) -> list[Mapping[str, Any]]:
         """A local agent's message is about to be routed: start its requests' clocks.
 
         Returns the headers of the sends in it; the caller reports them once routing said
         whether they went through (``sends_routed``).
         """
-        headers = [header]
-        if header[P.KIND] == Kind.BATCH:
+        headers: list[Mapping[str, Any]] = [header.fields]
+        if header.kind == Kind.BATCH:
             with contextlib.suppress(FrameError):
-                headers = [h | {P.FROM: header.get(P.FROM), P.TO: header.get(P.TO)}
+                headers = [h | {P.FROM: header.sender, P.TO: header.to}
                            for h, _ in P.split_batch(msg)]
         now = time.monotonic()
         sends = []
@@ -64,17 +68,17 @@ class Outcomes:
                     now, what, str(h.get(P.FROM)), str(h.get(P.TO)), str(h.get(P.TOPIC)), expires)
         return sends
 
-    def sends_routed(self, sends: list[dict[str, Any]], error_code: str | None) -> None:
+    def sends_routed(self, sends: list[Mapping[str, Any]], error_code: str | None) -> None:
         for h in sends:
             self.emit("send", h.get(P.ID), h.get(P.FROM), h.get(P.TO), h.get(P.TOPIC),
                       "error" if error_code else "sent", error_code)
 
-    def answer(self, requester: str, header: dict[str, Any], msg: list[bytes]) -> None:
+    def answer(self, requester: str, header: P.Header, msg: list[bytes]) -> None:
         """A reply or error reaching a local requester closes its request's outcome."""
         if not self.inflight:
             return
-        headers = [header]
-        if header[P.KIND] == Kind.BATCH:
+        headers: list[Mapping[str, Any]] = [header.fields]
+        if header.kind == Kind.BATCH:
             with contextlib.suppress(FrameError):
                 headers = [h for h, _ in P.split_batch(msg)]
         now = time.monotonic()
@@ -98,11 +102,8 @@ class Outcomes:
             else:
                 self.emit(what, h.get(P.CORR), initiator, target, topic, "ok", None, latency)
 
-    def delivered(self, unit_id: str, sender: str, dest: str, frames: list[bytes], created: float) -> None:
+    def delivered(self, unit_id: str, sender: str, dest: str, topic: str | None, created: float) -> None:
         """A qos-1 unit was acknowledged: its handler finished on the receiving side."""
-        topic = None
-        with contextlib.suppress(FrameError):
-            topic = P.unpack_header(frames[1]).get(P.TOPIC)
         self.emit("send", unit_id, sender, dest, topic, "delivered", None,
                   round((time.time() - created) * 1000, 3), qos=1)
 

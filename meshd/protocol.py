@@ -3,18 +3,29 @@
 Every meshd message is one ZeroMQ multipart message::
 
     [SIGNATURE, header, payload]                       a single message
-    [SIGNATURE, batch-header, h1, p1, h2, p2, ...]     a batch to one destination
+
+    [SIGNATURE, batch-header, body]                    a batch to one destination
 
 ``SIGNATURE`` is ``b"MSH"`` plus one protocol-version byte. The header is a small msgpack map
-(keys below); the payload is opaque bytes that daemons route but never decode. A batch header
-carries everything routing needs (``to`` or ``topic``, ``from``), so a daemon forwards the whole
-batch as one unit after decoding one small map. docs/PROTOCOL.md is the normative description.
+(keys below); the payload is opaque bytes that daemons route but never decode. A batch is three
+frames: its body is ONE msgpack array of ``[header, payload]`` pairs (``pack_batch`` /
+``split_batch``). The batch header carries everything routing needs (``to`` or ``topic``,
+``from``), so a daemon forwards the whole batch as one unit after decoding one small map.
+docs/PROTOCOL.md is the normative description.
+
+This module owns: the frame layout, header keys and kinds, limits, error codes, the typed
+:class:`Header` (decoded and range-checked once, at the edge: ``decode_header``), the one frame
+builder (``frames``) and the one error-body builder (``error_body`` / ``error_header``).
+It must not touch sockets, the clock of another module, or any daemon state.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from itertools import count
 from typing import Any, Final
 
@@ -125,6 +136,11 @@ BATCH_OVERHEAD: Final = 64 * 1024
 """A batch body may exceed max_payload_bytes by this much (its inner headers and framing)."""
 MAX_NAME_LEN: Final = 128
 MAX_TOPIC_LEN: Final = 256
+MAX_ADDRESS_LEN: Final = MAX_NAME_LEN + 1 + 256
+"""``to``, ``from`` and ``origin``: ``name`` or ``name@node`` (a node id or a host name)."""
+MAX_ID_LEN: Final = 256
+MAX_HOPS: Final = 255
+"""The largest ``hops`` a header may carry; the configured ``hop_limit`` (at most 64) is lower."""
 
 
 class FrameError(MeshError, ValueError):
@@ -132,9 +148,12 @@ class FrameError(MeshError, ValueError):
 
     code = "BAD_FRAME"
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", *, fields: dict[str, Any] | None = None) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        #: The decoded header map when only a field's value was wrong (so a refusal can name the
+        #: message's id); None when the header itself could not be decoded.
+        self.fields = fields
 
 
 _DECODE_ERRORS: Final = (
@@ -216,6 +235,89 @@ def decode_routed(frames: list[Any]) -> dict[str, Any]:
     return unpack_header(frames[2])
 
 
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A header decoded and range-checked once at the edge; nothing downstream re-parses it.
+
+    The routing fields are typed attributes; ``fields`` is the whole decoded map (for the rare
+    keys: ``error``, ``ids``, ``what``, ``op``, ``ver``, ``status``, ``count``, and for dead
+    letters). Forwarding keeps the raw frames: a Header is never re-encoded on the way.
+    """
+
+    kind: str
+    id: str | None
+    sender: str | None  # the wire key is "from"
+    to: str | None
+    topic: str | None
+    corr: str | None
+    origin: str | None
+    hops: int
+    deadline: float | None
+    qos: int
+    fields: Mapping[str, Any]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field by its wire key (for the rare keys that have no attribute)."""
+        return self.fields.get(key, default)
+
+    @property
+    def reply_to(self) -> str | None:
+        """Where answers and bounces go: a delegated request's origin, else its sender."""
+        return self.origin or self.sender
+
+
+def _str_field(fields: dict[str, Any], key: str, limit: int) -> str | None:
+    value = fields.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise FrameError("bad_field", f"{key!r} must be a string of at most {limit} characters",
+                         fields=fields)
+    return value
+
+
+def header_from_map(fields: dict[str, Any]) -> Header:
+    """Check every routing field's type and range (issue 8: a negative ``hops`` once bypassed the
+    hop limit); raise FrameError ``bad_field`` (with ``fields`` set) for the first one out of range."""
+    hops = fields.get(HOPS, 0)
+    if type(hops) is not int or not 0 <= hops <= MAX_HOPS:
+        raise FrameError("bad_field", f"'hops' must be an integer 0..{MAX_HOPS}, not {hops!r}"[:120],
+                         fields=fields)
+    qos = fields.get(QOS, 0)
+    if qos is None:
+        qos = 0
+    if type(qos) is not int or qos not in (0, 1):
+        raise FrameError("bad_field", f"'qos' must be 0 or 1, not {qos!r}"[:120], fields=fields)
+    deadline = fields.get(DEADLINE)
+    if deadline is not None and (type(deadline) not in (int, float) or not math.isfinite(deadline)
+                                 or deadline < 0):
+        raise FrameError("bad_field", f"'deadline' must be a finite, non-negative time, not "
+                         f"{deadline!r}"[:120], fields=fields)
+    return Header(
+        kind=fields[KIND],
+        id=_str_field(fields, ID, MAX_ID_LEN),
+        sender=_str_field(fields, FROM, MAX_ADDRESS_LEN),
+        to=_str_field(fields, TO, MAX_ADDRESS_LEN),
+        topic=_str_field(fields, TOPIC, MAX_TOPIC_LEN),
+        corr=_str_field(fields, CORR, MAX_ID_LEN),
+        origin=_str_field(fields, ORIGIN, MAX_ADDRESS_LEN),
+        hops=hops,
+        deadline=None if deadline is None else float(deadline),
+        qos=qos,
+        fields=fields,
+    )
+
+
+def decode_header(data: bytes | memoryview) -> Header:
+    """Decode and range-check one header frame. Raises FrameError, never anything else."""
+    return header_from_map(unpack_header(data))
+
+
+def decode_routed_header(msg: list[Any]) -> Header:
+    """``decode_routed`` returning the typed :class:`Header` (the daemons' edge)."""
+    return header_from_map(decode_routed(msg))
+
+
 def pack_batch(items: list[tuple[dict[str, Any], bytes]]) -> bytes:
     """The body frame of a batch: a msgpack array of ``[header-map, payload-bytes]`` pairs.
 
@@ -247,9 +349,20 @@ def split_batch(msg: list[Any]) -> list[tuple[dict[str, Any], bytes]]:
     return pairs
 
 
-def encode(header: dict[str, Any], payload: bytes = b"") -> list[bytes]:
-    """Frames of one message: signature, encoded header, payload bytes."""
-    return [SIGNATURE, pack(header), payload]
+def frames(header: Mapping[str, Any], payload: bytes = b"") -> list[bytes]:
+    """The one frame builder: ``[SIGNATURE, header, payload]`` of a single message."""
+    return [SIGNATURE, _packer.pack(header), payload]
+
+
+def error_body(code: str, message: str, *, retry: bool = False, retry_after: float | None = None,
+               remote_type: str | None = None) -> dict[str, Any]:
+    """The one error-body builder: the ``error`` map of an error envelope (docs/PROTOCOL.md §7)."""
+    err: dict[str, Any] = {"code": code, "message": message, "retry": retry}
+    if retry_after is not None:
+        err["retry_after"] = retry_after
+    if remote_type:
+        err["type"] = remote_type
+    return err
 
 
 def error_header(
@@ -257,9 +370,7 @@ def error_header(
     retry_after: float | None = None, sender: str | None = None,
 ) -> dict[str, Any]:
     """Header of an error envelope addressed back to the sender of a failed message."""
-    err: dict[str, Any] = {"code": code, "message": message, "retry": retry}
-    if retry_after is not None:
-        err["retry_after"] = retry_after
+    err = error_body(code, message, retry=retry, retry_after=retry_after)
     header: dict[str, Any] = {KIND: Kind.ERROR, ID: new_id(), ERROR: err}
     if to is not None:
         header[TO] = to
@@ -277,12 +388,6 @@ _id_counter = count(1)
 def new_id() -> str:
     """A message id unique across processes: a random per-process prefix and a counter."""
     return f"{_id_prefix}{next(_id_counter):x}"
-
-
-def reseed_ids() -> None:
-    """Give this process a fresh id prefix (call after fork)."""
-    global _id_prefix
-    _id_prefix = os.urandom(6).hex()
 
 
 def topic_key(topic: str) -> bytes:

@@ -11,6 +11,8 @@ the FD is edge-triggered, a send on a socket can swallow the read edge; ``Reacto
 The daemon and the agent client share this pump: the client reads its DEALER through a
 ``Reactor`` too, and writes through a ``SendQueue`` (NOBLOCK sends; what the high-water mark
 refuses waits in order and is retried each loop turn). Nothing here parses a frame.
+Owns: socket construction and options, and the ``Reactor``. It must not parse frames or know
+what a message means: callbacks it drives (routing.py, peers.py, security.py) do that.
 """
 
 from __future__ import annotations

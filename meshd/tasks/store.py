@@ -1,7 +1,7 @@
 """The task store: tasks and plans of one daemon, in SQLite (``<state_dir>/tasks.db``).
 
 Owns the durable records and their bound. WAL, ``synchronous=FULL`` by default (the same rule as
-the qos-1 outbox in meshd/delivery.py: a state change that anyone may act on is on disk first).
+the qos-1 outbox in meshd/qos1.py: a state change that anyone may act on is on disk first).
 Changes are staged and committed in one transaction per loop turn (group commit): ``commit()``
 awaits the shared flush, so many tasks changing at once pay one fsync.
 

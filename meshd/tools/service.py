@@ -48,7 +48,10 @@ class SystemHost(Protocol):
     node_id: str
     socket_path: Path
     plugins: PluginHost
-    local: dict[str, Any]
+
+    def is_local_agent(self, name: str) -> bool:
+        """Whether ``name`` is registered on this daemon (tool calls come from local agents only)."""
+        ...
 
 
 class SystemAgent:
@@ -189,7 +192,7 @@ class SystemAgent:
 
     def _local_caller(self, msg: Message) -> str:
         caller = msg.sender
-        if caller not in self.node.local or caller == self.name:
+        if not self.node.is_local_agent(caller) or caller == self.name:
             raise Forbidden(f"agent {caller!r} is not attached to this daemon: call tools through "
                             "your own daemon")
         return caller

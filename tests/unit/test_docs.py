@@ -16,7 +16,7 @@ from meshd import protocol as P
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "PROTOCOL.md"
 
-NODE_PATH = DOC_PATH.parents[1] / "meshd" / "node.py"
+NODE_PATH = DOC_PATH.parents[1] / "meshd" / "admin.py"  # where the admin ops are answered
 
 # Module-level str constants of meshd.protocol that are not header keys; every other one is.
 NOT_HEADER_KEYS = frozenset({"HANDOFF_TOPIC"})
@@ -167,3 +167,53 @@ def test_topic_envelope_documented(doc: str) -> None:
 
 def test_routed_payloads_never_decoded_stated(doc: str) -> None:
     assert "Daemons never decode the payload of a routed message" in doc
+
+
+ARCH_PATH = DOC_PATH.parent / "architecture.md"
+
+
+def _meshd_names() -> dict[str, object]:
+    import importlib
+    import pkgutil
+
+    import meshd
+
+    names: dict[str, object] = {}
+    for info in pkgutil.iter_modules(meshd.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"meshd.{info.name}")
+        names[info.name] = module
+        for attr, value in vars(module).items():
+            if getattr(value, "__module__", None) == module.__name__:
+                names.setdefault(attr, value)
+    return names
+
+
+def test_every_function_named_in_architecture_exists() -> None:
+    """docs/architecture.md names the function at each step; each must exist in meshd/."""
+    text = ARCH_PATH.read_text(encoding="utf-8")
+    names = _meshd_names()
+    from meshd.client import Agent
+
+    names.setdefault("Agent", Agent)
+    dotted = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)`", text))
+    assert len(dotted) > 30, "architecture.md names too few functions: update this check"
+    missing = []
+    for owner, attr in sorted(dotted):
+        if owner in ("meshd", "header") or attr == "py":  # a file name, checked below
+            continue
+        target = names.get(owner)
+        if target is None or not hasattr(target, attr):
+            missing.append(f"{owner}.{attr}")
+    assert not missing, f"architecture.md names what does not exist: {missing}"
+    modules = set(re.findall(r"`([a-z_]+)\.py`", text))
+    assert modules <= {n for n in names if isinstance(names[n], type(re))}, modules
+
+
+def test_readme_layout_lists_every_module() -> None:
+    readme = (DOC_PATH.parents[1] / "README.md").read_text(encoding="utf-8")
+    package = DOC_PATH.parents[1] / "meshd"
+    missing = [p.name for p in package.glob("*.py")
+               if not p.name.startswith("_") and f"meshd/{p.name}" not in readme]
+    assert not missing, f"README layout table misses {missing}"

@@ -28,7 +28,7 @@ nested_values = st.recursive(
 )
 def test_encode_decode_round_trip(kind: str, fields: dict[str, object], payload: bytes) -> None:
     header = {P.KIND: kind, **fields}
-    frames = P.encode(header, payload)
+    frames = P.frames(header, payload)
     assert frames[0] == P.SIGNATURE
     P.check_signature(frames[0])
     assert P.unpack_header(frames[1]) == header
@@ -140,3 +140,45 @@ def test_every_error_code_has_a_class() -> None:
     assert codes <= set(ERRORS_BY_CODE)
     unknown = error_from_wire({"code": "SOMETHING_NEW", "message": "m"})
     assert type(unknown) is MeshError and unknown.code == "SOMETHING_NEW"
+
+
+def test_header_is_decoded_once_into_typed_fields() -> None:
+    data = P.pack({P.KIND: Kind.REQUEST, P.ID: "i1", P.FROM: "a", P.TO: "b@n", P.TOPIC: "t",
+                   P.CORR: "c", P.ORIGIN: "o", P.HOPS: 3, P.DEADLINE: 12, P.QOS: 1, "x-extra": [1]})
+    h = P.decode_header(data)
+    assert (h.kind, h.id, h.sender, h.to, h.topic, h.corr, h.origin) == (
+        Kind.REQUEST, "i1", "a", "b@n", "t", "c", "o")
+    assert h.hops == 3 and h.qos == 1 and h.deadline == 12.0 and isinstance(h.deadline, float)
+    assert h.get("x-extra") == [1] and h.reply_to == "o"
+    with pytest.raises(AttributeError):
+        h.hops = 0  # type: ignore[misc]  # frozen
+    bare = P.decode_header(P.pack({P.KIND: Kind.SEND}))
+    assert (bare.hops, bare.qos, bare.deadline, bare.to) == (0, 0, None, None)
+
+
+@pytest.mark.parametrize("key,value", [
+    (P.HOPS, -1), (P.HOPS, -1_000_000), (P.HOPS, P.MAX_HOPS + 1), (P.HOPS, True), (P.HOPS, 1.0),
+    (P.QOS, 2), (P.QOS, -1), (P.QOS, "1"), (P.DEADLINE, float("inf")), (P.DEADLINE, float("nan")),
+    (P.DEADLINE, -0.5), (P.DEADLINE, "soon"), (P.TO, 5), (P.TO, "x" * (P.MAX_ADDRESS_LEN + 1)),
+    (P.ID, b"bin"), (P.TOPIC, "t" * (P.MAX_TOPIC_LEN + 1)), (P.CORR, 7), (P.FROM, ["a"]),
+])
+def test_header_field_out_of_range_is_a_bad_field(key: str, value: object) -> None:
+    fields = {P.KIND: Kind.REQUEST, P.ID: "keep-me", key: value}
+    with pytest.raises(FrameError) as info:
+        P.decode_header(P.pack(fields))
+    assert info.value.reason == "bad_field"
+    assert info.value.fields is not None and info.value.fields.get(P.ID) == (
+        "keep-me" if key != P.ID else value)  # a refusal can name the message
+
+
+@pytest.mark.parametrize("key,value", [(P.HOPS, 0), (P.HOPS, P.MAX_HOPS), (P.QOS, 0), (P.QOS, None),
+                                       (P.DEADLINE, 0), (P.DEADLINE, 1.7e9)])
+def test_header_field_in_range_is_accepted(key: str, value: object) -> None:
+    P.decode_header(P.pack({P.KIND: Kind.SEND, key: value}))
+
+
+def test_one_error_body_builder() -> None:
+    body = P.error_body("X", "m", retry=True, retry_after=0.5, remote_type="ValueError")
+    assert body == {"code": "X", "message": "m", "retry": True, "retry_after": 0.5, "type": "ValueError"}
+    assert P.error_header("to", "c", "X", "m", retry=True, retry_after=0.5)[P.ERROR] == {
+        "code": "X", "message": "m", "retry": True, "retry_after": 0.5}

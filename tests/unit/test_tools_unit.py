@@ -119,8 +119,10 @@ def test_validation_names_the_field() -> None:
 
 
 def test_tool_errors_round_trip_the_wire() -> None:
+    from meshd.protocol import error_body
+
     for cls in (NoSuchTool, ApprovalDenied, Forbidden, QuotaExceeded, NotWired, NoSuchApproval, QueueFull):
-        err = error_from_wire(cls("why").to_wire())
+        err = error_from_wire(error_body(cls.code, "why"))
         assert type(err) is cls and err.message == "why"
 
 

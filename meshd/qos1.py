@@ -1,4 +1,4 @@
-"""qos 1 bookkeeping: the sender's durable outbox and the receiver's seen-set, in one SQLite file.
+"""qos 1: the durable outbox and seen-set (SQLite), and the at-least-once machine, sans I/O.
 
 A qos-1 *unit* is one ZeroMQ message as the client sent it: a single message or a batch. The
 sending daemon stages it in the outbox, and only after ``flush`` (one transaction, WAL with
@@ -7,12 +7,17 @@ daemon records a unit's id as *done* once the agent's handler has finished, flus
 then acks to the sender, which deletes the unit. Staged writes from one loop iteration share
 one commit (group commit), so the fsync cost is paid per batch of units, not per message.
 
-Everything here is synchronous and cheap except ``flush``; the node calls it once per loop
-iteration when something is staged.
+Owns: :class:`DeliveryStore` (the SQLite file ``<state_dir>/delivery.db``) and :class:`Qos1`,
+the state machine. Like h11, the machine takes events (accept, ack, bounce, tick, flush, ...)
+and *returns actions* (:class:`Confirm`, :class:`Attempt`, :class:`SendAcks`, :class:`Acked`,
+:class:`GiveUp`) instead of calling back; its clocks are injected. It must not touch sockets,
+routing or plugins: ``meshd/qos1_driver.py`` performs the actions. Unit tests drive it with a
+fake clock and an in-memory SQLite store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import time
@@ -20,9 +25,15 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import msgpack
+
+from . import protocol as P
+from .backoff import backoff_delay
+from .protocol import FrameError
+
+__all__ = ["Acked", "Action", "Attempt", "Confirm", "DeliveryStore", "GiveUp", "OutboxEntry", "Qos1",
+           "SendAcks"]
 
 log = logging.getLogger("meshd.delivery")
 
@@ -45,13 +56,18 @@ CREATE TABLE IF NOT EXISTS seen (
 
 @dataclass(eq=False)
 class OutboxEntry:
-    """A qos-1 unit waiting for its ack."""
+    """A qos-1 unit waiting for its ack.
+
+    It carries its decoded ``header`` (destination, sender, kind and topic come from it), so no
+    attempt, outcome or dead letter decodes the header frame again.
+    """
 
     id: str
     dest: str
     frames: list[bytes]  # [signature, header, payload...] exactly as the client sent it
     created: float
     expires: float
+    header: P.Header | None = None  # None only for a stored unit whose header no longer decodes
     attempts: int = 0
     next_attempt: float = 0.0  # monotonic; in memory only (after a restart everything is due)
     backoff: float = 0.0
@@ -64,9 +80,12 @@ class OutboxEntry:
 class DeliveryStore:
     """The outbox and the seen-set of one node (``<state_dir>/delivery.db``)."""
 
-    def __init__(self, path: Path, seen_ttl: float = 24 * 3600.0) -> None:
+    def __init__(self, path: Path | str, seen_ttl: float = 24 * 3600.0, *,
+                 wall: Callable[[], float] = time.time) -> None:
+        """``path`` may be ``":memory:"`` (tests); ``wall`` is the clock done-marks are dated with."""
         self.path = path
         self.seen_ttl = seen_ttl
+        self._wall = wall
         self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # "accepted" means on disk (RELIABILITY.md)
@@ -82,18 +101,16 @@ class DeliveryStore:
         self._load()
 
     def _load(self) -> None:
-        now = time.time()
+        now = self._wall()
         self.db.execute("DELETE FROM seen WHERE at < ?", (now - self.seen_ttl,))
         for row in self.db.execute("SELECT id, dest, frames, attempts, created, expires FROM outbox"):
             frames = msgpack.unpackb(row[2], raw=False)
-            sender = ""
-            try:  # the sending agent, to tell it if the unit finally fails
-                header = msgpack.unpackb(frames[1], raw=False)
-                sender = str(header.get("from", "")) if isinstance(header, dict) else ""
-            except (ValueError, TypeError, IndexError, msgpack.ExtraData):
-                pass
+            header: P.Header | None = None
+            with contextlib.suppress(FrameError, IndexError, TypeError):  # decoded once, here
+                header = P.decode_header(frames[1])
             entry = OutboxEntry(id=row[0], dest=row[1], frames=list(frames), attempts=int(row[3]),
-                                created=float(row[4]), expires=float(row[5]), durable=True, sender=sender)
+                                created=float(row[4]), expires=float(row[5]), durable=True,
+                                sender=header.sender or "" if header else "", header=header)
             self.outbox[entry.id] = entry
         for msg_id, at, origin in self.db.execute("SELECT id, at, origin FROM seen"):
             self.seen[msg_id] = at
@@ -128,7 +145,7 @@ class DeliveryStore:
 
     def mark_done(self, msg_id: str, origin: str = "") -> None:
         if msg_id not in self.seen:
-            at = time.time()
+            at = self._wall()
             self.seen[msg_id] = at
             self.seen_origin[msg_id] = origin
             self._seen_add.append((msg_id, at, origin))
@@ -178,7 +195,7 @@ class DeliveryStore:
 
     def prune_seen(self) -> int:
         """Forget done-marks older than ``seen_ttl`` (far beyond any retry of them)."""
-        cutoff = time.time() - self.seen_ttl
+        cutoff = self._wall() - self.seen_ttl
         old = [k for k, at in self.seen.items() if at < cutoff]
         for k in old:
             del self.seen[k]
@@ -194,59 +211,48 @@ class DeliveryStore:
             self.db.close()
 
 
-class DeadLetters:
-    """Bounded FIFO of undeliverable messages (oldest evicted), kept whole so they can be replayed.
+# ---------------------------------------------------------------------------------------- actions
 
-    Bounded twice: by count (``dead_letter_capacity``) and by bytes, so a burst of large
-    payloads cannot grow the daemon without limit.
-    """
 
-    def __init__(self, capacity: int = 1024, max_bytes: int = 64 * 1024 * 1024) -> None:
-        self.capacity = capacity
-        self.max_bytes = max_bytes
-        self._items: dict[int, dict[str, Any]] = {}
-        self._bytes = 0
-        self.total = 0
-        self.evicted = 0
+@dataclass(frozen=True, slots=True)
+class Confirm:
+    """Tell the client connection ``rid`` that unit ``unit_id`` is on disk (``ok`` with qos 1)."""
 
-    def add(self, reason: str, detail: str, frames: list[bytes] | None = None,
-            header: dict[str, Any] | None = None, attempts: int = 0) -> dict[str, Any]:
-        self.total += 1
-        kept = list(frames or [])
-        letter = {
-            "seq": self.total,
-            "at": time.time(),
-            "reason": reason,
-            "detail": detail[:500],
-            "attempts": attempts,
-            "header": header,
-            "frames": kept,
-        }
-        self._items[self.total] = letter
-        self._bytes += sum(len(f) for f in kept)
-        while self._items and (len(self._items) > self.capacity or self._bytes > self.max_bytes):
-            oldest = next(iter(self._items))
-            self._bytes -= sum(len(f) for f in self._items.pop(oldest)["frames"])
-            self.evicted += 1
-        return letter
+    rid: bytes
+    unit_id: str
 
-    def list(self) -> list[dict[str, Any]]:
-        return list(self._items.values())
 
-    def get(self, seq: int) -> dict[str, Any] | None:
-        return self._items.get(seq)
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """Route the unit now (an attempt was counted)."""
 
-    def pop(self, seq: int) -> dict[str, Any] | None:
-        letter = self._items.pop(seq, None)
-        if letter is not None:
-            self._bytes -= sum(len(f) for f in letter["frames"])
-        return letter
+    entry: OutboxEntry
 
-    def purge(self) -> int:
-        n = len(self._items)
-        self._items.clear()
-        self._bytes = 0
-        return n
+
+@dataclass(frozen=True, slots=True)
+class SendAcks:
+    """Ack these handled unit ids to the daemon ``origin`` (perhaps this one)."""
+
+    origin: str
+    ids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """The receiver acknowledged the unit: its handler finished."""
+
+    entry: OutboxEntry
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Out of attempts or time: the unit becomes a dead letter; tell its sender why."""
+
+    entry: OutboxEntry
+    why: str
+
+
+Action = Confirm | Attempt | SendAcks | Acked | GiveUp
 
 
 @dataclass(eq=False)
@@ -257,70 +263,65 @@ class _Delivering:
 
 
 class Qos1:
-    """The at-least-once state machine, with the node's routing injected as callbacks.
+    """The at-least-once state machine: events in, actions out.
 
-    Sender side: ``accept`` stages a unit; after the group commit it is confirmed to the client
-    and tried; an ack removes it; a bounce (receiver absent, inbox full, peer unreachable) defers
-    it without using an attempt; unacknowledged attempts back off (ack timeout doubling) until
-    ``attempts`` are used or ``ttl`` passes, then ``give_up`` makes it a dead letter.
-    Receiver side: ``admit`` decides whether a unit is handed to its agent (never twice while
-    the agent still has it; never again once done); ``agent_acked`` records done-marks, which are
-    flushed before the ack travels back to the sender.
+    Sender side: ``accept`` stages a unit; ``flush`` commits and returns its confirmation and
+    first attempt; ``acks_arrived`` returns what was acknowledged; a bounce (receiver absent,
+    inbox full, peer unreachable) defers a unit without using an attempt; ``tick`` returns
+    retries (ack timeout doubling, jittered) and, once ``attempts`` are used or ``ttl`` passed,
+    ``GiveUp``. Receiver side: ``admit`` decides whether a unit is handed to its agent (never
+    twice while the agent still has it; never again once done); ``agent_acked`` records
+    done-marks, and the next ``flush`` returns the acks to send back. ``needs_flush`` says when a
+    commit is due.
     """
 
-    def __init__(
-        self,
-        store: DeliveryStore,
-        *,
-        attempts: int,
-        ack_timeout: float,
-        ttl: float,
-        attempt: Callable[[OutboxEntry], None],
-        confirm: Callable[[bytes, str], None],
-        send_acks: Callable[[str, list[str]], None],
-        acked: Callable[[OutboxEntry], None],
-        give_up: Callable[[OutboxEntry, str], None],
-        schedule_flush: Callable[[], None],
-    ) -> None:
+    def __init__(self, store: DeliveryStore, *, attempts: int, ack_timeout: float, ttl: float,
+                 monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 jitter: float = 0.0) -> None:
         self.store = store
         self.max_attempts = attempts
         self.ack_timeout = ack_timeout
         self.ttl = ttl
-        self._attempt = attempt
-        self._confirm = confirm
-        self._send_acks = send_acks
-        self._acked = acked
-        self._give_up = give_up
-        self._schedule_flush = schedule_flush
+        self._monotonic = monotonic
+        self._wall = wall
+        self._jitter = jitter
         self._confirm_to: dict[str, bytes] = {}
         self._delivering: dict[str, _Delivering] = {}
         self._acks_out: dict[str, list[str]] = {}
         self.stats: Counter[str] = Counter()
 
+    @property
+    def needs_flush(self) -> bool:
+        """Something staged, confirmations or acks waiting: call ``flush`` soon."""
+        return self.store.dirty or bool(self._acks_out) or bool(self._confirm_to)
+
     # ------------------------------------------------------------------ sender side
 
-    def accept(self, rid: bytes | None, sender: str, unit_id: str, dest: str, frames: list[bytes]) -> None:
-        """Stage a unit; ``rid`` (if any) is told "ok" once it is on disk."""
-        now = time.time()
+    def accept(self, rid: bytes | None, sender: str, unit_id: str, dest: str, frames: list[bytes],
+               header: P.Header | None = None) -> None:
+        """Stage a unit; ``rid`` (if any) is confirmed by the ``flush`` that makes it durable."""
+        now = self._wall()
         if unit_id in self.store.outbox:
             if rid is not None:
                 self._confirm_to[unit_id] = rid  # a client retry of a unit we have: confirm again
-            self._schedule_flush()
             return
+        if header is None:
+            with contextlib.suppress(FrameError, IndexError):
+                header = P.decode_header(frames[1])
         entry = OutboxEntry(id=unit_id, dest=dest, frames=frames, created=now, expires=now + self.ttl,
-                            sender=sender)
+                            sender=sender, header=header)
         self.store.stage(entry)
         if rid is not None:
             self._confirm_to[unit_id] = rid
         self.stats["accepted"] += 1
-        self._schedule_flush()
 
-    def try_entry(self, entry: OutboxEntry) -> None:
+    def _try(self, entry: OutboxEntry) -> Attempt:
         entry.attempts += 1
-        entry.next_attempt = time.monotonic() + self.ack_timeout * 2 ** (entry.attempts - 1)
+        entry.next_attempt = self._monotonic() + backoff_delay(
+            entry.attempts, self.ack_timeout, float("inf"), jitter=self._jitter)
         self.store.record_attempt(entry)
         self.stats["attempts"] += 1
-        self._attempt(entry)
+        return Attempt(entry)
 
     def bounced(self, unit_id: str, code: str) -> bool:
         """A delivery attempt bounced; True if it was one of our units (it now waits)."""
@@ -329,39 +330,50 @@ class Qos1:
             return False
         entry.attempts = max(0, entry.attempts - 1)  # a bounce is not a delivery: refund it
         entry.deferrals += 1
-        entry.next_attempt = time.monotonic() + min(0.1 * 2 ** min(entry.deferrals, 6), 5.0)
+        entry.next_attempt = self._monotonic() + backoff_delay(entry.deferrals + 1, 0.1, 5.0,
+                                                               jitter=self._jitter)
         entry.extra["last_error"] = code
         self.stats[f"deferred_{code.lower()}"] += 1
         return True
 
-    def acks_arrived(self, ids: list[str]) -> None:
+    def is_ours(self, unit_id: str) -> bool:
+        """Is ``unit_id`` a unit in our outbox (an error about it is a bounce of ours)?"""
+        return unit_id in self.store.outbox
+
+    def acks_arrived(self, ids: list[str]) -> list[Action]:
+        actions: list[Action] = []
         for unit_id in ids:
             entry = self.store.remove(unit_id)
             if entry is not None:
                 self.stats["acked"] += 1
-                self._acked(entry)
-        self._schedule_flush()
+                actions.append(Acked(entry))
+        return actions
 
-    def tick(self) -> None:
+    def tick(self) -> list[Action]:
         """Retry what is due; give up on what is out of attempts or time."""
-        now_m = time.monotonic()
-        now = time.time()
+        now_m = self._monotonic()
+        now = self._wall()
+        actions: list[Action] = []
         for entry in list(self.store.outbox.values()):
             if not entry.durable or entry.next_attempt > now_m:
                 continue
             if now > entry.expires:
-                self._drop(entry, f"not delivered within qos1_ttl ({self.ttl:g} s); last error: "
-                                  f"{entry.extra.get('last_error', 'none')}")
+                actions.append(self._drop(entry, f"not delivered within qos1_ttl ({self.ttl:g} s); "
+                                                 f"last error: {entry.extra.get('last_error', 'none')}"))
             elif entry.attempts >= self.max_attempts:
-                self._drop(entry, f"no ack after {entry.attempts} attempt(s)")
+                actions.append(self._drop(entry, f"no ack after {entry.attempts} attempt(s)"))
             else:
-                self.try_entry(entry)
+                actions.append(self._try(entry))
+        return actions
 
-    def _drop(self, entry: OutboxEntry, why: str) -> None:
+    def _drop(self, entry: OutboxEntry, why: str) -> GiveUp:
         self.store.remove(entry.id)
         self.stats["dead_lettered"] += 1
-        self._give_up(entry, why)
-        self._schedule_flush()
+        return GiveUp(entry, why)
+
+    def remove(self, unit_id: str) -> None:
+        """Forget a unit that cannot travel (its stored header no longer decodes)."""
+        self.store.remove(unit_id)
 
     # ------------------------------------------------------------------ receiver side
 
@@ -370,13 +382,12 @@ class Qos1:
         if self.store.is_done(unit_id):
             self.stats["dup_suppressed"] += 1
             self._acks_out.setdefault(origin, []).append(unit_id)
-            self._schedule_flush()
             return False
         current = self._delivering.get(unit_id)
         if current is not None and current.rid == rid and rid_alive(rid):
             self.stats["dup_in_flight"] += 1
             return False
-        self._delivering[unit_id] = _Delivering(origin, rid, time.monotonic())
+        self._delivering[unit_id] = _Delivering(origin, rid, self._monotonic())
         return True
 
     def reack_if_done(self, unit_id: str, origin: str) -> bool:
@@ -385,7 +396,6 @@ class Qos1:
             return False
         self.stats["dup_suppressed"] += 1
         self._acks_out.setdefault(origin, []).append(unit_id)
-        self._schedule_flush()
         return True
 
     def reack_origin(self, origin: str, since: float) -> int:
@@ -394,7 +404,6 @@ class Qos1:
         ids = self.store.done_for(origin, since)
         if ids:
             self._acks_out.setdefault(origin, []).extend(ids)
-            self._schedule_flush()
         return len(ids)
 
     def not_delivered(self, unit_id: str) -> None:
@@ -408,33 +417,33 @@ class Qos1:
                 continue
             self.store.mark_done(unit_id, d.origin)
             self._acks_out.setdefault(d.origin, []).append(unit_id)
-        self._schedule_flush()
 
     def forget_delivering(self, older_than: float) -> None:
         """Drop in-flight records of agents that never acked (a retry will redeliver)."""
-        cutoff = time.monotonic() - older_than
+        cutoff = self._monotonic() - older_than
         for unit_id in [k for k, d in self._delivering.items() if d.at < cutoff]:
             del self._delivering[unit_id]
 
     # ------------------------------------------------------------------ commit
 
-    def flush(self) -> None:
-        """Group commit, then what waited for it: confirmations, first tries, acks to senders."""
+    def flush(self) -> list[Action]:
+        """Group commit, then what waited for it: confirmations, first tries, acks to senders.
+
+        Raises what SQLite raises (nothing staged is then confirmed)."""
+        actions: list[Action] = []
         durable = self.store.flush()
         for entry in durable:
             rid = self._confirm_to.pop(entry.id, None)
             if rid is not None:
-                self._confirm(rid, entry.id)
-            self.try_entry(entry)
+                actions.append(Confirm(rid, entry.id))
+            actions.append(self._try(entry))
         for unit_id, rid in list(self._confirm_to.items()):
             if unit_id in self.store.outbox and self.store.outbox[unit_id].durable:
                 del self._confirm_to[unit_id]
-                self._confirm(rid, unit_id)
+                actions.append(Confirm(rid, unit_id))
         acks, self._acks_out = self._acks_out, {}
-        for origin, ids in acks.items():
-            self._send_acks(origin, ids)
-        if self.store.dirty:
-            self._schedule_flush()
+        actions.extend(SendAcks(origin, ids) for origin, ids in acks.items())
+        return actions
 
     @property
     def pending(self) -> int:

@@ -1,0 +1,294 @@
+"""The local agent socket: the link to it, and its control plane (register, heartbeats, subscribe).
+
+Owns: :class:`AgentLink` (sending on the local ipc ROUTER: one place that frames a message for an
+agent and kicks the reactor) and :class:`LocalAgents` (agent control messages: register with the
+name rules, unregister, agent heartbeats and telemetry, subscribe/unsubscribe, acks of qos-1
+units, queries and admin calls handed to admin.py; probing for agents whose connection closed;
+telling peers when the local directory changed). The records themselves live in directory.py.
+It must not route messages (routing.py) or touch the qos-1 outbox beyond reporting agent acks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from . import protocol as P
+from . import transport
+from .config import Settings
+from .directory import Directory, LocalAgent
+from .liveness import PeerState, next_state
+from .peers import PeerTable
+from .plugins import PluginHost
+from .protocol import FrameError, Kind
+from .tools.names import SYSTEM_PREFIX
+
+if TYPE_CHECKING:
+    from .admin import Admin
+    from .qos1_driver import Qos1Driver
+
+__all__ = ["AgentLink", "LocalAgents"]
+
+log = logging.getLogger("meshd.node")
+
+
+class AgentLink:
+    """The local agent ROUTER (ipc, mode 0660): every message to a local agent leaves here."""
+
+    def __init__(self, sock: zmq.Socket[Any], reactor: transport.Reactor, node_id: str) -> None:
+        self.sock = sock
+        self.reactor = reactor
+        self.node_id = node_id
+
+    def kick(self) -> None:
+        """Re-check the socket after sends (its FD is edge-triggered)."""
+        self.reactor.kick(self.sock)
+
+    def send(self, rid: bytes, header: Mapping[str, Any], body: bytes = b"") -> bool:
+        try:
+            self.sock.send_multipart([rid, *P.frames(header, body)], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
+        finally:
+            self.reactor.kick(self.sock)
+
+    def send_error(self, rid: bytes, corr: Any, code: str, message: str) -> None:
+        """An error envelope from this daemon on the connection ``rid`` (no routing)."""
+        err = P.error_header(None, corr if isinstance(corr, str) else None, code, message,
+                             sender=f"meshd@{self.node_id}")
+        self.send(rid, err)
+
+
+class LocalAgents:
+    """Agent control on the local socket; the agent records live in the :class:`Directory`."""
+
+    def __init__(self, settings: Settings, *, node_id: str, name: str, directory: Directory,
+                 peer_table: PeerTable, link: AgentLink, plugins: PluginHost, stats: Counter[str],
+                 node_info: Callable[[], dict[str, Any]]) -> None:
+        self.settings = settings
+        self.node_id = node_id
+        self.name = name
+        #: Only the daemon's own system agent (meshd/tools/service.py) knows this: the
+        #: ``meshd.sys.`` names are the daemons' own.
+        self.system_token = ""
+        self.directory = directory
+        self.peer_table = peer_table
+        self.peers = peer_table.peers
+        self.link = link
+        self.plugins = plugins
+        self.stats = stats
+        self.node_info = node_info
+        self.stopping = False
+        self.qos: Qos1Driver
+        self.admin: Admin
+
+    def on_control(self, rid: bytes, agent: LocalAgent | None, kind: str,
+                          header: P.Header, frames: list[bytes]) -> None:
+        msg_id = header.id
+        if kind == Kind.AGENT_HEARTBEAT:
+            if agent is None:  # we restarted and forgot it: tell it to register again
+                self.link.send_error(rid, None, P.ErrorCode.NOT_REGISTERED, "not registered")
+                return
+            if agent is not None:
+                with contextlib.suppress(FrameError):
+                    telemetry = P.unpack_body(frames[3], 16 * 1024)
+                    if isinstance(telemetry, dict):
+                        agent.telemetry = telemetry
+                if agent.state is not PeerState.ONLINE:
+                    self.agent_event(agent, str(agent.state), "online")
+                    agent.state = PeerState.ONLINE
+                    self.directory_changed()  # peers show agent states too
+            return
+        if kind == Kind.REGISTER:
+            self.register(rid, agent, msg_id, frames)
+            return
+        if kind == Kind.ACK:
+            ids = header.get(P.IDS)
+            if isinstance(ids, list):
+                self.qos.agent_acked([i for i in ids if isinstance(i, str)])
+            return
+        if kind == Kind.ADMIN:
+            self.admin.handle(rid, msg_id, header, frames)
+            return
+        if kind == Kind.QUERY:
+            what = header.get(P.WHAT)
+            if what == "agents":
+                body: Any = self.admin.agent_list()
+            elif what == "peers":
+                body = self.admin.peer_list()
+            elif what == "node":
+                body = self.node_info()
+            else:
+                self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"unknown query {what!r}")
+                return
+            self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack(body))
+            return
+        if agent is None:
+            self.link.send_error(rid, msg_id, P.ErrorCode.NOT_REGISTERED, "register a name first")
+            return
+        if kind == Kind.UNREGISTER:
+            self.remove(agent, "unregistered")
+            self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id})
+            return
+        topic = header.topic
+        if not P.valid_topic(topic):
+            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"invalid topic {topic!r}")
+            return
+        if kind == Kind.SUBSCRIBE:
+            self.subscribe(agent, str(topic), durable=header.qos == 1)
+        else:
+            self.unsubscribe(agent, str(topic))
+        self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id})
+
+    def register(self, rid: bytes, agent: LocalAgent | None, msg_id: Any, frames: list[bytes]) -> None:
+        try:
+            body = P.unpack_body(frames[3], 64 * 1024)
+        except FrameError as exc:
+            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, str(exc))
+            return
+        name = body.get("name") if isinstance(body, dict) else None
+        if not P.valid_name(name):
+            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                   f"invalid agent name {name!r}: 1-128 printable characters, "
+                                   "no '@' or spaces")
+            return
+        assert isinstance(name, str) and isinstance(body, dict)
+        caps = body.get("capabilities") or []
+        meta = body.get("metadata") or {}
+        caps_ok = isinstance(caps, list) and all(isinstance(c, str) for c in caps)
+        if not caps_ok or not isinstance(meta, dict):
+            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                   "capabilities must be a list of strings, metadata a map")
+            return
+        # The meshd.sys. prefix is the daemons' own; only our system agent, which knows the token,
+        # may register it (the token is not kept in the directory).
+        token = meta.pop("meshd.sys.token", None)
+        if name.startswith(SYSTEM_PREFIX) and (not self.system_token or token != self.system_token):
+            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                 f"agent names starting with {SYSTEM_PREFIX!r} are reserved for daemons")
+            return
+        if agent is not None and agent.name != name:
+            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                   f"this connection is already registered as {agent.name!r}")
+            return
+        holder = self.directory.local.get(name)
+        if holder is not None and holder.rid != rid:
+            if self.alive(holder):
+                self.link.send_error(rid, msg_id, P.ErrorCode.NAME_TAKEN,
+                                       f"name {name!r} is taken on this node ({self.node_id})")
+                return
+            self.remove(holder, "replaced by a new connection")
+        host = self.directory.host_of(name)
+        peer = self.peers.get(host) if host is not None else None
+        if peer is not None:
+            self.link.send_error(rid, msg_id, P.ErrorCode.NAME_TAKEN,
+                                   f"name {name!r} is taken on node {peer.node_id} ({peer.name})")
+            return
+        if holder is None or holder.rid != rid:
+            agent = LocalAgent(name=name, rid=rid, capabilities=caps, metadata=meta,
+                               registered_at=time.time())
+            self.directory.add_local(agent)
+        else:
+            holder.capabilities, holder.metadata = caps, meta
+        self.directory_changed()
+        log.info("agent %r registered", name)
+        if holder is None or holder.rid != rid:
+            self.agent_event(self.directory.local[name], "absent", "online")
+        self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id},
+                         P.pack({"node": self.node_id, "node_name": self.name, "mesh": self.settings.mesh}))
+
+    def alive(self, agent: LocalAgent) -> bool:
+        """Probe with a PING: ROUTER_MANDATORY says at once whether the connection still exists."""
+        try:
+            self.link.sock.send_multipart([agent.rid, P.SIGNATURE, P.pack({P.KIND: Kind.PING}), b""],
+                                            zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return True  # connected but busy
+        except zmq.ZMQError:
+            return False
+
+    def rid_alive(self, rid: bytes) -> bool:
+        agent = self.directory.local_by_rid.get(rid)
+        return agent is not None and self.alive(agent)
+
+    def remove(self, agent: LocalAgent, why: str) -> None:
+        dropped = self.directory.remove_local(agent)
+        if dropped is None:
+            return
+        self.peer_table.subscribe_all(dropped, zmq.UNSUBSCRIBE)
+        log.info("agent %r removed: %s", agent.name, why)
+        self.agent_event(agent, str(agent.state), "absent")
+        self.directory_changed()
+
+    def evict(self, agent: LocalAgent, why: str) -> None:
+        err = P.error_header(agent.name, None, P.ErrorCode.NAME_TAKEN, why, sender=f"meshd@{self.node_id}")
+        self.link.send(agent.rid, err)
+        self.remove(agent, why)
+
+    def on_monitor(self, frames: list[bytes]) -> None:
+        # An agent connection closed; find out which by probing (MANDATORY reports the dead one).
+        # libzmq may still be tearing the pipe down, so probe again a moment later.
+        loop = asyncio.get_running_loop()
+        self.probe()
+        loop.call_later(0.05, self.probe)
+        loop.call_later(0.5, self.probe)
+
+    def probe(self) -> None:
+        if self.stopping:
+            return
+        for agent in list(self.directory.local.values()):
+            if not self.alive(agent):
+                self.remove(agent, "disconnected")
+        self.link.kick()
+
+    def directory_changed(self) -> None:
+        self.directory.bump()
+        body = P.pack(self.directory.body())
+        header = {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, P.VER: self.directory.version}
+        for peer in self.peers.values():
+            if peer.greeted and peer.state is not PeerState.OFFLINE:
+                self.peer_table.send(peer, header, body)
+
+    def subscribe(self, agent: LocalAgent, topic: str, durable: bool = False) -> None:
+        changed, key = self.directory.subscribe(agent, topic, durable)
+        if key is not None:
+            self.peer_table.subscribe_all([key], zmq.SUBSCRIBE)
+        if changed:
+            self.directory_changed()
+
+    def unsubscribe(self, agent: LocalAgent, topic: str) -> None:
+        changed, key = self.directory.unsubscribe(agent, topic)
+        if key is not None:
+            self.peer_table.subscribe_all([key], zmq.UNSUBSCRIBE)
+        if changed:
+            self.directory_changed()
+
+    def agent_event(self, agent: LocalAgent, old: str, new: str) -> None:
+        self.plugins.agent_state({"name": agent.name, "node": self.node_id,
+                                  "capabilities": list(agent.capabilities)}, old, new)
+
+    def telemetry(self) -> dict[str, Any]:
+        return {a.name: {"state": str(a.state), "telemetry": a.telemetry}
+                for a in self.directory.local.values()}
+
+    def check_liveness(self, now: float) -> None:
+        """Silent agents go stale, then are removed (``now``: monotonic seconds)."""
+        s = self.settings
+        for agent in list(self.directory.local.values()):
+            age = now - agent.last_seen
+            state = next_state(agent.state, age, s.stale_after, s.offline_after)
+            if state is PeerState.OFFLINE:
+                self.remove(agent, f"no heartbeat for {age:.1f} s")
+            elif state is PeerState.STALE:
+                self.agent_event(agent, str(agent.state), "stale")
+                agent.state = PeerState.STALE
+                self.directory_changed()

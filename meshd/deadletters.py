@@ -1,0 +1,68 @@
+"""Dead letters: a bounded FIFO of undeliverable messages, kept whole so they can be replayed.
+
+Owns: the in-memory dead-letter list (count- and byte-bounded, oldest evicted) and its sequence
+numbers. It must not send anything: the node passes each new letter to the dead-letter hook, and
+admin.py lists, shows, replays and purges them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["DeadLetters"]
+
+
+class DeadLetters:
+    """Bounded FIFO of undeliverable messages (oldest evicted), kept whole so they can be replayed.
+
+    Bounded twice: by count (``dead_letter_capacity``) and by bytes, so a burst of large
+    payloads cannot grow the daemon without limit.
+    """
+
+    def __init__(self, capacity: int = 1024, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self.capacity = capacity
+        self.max_bytes = max_bytes
+        self._items: dict[int, dict[str, Any]] = {}
+        self._bytes = 0
+        self.total = 0
+        self.evicted = 0
+
+    def add(self, reason: str, detail: str, frames: list[bytes] | None = None,
+            header: dict[str, Any] | None = None, attempts: int = 0) -> dict[str, Any]:
+        self.total += 1
+        kept = list(frames or [])
+        letter = {
+            "seq": self.total,
+            "at": time.time(),
+            "reason": reason,
+            "detail": detail[:500],
+            "attempts": attempts,
+            "header": header,
+            "frames": kept,
+        }
+        self._items[self.total] = letter
+        self._bytes += sum(len(f) for f in kept)
+        while self._items and (len(self._items) > self.capacity or self._bytes > self.max_bytes):
+            oldest = next(iter(self._items))
+            self._bytes -= sum(len(f) for f in self._items.pop(oldest)["frames"])
+            self.evicted += 1
+        return letter
+
+    def list(self) -> list[dict[str, Any]]:
+        return list(self._items.values())
+
+    def get(self, seq: int) -> dict[str, Any] | None:
+        return self._items.get(seq)
+
+    def pop(self, seq: int) -> dict[str, Any] | None:
+        letter = self._items.pop(seq, None)
+        if letter is not None:
+            self._bytes -= sum(len(f) for f in letter["frames"])
+        return letter
+
+    def purge(self) -> int:
+        n = len(self._items)
+        self._items.clear()
+        self._bytes = 0
+        return n

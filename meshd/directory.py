@@ -1,0 +1,234 @@
+"""The agent directory: this node's agents, the agents peers host, and the topic index.
+
+Owns: :class:`LocalAgent` records (by name and by connection routing id), the remote records
+each peer last sent (by node id), which node hosts which remote name, the name-conflict rule
+(:func:`loses_name`), the directory version peers compare on heartbeats, and the index of local
+topic subscriptions (with their PUB/SUB keys). It must not touch sockets, peers or plugins: it
+returns what changed (a key to subscribe, the local agents that lost a name) and the node acts.
+Peers and the directory never import each other; they meet only in node.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import protocol as P
+from .liveness import PeerState
+from .tools.names import SYSTEM_PREFIX
+
+__all__ = ["Directory", "LocalAgent", "loses_name"]
+
+
+@dataclass(eq=False)
+class LocalAgent:
+    """An agent attached to this daemon over the local socket."""
+
+    name: str
+    rid: bytes
+    capabilities: list[str]
+    metadata: dict[str, Any]
+    registered_at: float
+    topics: set[str] = field(default_factory=set)
+    durable: set[str] = field(default_factory=set)  # topics whose qos-1 publications it must not miss
+    last_seen: float = field(default_factory=time.monotonic)
+    state: PeerState = PeerState.ONLINE
+    telemetry: dict[str, Any] = field(default_factory=dict)
+
+    def record(self, node_id: str) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "node": node_id,
+            "capabilities": self.capabilities,
+            "metadata": self.metadata,
+            "topics": sorted(self.topics),
+            "durable": sorted(self.durable),
+            "registered_at": self.registered_at,
+            "state": str(self.state),
+            "telemetry": self.telemetry,
+        }
+
+
+def loses_name(mine: LocalAgent, own_node_id: str, theirs: Mapping[str, Any]) -> bool:
+    """Two nodes accepted one name at the same time: the earlier registration keeps it.
+
+    Ties on the registration time go to the smaller node id. A record whose time is not a
+    number never wins (it cannot be ordered).
+    """
+    their_at = theirs.get("registered_at", 0)
+    if not isinstance(their_at, (int, float)):
+        return False
+    return (their_at, str(theirs.get("node"))) < (mine.registered_at, own_node_id)
+
+
+def _holder_keeps(holder_node: str, holder_rec: Mapping[str, Any], node: str,
+                  rec: Mapping[str, Any]) -> bool:
+    """Between two remote holders of one name, the earlier registration (then smaller id) keeps it."""
+    return bool((holder_rec.get("registered_at", 0), holder_node) < (rec.get("registered_at", 0), node))
+
+
+class Directory:
+    """Local and remote agents of the mesh as this node knows them."""
+
+    def __init__(self, node_id: str = "") -> None:
+        self.node_id = node_id
+        #: Bumped on every local change; peers resync when a heartbeat shows another version.
+        self.version = 0
+        self.local: dict[str, LocalAgent] = {}
+        self.local_by_rid: dict[bytes, LocalAgent] = {}
+        #: Remote agent name -> node id of the peer hosting it.
+        self.remote: dict[str, str] = {}
+        #: Node id -> {agent name -> record} as that peer last sent it.
+        self.remote_agents: dict[str, dict[str, dict[str, Any]]] = {}
+        self.local_topics: dict[str, set[LocalAgent]] = {}
+        #: PUB/SUB key -> local subscribers (what a publication arriving from a peer is for).
+        self.local_topic_keys: dict[bytes, set[LocalAgent]] = {}
+        self._remote_topic_counts: Counter[str] | None = None
+
+    # ------------------------------------------------------------------ this node's agents
+
+    def body(self) -> dict[str, Any]:
+        """The ``dir`` body peers receive (HELLO, SYNC answers, changes)."""
+        return {"version": self.version, "agents": [a.record(self.node_id) for a in self.local.values()]}
+
+    def bump(self) -> int:
+        self.version += 1
+        return self.version
+
+    def add_local(self, agent: LocalAgent) -> None:
+        self.local[agent.name] = agent
+        self.local_by_rid[agent.rid] = agent
+
+    def remove_local(self, agent: LocalAgent) -> list[bytes] | None:
+        """Forget ``agent`` (and its subscriptions). None if it was not the current holder of its
+        name; else the topic keys nobody here subscribes to any more (to unsubscribe on peers)."""
+        if self.local.get(agent.name) is not agent:
+            return None
+        del self.local[agent.name]
+        self.local_by_rid.pop(agent.rid, None)
+        dropped = []
+        for topic in list(agent.topics):
+            _, key = self.unsubscribe(agent, topic)
+            if key is not None:
+                dropped.append(key)
+        return dropped
+
+    def subscribe(self, agent: LocalAgent, topic: str, durable: bool = False) -> tuple[bool, bytes | None]:
+        """Idempotent. Returns (the directory changed, the PUB/SUB key if it is the topic's first
+        local subscriber: peers' SUB sockets must subscribe to it)."""
+        changed = False
+        if durable != (topic in agent.durable):
+            if durable:
+                agent.durable.add(topic)
+            else:
+                agent.durable.discard(topic)
+            changed = topic in agent.topics
+        if topic in agent.topics:
+            return changed, None
+        agent.topics.add(topic)
+        subs = self.local_topics.setdefault(topic, set())
+        key = P.topic_key(topic)
+        self.local_topic_keys[key] = subs
+        first = not subs
+        subs.add(agent)
+        return True, key if first else None
+
+    def unsubscribe(self, agent: LocalAgent, topic: str) -> tuple[bool, bytes | None]:
+        """Idempotent. Returns (it was subscribed, the key nobody here subscribes to any more)."""
+        if topic not in agent.topics:
+            return False, None
+        agent.topics.discard(topic)
+        agent.durable.discard(topic)
+        subs = self.local_topics.get(topic, set())
+        subs.discard(agent)
+        if subs:
+            return True, None
+        self.local_topics.pop(topic, None)
+        key = P.topic_key(topic)
+        self.local_topic_keys.pop(key, None)
+        return True, key
+
+    # ------------------------------------------------------------------ peers' agents
+
+    def host_of(self, name: str) -> str | None:
+        """The node id of the peer hosting remote agent ``name``."""
+        return self.remote.get(name)
+
+    def records_of(self, node_id: str) -> dict[str, dict[str, Any]]:
+        return self.remote_agents.get(node_id, {})
+
+    def remote_count(self) -> int:
+        """Remote agents, not counting the daemons' system agents (``meshd.sys.``)."""
+        return sum(1 for agents in self.remote_agents.values() for name in agents
+                   if not name.startswith(SYSTEM_PREFIX))
+
+    def own_count(self) -> int:
+        """This node's agents, not counting its system agent."""
+        return sum(1 for name in self.local if not name.startswith(SYSTEM_PREFIX))
+
+    def drop_node(self, node_id: str) -> None:
+        """A peer went offline, restarted or was cut off: its agents leave the directory."""
+        agents = self.remote_agents.pop(node_id, {})
+        for name in agents:
+            if self.remote.get(name) == node_id:
+                del self.remote[name]
+        if agents:
+            self._remote_topic_counts = None
+
+    def apply_node(self, node_id: str, body: Any) -> tuple[int, list[LocalAgent]] | None:
+        """Replace what peer ``node_id`` hosts with its ``dir`` body.
+
+        Returns None for a body of the wrong shape (nothing changes), else (the peer's directory
+        version, -1 if it sent none, and the local agents that lose their name to it: the caller
+        evicts them). A remote name held by two peers goes to the earlier registration.
+        """
+        if not isinstance(body, dict) or not isinstance(body.get("agents"), list):
+            return None
+        version = body.get("version")
+        agents: dict[str, dict[str, Any]] = {}
+        for rec in body["agents"]:
+            if isinstance(rec, dict) and P.valid_name(rec.get("name")):
+                agents[rec["name"]] = rec
+        self.drop_node(node_id)
+        self.remote_agents[node_id] = agents
+        self._remote_topic_counts = None
+        losers: list[LocalAgent] = []
+        for name, rec in agents.items():
+            mine = self.local.get(name)
+            if mine is not None and loses_name(mine, self.node_id, rec):
+                losers.append(mine)
+            holder = self.remote.get(name)
+            if (holder is not None and holder != node_id
+                    and _holder_keeps(holder, self.records_of(holder).get(name, {}), node_id, rec)):
+                continue
+            if name not in self.local or mine in losers:
+                self.remote[name] = node_id
+        return (version if isinstance(version, int) else -1), losers
+
+    # ------------------------------------------------------------------ topics
+
+    def remote_subscribers(self, topic: str) -> int:
+        """How many remote agents subscribe to ``topic`` (cached until a directory changes)."""
+        counts = self._remote_topic_counts
+        if counts is None:
+            counts = Counter()
+            for agents in self.remote_agents.values():
+                for rec in agents.values():
+                    for t in rec.get("topics") or ():
+                        if isinstance(t, str):
+                            counts[t] += 1
+            self._remote_topic_counts = counts
+        return counts.get(topic, 0)
+
+    def durable_subscribers(self, topic: str) -> list[str]:
+        """Names (local and remote) with a durable subscription to ``topic``."""
+        names = [a.name for a in self.local.values() if topic in a.durable]
+        for agents in self.remote_agents.values():
+            names.extend(n for n, rec in agents.items() if topic in (rec.get("durable") or ()))
+        return names
+
+    def local_agents(self) -> Iterable[LocalAgent]:
+        return self.local.values()

@@ -1,0 +1,577 @@
+"""The peer table: other daemons of the mesh, how we reach them and whether they are alive.
+
+Owns: :class:`Peer` records and their sockets (a DEALER to each peer's ROUTER with its monitor, a
+SUB to each peer's XPUB), static dials waiting for an answer, discovered nodes whose key is not
+trusted yet, the HELLO exchange (identity, gossip of other peers, the directory snapshot), peer
+control messages (heartbeat, sync, dir, ack, bye), liveness (online -> stale -> offline) and
+redials with jittered backoff. It must not touch the directory, routing, agents or qos 1: what
+it learns it reports through :class:`PeerEvents` callbacks, which node.py wires; peers and the
+directory never import each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from . import protocol as P
+from . import transport
+from .backoff import backoff_delay
+from .config import Settings
+from .discovery import PeerAdvert
+from .keys import key_from_hex, key_to_hex
+from .liveness import PeerState, next_state
+from .logonce import LogOnce
+from .protocol import FrameError, Kind
+from .security import Security
+
+__all__ = ["Peer", "PeerEvents", "PeerState", "PeerTable"]
+
+log = logging.getLogger("meshd.node")
+
+
+@dataclass(eq=False)
+class Peer:
+    """Another daemon of the same mesh."""
+
+    node_id: str
+    name: str = ""
+    routers: list[str] = field(default_factory=list)
+    pubs: list[str] = field(default_factory=list)
+    incarnation: str = ""
+    pubkey: str = ""
+    source: str = "mdns"
+    dealer: zmq.Socket[Any] | None = None
+    monitor: zmq.Socket[Any] | None = None
+    sub: zmq.Socket[Any] | None = None
+    connected_router: str = ""
+    connected_pub: str = ""
+    greeted: bool = False  # we have had its HELLO: its traffic is accepted
+    state: PeerState = PeerState.OFFLINE
+    last_seen: float = 0.0
+    dir_version: int = -1
+    last_sync_request: float = 0.0
+    telemetry: dict[str, Any] = field(default_factory=dict)  # agent name -> {state, telemetry}
+    redial_attempts: int = 0
+    redial_pending: bool = False
+
+    def info(self, now: float, agents: int) -> dict[str, Any]:
+        return {
+            "node": self.node_id,
+            "name": self.name,
+            "state": str(self.state),
+            "router": self.connected_router,
+            "pub": self.connected_pub,
+            "source": self.source,
+            "agents": agents,
+            "last_seen_ago": round(now - self.last_seen, 3) if self.last_seen else None,
+        }
+
+
+@dataclass(frozen=True)
+class PeerEvents:
+    """What the peer table tells the rest of the node, and what it asks of it."""
+
+    #: A peer changed state (old, new); offline means its agents are gone.
+    state_changed: Callable[[Peer, PeerState, PeerState], None]
+    #: A peer sent its directory (HELLO or ``dir``): apply the body.
+    directory: Callable[[Peer, Any], None]
+    #: A peer restarted (new incarnation): what we knew of it is stale.
+    restarted: Callable[[Peer], None]
+    #: qos-1 acks arrived from a peer.
+    acks: Callable[[list[str]], None]
+    #: A malformed control message: count it, keep it as a dead letter.
+    reject: Callable[[FrameError, list[bytes], str], None]
+    #: A publication arrived on a peer's SUB socket.
+    topic_message: Callable[[list[bytes]], None]
+    #: The PUB/SUB keys local agents subscribe to (a new SUB subscribes to each).
+    topic_keys: Callable[[], Iterable[bytes]]
+    #: This node's directory body and version (HELLO, SYNC answers, heartbeats).
+    directory_body: Callable[[], dict[str, Any]]
+    directory_version: Callable[[], int]
+    #: Local agents' telemetry, carried on heartbeats.
+    telemetry: Callable[[], dict[str, Any]]
+
+
+def prefer_endpoint(endpoints: list[str], own: list[str]) -> str:
+    """Pick the endpoint whose address shares a /24 with one of ours; else the first."""
+    for ep in endpoints:
+        host = ep.removeprefix("tcp://").rsplit(":", 1)[0]
+        for mine in own:
+            if host.rsplit(".", 1)[0] == mine.rsplit(".", 1)[0]:
+                return ep
+    return endpoints[0]
+
+
+class PeerTable:
+    """Every peer this node knows, keyed by node id."""
+
+    def __init__(self, settings: Settings, *, node_id: str, name: str, incarnation: str,
+                 security: Security, events: PeerEvents, stats: Counter[str], quiet: LogOnce,
+                 interfaces: list[str], max_frame: int) -> None:
+        self.settings = settings
+        self.node_id = node_id
+        self.name = name
+        self.incarnation = incarnation
+        self.security = security
+        self.events = events
+        self.stats = stats
+        self.quiet = quiet
+        self.interfaces = interfaces
+        self.max_frame = max_frame
+        self.peers: dict[str, Peer] = {}
+        self.pending_static: dict[str, zmq.Socket[Any]] = {}
+        self.untrusted_ads: dict[str, PeerAdvert] = {}
+        self.static_keys: dict[str, str] = {}
+        #: Keys mode: the ZAP User-Id of the mesh message being handled (set by the ingress).
+        self.authenticated_key = ""
+        self.stopping = False
+        self.router_endpoints: list[str] = []
+        self.pub_endpoints: list[str] = []
+        self.started_at = time.monotonic()
+        self._ctx: zmq.Context[Any] | None = None
+        self._reactor: transport.Reactor | None = None
+        self._beats = 0
+
+    def start(self, ctx: zmq.Context[Any], reactor: transport.Reactor, router_endpoints: list[str],
+              pub_endpoints: list[str]) -> None:
+        self._ctx, self._reactor = ctx, reactor
+        self.router_endpoints, self.pub_endpoints = router_endpoints, pub_endpoints
+        self.started_at = time.monotonic()
+
+    @property
+    def ctx(self) -> zmq.Context[Any]:
+        if self._ctx is None:
+            raise RuntimeError("the peer table is not started")
+        return self._ctx
+
+    @property
+    def reactor(self) -> transport.Reactor:
+        if self._reactor is None:
+            raise RuntimeError("the peer table is not started")
+        return self._reactor
+
+    # ------------------------------------------------------------------ lookups
+
+    def get(self, node_id: str | None) -> Peer | None:
+        return self.peers.get(node_id) if node_id is not None else None
+
+    def __iter__(self) -> Iterator[Peer]:
+        return iter(list(self.peers.values()))
+
+    def __len__(self) -> int:
+        return len(self.peers)
+
+    def online_count(self) -> int:
+        return sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE)
+
+    def by_state(self) -> dict[str, int]:
+        counts = dict.fromkeys((str(s) for s in PeerState), 0)
+        for p in self.peers.values():
+            counts[str(p.state)] += 1
+        return counts
+
+    # ------------------------------------------------------------------ HELLO
+
+    def hello_body(self, reply: bool, via: str | None = None) -> bytes:
+        now = time.monotonic()
+        gossip = [
+            {"node": p.node_id, "routers": p.routers, "pubs": p.pubs, "pk": p.pubkey}
+            for p in self.peers.values()
+            if p.state is PeerState.ONLINE and p.routers
+        ]
+        return P.pack({
+            "node": self.node_id,
+            "name": self.name,
+            "mesh": self.settings.mesh,
+            "proto": P.PROTOCOL_VERSION,
+            "incarnation": self.incarnation,
+            "pk": self.security.public_key,
+            "routers": self.router_endpoints,
+            "pubs": self.pub_endpoints,
+            "reply": reply,
+            "via": via,  # the endpoint a static dial used; echoed back so the dial can be matched
+            "uptime": round(now - self.started_at, 3),
+            "peers": gossip,
+            "dir": self.events.directory_body(),
+        })
+
+    def send(self, peer: Peer, header: Mapping[str, Any], body: bytes = b"") -> bool:
+        if peer.dealer is None:
+            return False
+        try:
+            peer.dealer.send_multipart(P.frames(header, body), zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            self.stats["peer_send_failed"] += 1
+            return False
+
+    def send_hello(self, peer: Peer, reply: bool, via: str | None = None) -> None:
+        self.send(peer, {P.KIND: Kind.HELLO, P.FROM: self.node_id}, self.hello_body(reply, via))
+
+    # ------------------------------------------------------------------ discovery and dials
+
+    def on_discovered(self, ad: PeerAdvert) -> None:
+        if self.stopping or ad.node_id == self.node_id or ad.mesh != self.settings.mesh:
+            return
+        if ad.proto != P.PROTOCOL_VERSION:
+            self.quiet.log(f"proto:{ad.node_id}", "peer %s speaks protocol %s, not %s: ignored",
+                           ad.node_id, ad.proto, P.PROTOCOL_VERSION)
+            return
+        pubkey = self.security.server_key(ad.pubkey)
+        if self.security.curve is not None and pubkey is None:
+            self.untrusted_ads[ad.node_id] = ad  # dialed if its key is trusted later
+            self.stats["untrusted_adverts"] += 1
+            self.quiet.log(f"untrusted:{ad.node_id}:{ad.pubkey}",
+                           "not dialing discovered node %s (%s): its key %s is not trusted",
+                           ad.node_id, ad.name, ad.pubkey)
+            return
+        router = ad.router_endpoint(self.interfaces)
+        pub = ad.pub_endpoint(self.interfaces)
+        peer = self.peers.get(ad.node_id)
+        self.stats["discovered"] += 1
+        if peer is not None and peer.dealer is not None and peer.connected_router == router:
+            if peer.state is not PeerState.ONLINE:
+                self.send_hello(peer, reply=False)  # it may have restarted: greet again
+            return
+        peer = self.ensure(ad.node_id, [router], [pub], source="mdns", pubkey=pubkey)
+        peer.name = peer.name or ad.name
+        self.send_hello(peer, reply=False)
+
+    def on_discovery_lost(self, node_id: str) -> None:
+        peer = self.peers.get(node_id)
+        if peer is not None and peer.state is not PeerState.OFFLINE:
+            log.info("peer %s (%s) said goodbye on mDNS", node_id, peer.name)
+            self.set_state(peer, PeerState.OFFLINE)
+
+    def dial_static(self, endpoint: str) -> None:
+        """Connect to a configured peer whose node id we learn from its HELLO reply."""
+        endpoint, _, query = endpoint.partition("?")
+        if endpoint in self.router_endpoints or endpoint in self.pending_static:
+            return
+        key = key_from_hex(query.removeprefix("key=")) if query else None
+        server_key = self.security.static_server_key(key)
+        if self.security.curve is not None and server_key is None:
+            log.error("static peer %s has no key: in trust_mode keys write it as %s?key=<hex public key> "
+                      "(meshctl keys show prints it)", endpoint, endpoint)
+            return
+        if server_key:
+            self.static_keys[endpoint] = server_key
+        dealer = transport.peer_dealer(self.ctx, self.node_id, self.security.curve, server_key)
+        dealer.connect(endpoint)
+        self.pending_static[endpoint] = dealer
+        dealer.send_multipart(P.frames({P.KIND: Kind.HELLO, P.FROM: self.node_id},
+                                       self.hello_body(reply=False, via=endpoint)), zmq.NOBLOCK)
+
+    def ensure(self, node_id: str, routers: list[str], pubs: list[str], source: str,
+               pubkey: str | None = None) -> Peer:
+        """The peer ``node_id``, created if new, (re)connected if its endpoints or key changed."""
+        peer = self.peers.get(node_id)
+        if peer is None:
+            peer = Peer(node_id=node_id, source=source)
+            self.peers[node_id] = peer
+        if pubkey is not None and pubkey != peer.pubkey:
+            peer.pubkey = pubkey
+            peer.connected_router = peer.connected_pub = ""  # re-dial pinned to the new key
+        if routers:
+            peer.routers = list(routers)
+        if pubs:
+            peer.pubs = list(pubs)
+        router = prefer_endpoint(peer.routers, self.interfaces) if peer.routers else ""
+        if router and router != peer.connected_router:
+            self.close_dealer(peer)
+            adopted = self.pending_static.pop(router, None)
+            peer.dealer = adopted or transport.peer_dealer(self.ctx, self.node_id, self.security.curve,
+                                                           peer.pubkey or None)
+            if adopted is None:
+                peer.dealer.connect(router)
+            peer.connected_router = router
+            peer.monitor = peer.dealer.get_monitor_socket(
+                zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            )
+            self.reactor.add(peer.monitor, functools.partial(self._on_monitor, peer))
+        pub = prefer_endpoint(peer.pubs, self.interfaces) if peer.pubs else ""
+        if pub and pub != peer.connected_pub:
+            self.close_sub(peer)
+            peer.sub = transport.peer_sub(self.ctx, self.max_frame, self.security.curve,
+                                          peer.pubkey or None)
+            for key in self.events.topic_keys():
+                peer.sub.setsockopt(zmq.SUBSCRIBE, key)
+            peer.sub.connect(pub)
+            peer.connected_pub = pub
+            self.reactor.add(peer.sub, self.events.topic_message)
+        return peer
+
+    def close_dealer(self, peer: Peer) -> None:
+        if peer.monitor is not None:
+            self.reactor.remove(peer.monitor)
+            if peer.dealer is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    peer.dealer.disable_monitor()
+            peer.monitor.close(0)
+            peer.monitor = None
+        if peer.dealer is not None:
+            peer.dealer.close(0)
+            peer.dealer = None
+        peer.connected_router = ""
+
+    def close_sub(self, peer: Peer) -> None:
+        if peer.sub is not None:
+            self.reactor.remove(peer.sub)
+            peer.sub.close(0)
+            peer.sub = None
+        peer.connected_pub = ""
+
+    def subscribe_all(self, keys: Iterable[bytes], option: int) -> None:
+        """(Un)subscribe every peer's SUB socket: filtering happens at the publisher."""
+        for key in keys:
+            for peer in self.peers.values():
+                if peer.sub is not None:
+                    peer.sub.setsockopt(option, key)
+
+    def _on_monitor(self, peer: Peer, frames: list[bytes]) -> None:
+        if self.stopping:
+            return
+        try:
+            event = parse_monitor_message(frames)["event"]
+        except Exception:
+            return
+        if event == zmq.EVENT_DISCONNECTED and peer.state is PeerState.ONLINE:
+            # The connection dropped (killed daemon, reset): stale at once, offline by timer.
+            log.info("peer %s (%s) connection dropped", peer.node_id, peer.name)
+            self.set_state(peer, PeerState.STALE)
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            # (Re)connected: a restart, a healed partition, or a peer that just started trusting
+            # us. Greet so it (re-)admits us and resyncs; what we queued before may be gone.
+            peer.redial_attempts = 0
+            self.send_hello(peer, reply=False)
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH and not peer.redial_pending:
+            # The peer does not trust our key (yet). libzmq gives up on that connection; dial
+            # again with backoff, so a later `meshctl keys trust` on its side lets us in.
+            peer.redial_attempts += 1
+            peer.redial_pending = True
+            self.quiet.log(f"authfail:{peer.node_id}", "peer %s (%s) refused our key; retrying",
+                           peer.node_id, peer.name)
+            delay = backoff_delay(peer.redial_attempts, 1.0, 30.0)
+            asyncio.get_running_loop().call_later(delay, self._redial, peer)
+
+    def _redial(self, peer: Peer) -> None:
+        """Recreate a peer's DEALER and SUB (same endpoints, same pinned key)."""
+        peer.redial_pending = False
+        if self.stopping or self.peers.get(peer.node_id) is not peer:
+            return
+        peer.connected_router = peer.connected_pub = ""
+        self.ensure(peer.node_id, [], [], peer.source)
+        self.send_hello(peer, reply=False)
+
+    def set_state(self, peer: Peer, state: PeerState) -> None:
+        if peer.state is state:
+            return
+        old, peer.state = peer.state, state
+        log.info("peer %s (%s): %s -> %s", peer.node_id, peer.name, old, state)
+        self.stats[f"peer_{state}"] += 1
+        if state is PeerState.OFFLINE:
+            peer.dir_version = -1
+            peer.greeted = False
+        self.events.state_changed(peer, old, state)
+
+    # ------------------------------------------------------------------ control messages
+
+    def unknown_sender(self, peer: Peer | None) -> None:
+        """Traffic before HELLO is dropped; if we can reach the sender, ask it to greet us."""
+        self.stats["dropped_before_hello"] += 1
+        now = time.monotonic()
+        if self.stopping:
+            return
+        if peer is not None and peer.dealer is not None and now - peer.last_sync_request > 1.0:
+            peer.last_sync_request = now
+            self.send_hello(peer, reply=False)
+
+    def heard_from(self, peer: Peer) -> None:
+        """Any traffic from a greeted peer is a heartbeat."""
+        peer.last_seen = time.monotonic()
+        if peer.state is not PeerState.ONLINE:
+            self.set_state(peer, PeerState.ONLINE)
+
+    def on_control(self, rid: bytes, peer: Peer | None, header: P.Header, frames: list[bytes]) -> None:
+        """HELLO, heartbeat, sync, dir, ack and bye from a peer."""
+        kind = header.kind
+        now = time.monotonic()
+        if kind == Kind.HELLO:
+            try:
+                body = P.unpack_body(frames[3])
+                self._on_hello(rid, body)
+            except (FrameError, KeyError, TypeError, ValueError) as exc:
+                self.events.reject(FrameError("bad_hello", str(exc)), frames, f"peer {rid[:32]!r}")
+            return
+        if peer is None or not peer.greeted:
+            self.unknown_sender(peer)
+            return
+        peer.last_seen = now
+        if kind != Kind.BYE and peer.state is not PeerState.ONLINE:
+            self.set_state(peer, PeerState.ONLINE)
+        if kind == Kind.HEARTBEAT:
+            if len(frames) > 3 and frames[3]:
+                with contextlib.suppress(FrameError):
+                    body = P.unpack_body(frames[3], 256 * 1024)
+                    if isinstance(body, dict):
+                        peer.telemetry = body
+            version = header.get(P.VER)
+            if version != peer.dir_version and now - peer.last_sync_request > 0.5:
+                peer.last_sync_request = now
+                self.send(peer, {P.KIND: Kind.SYNC, P.FROM: self.node_id})
+        elif kind == Kind.SYNC:
+            self.send(peer, {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id,
+                             P.VER: self.events.directory_version()}, P.pack(self.events.directory_body()))
+        elif kind == Kind.DIRECTORY:
+            try:
+                self.events.directory(peer, P.unpack_body(frames[3]))
+            except FrameError as exc:
+                self.events.reject(exc, frames, f"peer {peer.node_id}")
+        elif kind == Kind.ACK:
+            ids = header.get(P.IDS)
+            if isinstance(ids, list):
+                self.events.acks([i for i in ids if isinstance(i, str)])
+        elif kind == Kind.BYE:
+            log.info("peer %s (%s) left", peer.node_id, peer.name)
+            self.set_state(peer, PeerState.OFFLINE)
+
+    def _on_hello(self, rid: bytes, body: Any) -> None:
+        if self.stopping:
+            return  # we said BYE: greeting back now would make the peer re-admit a leaving node
+        if not isinstance(body, dict):
+            raise ValueError("HELLO body is not a map")
+        node_id = str(body["node"])
+        if rid.decode("ascii", "replace") != node_id:
+            raise ValueError(f"routing id {rid!r} does not match node id {node_id!r}")
+        if node_id == self.node_id:
+            return
+        if body.get("mesh") != self.settings.mesh:
+            self.quiet.log(f"mesh:{node_id}", "ignoring node %s of mesh %r", node_id, body.get("mesh"))
+            self.stats["other_mesh"] += 1
+            return
+        if body.get("proto") != P.PROTOCOL_VERSION:
+            self.quiet.log(f"proto:{node_id}", "node %s speaks protocol %r: ignored", node_id,
+                           body.get("proto"))
+            return
+        routers = [str(r) for r in body.get("routers", [])]
+        pubs = [str(p) for p in body.get("pubs", [])]
+        existing = self.peers.get(node_id)
+        pubkey: str | None = None
+        if self.security.curve is not None:
+            claimed = body.get("pk")
+            if self.security.check_uid and claimed != self.authenticated_key:
+                raise ValueError(f"HELLO from {node_id} claims key {claimed!r} but authenticated "
+                                 f"as {self.authenticated_key!r}")
+            pubkey = self.security.server_key(claimed)
+            if pubkey is None:
+                raise ValueError(f"HELLO from {node_id} with untrusted key {claimed!r}")
+        via = body.get("via")
+        dialed = isinstance(via, str) and via in self.pending_static
+        source = existing.source if existing else ("static" if dialed or any(
+            r in self.pending_static for r in routers) else "gossip")
+        peer = self.ensure(node_id, routers, pubs, source=source, pubkey=pubkey)
+        if dialed and isinstance(via, str) and via in self.pending_static:
+            # We dialed it by an address it does not advertise (a host name, NAT): the answer
+            # matched the dial; its advertised endpoint is used from now on.
+            self.pending_static.pop(via).close(0)
+        if peer.incarnation and peer.incarnation != body.get("incarnation"):
+            log.info("peer %s restarted", node_id)
+            self.events.restarted(peer)
+        peer.incarnation = str(body.get("incarnation", ""))
+        peer.name = str(body.get("name", ""))
+        peer.greeted = True
+        peer.last_seen = time.monotonic()
+        self.set_state(peer, PeerState.ONLINE)
+        self.events.directory(peer, body.get("dir"))
+        if not body.get("reply"):
+            self.send_hello(peer, reply=True, via=via if isinstance(via, str) else None)
+        for entry in body.get("peers", []):
+            if not isinstance(entry, dict):
+                continue
+            other = str(entry.get("node", ""))
+            if other and other != self.node_id and other not in self.peers:
+                gossip_key = self.security.server_key(entry.get("pk"))
+                if self.security.curve is not None and gossip_key is None:
+                    continue  # we do not trust that node: nothing out
+                gossiped = self.ensure(other, [str(r) for r in entry.get("routers", [])],
+                                       [str(p) for p in entry.get("pubs", [])], source="gossip",
+                                       pubkey=gossip_key)
+                self.send_hello(gossiped, reply=False)
+
+    # ------------------------------------------------------------------ timers' work
+
+    def beat(self) -> None:
+        """One heartbeat to every peer (with the local agents' telemetry); re-greet static dials
+        that have not answered, and every tenth beat dial them afresh."""
+        header = {P.KIND: Kind.HEARTBEAT, P.FROM: self.node_id, P.VER: self.events.directory_version()}
+        # The beat carries the local agents' latest telemetry (small: a few numbers each),
+        # so every node sees load and state mesh-wide without versioning the directory.
+        packed = P.frames(header, P.pack(self.events.telemetry()))
+        for peer in list(self.peers.values()):
+            if peer.dealer is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    peer.dealer.send_multipart(packed, zmq.NOBLOCK)
+        self._beats += 1
+        for endpoint, dealer in list(self.pending_static.items()):
+            if self._beats % 10 == 0:
+                # No answer for a while (down, or it refused our key): dial afresh.
+                dealer.close(0)
+                del self.pending_static[endpoint]
+                self.dial_static(endpoint + (f"?key={key_to_hex(self.static_keys[endpoint])}"
+                                             if endpoint in self.static_keys else ""))
+                continue
+            # A static peer that has not answered yet: greet it again (it may be starting).
+            with contextlib.suppress(zmq.ZMQError):
+                dealer.send_multipart(P.frames({P.KIND: Kind.HELLO, P.FROM: self.node_id},
+                                               self.hello_body(reply=False, via=endpoint)), zmq.NOBLOCK)
+
+    def check_liveness(self, now: float) -> None:
+        """Move silent peers along online -> stale -> offline (``now``: monotonic seconds)."""
+        s = self.settings
+        for peer in list(self.peers.values()):
+            if not peer.greeted and peer.state is PeerState.OFFLINE:
+                continue
+            state = next_state(peer.state, now - peer.last_seen, s.stale_after, s.offline_after)
+            if state is not None:
+                self.set_state(peer, state)
+
+    def apply_trust_change(self) -> None:
+        """Cut off peers whose key is no longer trusted; dial discovered ones that now are."""
+        for peer in list(self.peers.values()):
+            if peer.pubkey and not self.security.is_trusted(peer.pubkey):
+                log.warning("peer %s (%s) is no longer trusted: disconnected", peer.node_id, peer.name)
+                self.set_state(peer, PeerState.OFFLINE)
+                self.close_dealer(peer)
+                self.close_sub(peer)
+                del self.peers[peer.node_id]
+        for node_id, ad in list(self.untrusted_ads.items()):
+            if self.security.server_key(ad.pubkey) is not None:
+                del self.untrusted_ads[node_id]
+                self.on_discovered(ad)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def say_bye(self) -> None:
+        for peer in self.peers.values():
+            if peer.dealer is not None and peer.state is not PeerState.OFFLINE:
+                self.send(peer, {P.KIND: Kind.BYE, P.FROM: self.node_id})
+
+    def close(self) -> None:
+        """Close every peer socket (bounded linger) and pending static dial."""
+        for peer in self.peers.values():
+            for sock in (peer.dealer, peer.sub, peer.monitor):
+                if sock is not None:
+                    sock.close(transport.LINGER_MS)
+        for sock in self.pending_static.values():
+            sock.close(0)

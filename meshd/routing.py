@@ -1,0 +1,398 @@
+"""Routing: the edge checks, and where each message goes (deliver, forward, bounce, publish).
+
+Owns: the mesh ROUTER's and the local socket's data path. A frame set is decoded once into a
+:class:`~meshd.protocol.Header` (``on_mesh``, ``on_agent``); the edge checks of docs/PROTOCOL.md
+§8.5 run in ``on_agent``; ``route`` resolves ``name[@node]`` to a local agent (``deliver_local``)
+or a peer (its DEALER); what cannot go anywhere is ``bounce``-d to its sender as one error
+envelope; ``publish`` fans a publication out (and stages qos-1 copies for durable subscribers);
+``on_topic`` hands a peer's publication to local subscribers; malformed input is ``reject``-ed
+(counted, dead-lettered). Forwarding sends the raw frames it received: nothing is re-encoded.
+It must not own peer state (peers.py), agent records (directory.py) or the outbox (qos1.py):
+it asks them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from . import protocol as P
+from . import transport
+from .agents import AgentLink, LocalAgents
+from .config import Settings
+from .deadletters import DeadLetters
+from .directory import Directory, LocalAgent
+from .liveness import PeerState
+from .logonce import LogOnce
+from .outcomes import Outcomes
+from .peers import PeerTable
+from .plugins import PluginHost
+from .protocol import FrameError, Kind
+from .security import Security
+
+if TYPE_CHECKING:
+    from .qos1_driver import Qos1Driver
+
+__all__ = ["AGENT_DATA_KINDS", "Router"]
+
+log = logging.getLogger("meshd.node")
+
+AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
+_AGENT_DATA_KINDS = AGENT_DATA_KINDS
+
+
+class Router:
+    """Moves messages between local agents and peers. Built by node.py once sockets exist."""
+
+    def __init__(self, settings: Settings, *, node_id: str, name: str, directory: Directory,
+                 peer_table: PeerTable, security: Security, agents: LocalAgents, link: AgentLink,
+                 xpub: zmq.Socket[Any], reactor: transport.Reactor, outcomes: Outcomes,
+                 dead_letters: DeadLetters, plugins: PluginHost, stats: Counter[str], quiet: LogOnce,
+                 after_flush: Callable[[Callable[[], Any]], None]) -> None:
+        self.settings = settings
+        self.node_id = node_id
+        self.name = name
+        self.directory = directory
+        self.peer_table = peer_table
+        self.peers = peer_table.peers
+        self.security = security
+        self.agents = agents
+        self.link = link
+        self.xpub = xpub
+        self.reactor = reactor
+        self.outcomes = outcomes
+        self.dead_letters = dead_letters
+        self.plugins = plugins
+        self.stats = stats
+        self.quiet = quiet
+        self.after_flush = after_flush
+        self.qos: Qos1Driver
+
+    def on_mesh_checked(self, frames: list[Any]) -> None:
+        """Keys mode: the ZAP User-Id (the authenticated key) must be the key the sender claims."""
+        try:
+            uid = frames[1].get("User-Id")
+        except zmq.ZMQError:
+            uid = ""
+        raw = [f.bytes for f in frames]
+        peer = self.peers.get(raw[0].decode("ascii", "replace"))
+        verdict = self.security.admit(uid, peer.pubkey if peer is not None and peer.greeted else None)
+        if verdict is not None:
+            self.stats[verdict] += 1
+            if peer is not None and verdict == "dropped_spoofed":
+                self.quiet.log(f"spoof:{peer.node_id}:{uid}", "dropped traffic claiming to be node %s "
+                               "from key %s (its key is %s)", peer.node_id, uid, peer.pubkey)
+            return
+        self.peer_table.authenticated_key = uid
+        self.on_mesh(raw)
+
+    def on_mesh(self, frames: list[bytes]) -> None:
+        """Everything peers send us: control, routed messages and batches."""
+        rid = frames[0]
+        try:
+            header = P.decode_routed_header(frames)
+        except FrameError as exc:
+            self.reject(exc, frames, origin=f"peer {rid[:32]!r}", header=exc.fields)
+            return
+        kind = header.kind
+        peer = self.peers.get(rid.decode("ascii", "replace"))
+        if kind in P.PEER_CONTROL_KINDS:
+            self.peer_table.on_control(rid, peer, header, frames)
+            return
+        if peer is None or not peer.greeted:
+            self.peer_table.unknown_sender(peer)
+            return
+        self.peer_table.heard_from(peer)
+        to = header.to
+        if not isinstance(to, str) or kind not in _AGENT_DATA_KINDS:
+            self.reject(FrameError("not_deliverable", f"{kind} without a destination"), frames,
+                         origin=f"peer {peer.node_id}", header=header)
+            return
+        if kind == Kind.ERROR and self.qos.is_ours(header.corr):
+            err = header.get(P.ERROR)
+            self.qos.bounced(str(header.corr), str(err.get("code")) if isinstance(err, dict) else "ERROR")
+            return
+        if header.qos == 1 and self.qos.reack_if_done(str(header.id), peer.node_id):
+            return  # handled already (maybe by an agent that has left since): ack, never bounce
+        name, _, node = to.partition("@")
+        agent = self.directory.local.get(name)
+        if agent is None or (node and node not in (self.node_id, self.name)):
+            self.bounce(header, frames[1:], P.ErrorCode.NO_SUCH_AGENT,
+                         f"no agent named {to!r} on node {self.node_id}", origin=peer.node_id)
+            return
+        if kind == Kind.BATCH and len(frames) != 4:
+            self.reject(FrameError("batch_odd_frames", str(len(frames))), frames,
+                         origin=f"peer {peer.node_id}", header=header)
+            return
+        self.deliver_local(agent, header, frames[1:], peer.node_id)
+
+    def on_agent(self, frames: list[bytes]) -> None:
+        """Everything local agents send us."""
+        rid = frames[0]
+        try:
+            header = P.decode_routed_header(frames)
+        except FrameError as exc:
+            # A header that decoded but has a field out of range names its id, so the sender's
+            # request fails at once instead of timing out.
+            self.reject(exc, frames, origin="local agent", header=exc.fields)
+            corr = exc.fields.get(P.ID) if exc.fields else None
+            self.link.send_error(rid, corr, P.ErrorCode.VALIDATION_FAILED, f"malformed message: {exc}")
+            return
+        kind = header.kind
+        agent = self.directory.local_by_rid.get(rid)
+        if agent is not None:
+            agent.last_seen = time.monotonic()
+        if kind in P.AGENT_CONTROL_KINDS:
+            self.agents.on_control(rid, agent, kind, header, frames)
+            return
+        if kind not in _AGENT_DATA_KINDS:
+            # hello, hb, dir, ok, ... are daemon business: an agent must not forge them.
+            self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
+                         f"agents may not send {kind!r} messages")
+            return
+        if agent is None:
+            self.refuse(rid, header, frames, P.ErrorCode.NOT_REGISTERED, "register a name before sending")
+            return
+        if header.sender != agent.name:
+            self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
+                         f"'from' must be your registered name {agent.name!r}")
+            return
+        if len(frames) != 4:
+            self.link.send_error(rid, header.id, P.ErrorCode.VALIDATION_FAILED,
+                                   f"a {kind} message has exactly 3 frames")
+            return
+        limit = self.settings.max_payload_bytes + (P.BATCH_OVERHEAD if kind == Kind.BATCH else 0)
+        if len(frames[3]) > limit:
+            self.refuse(rid, header, frames, P.ErrorCode.TOO_LARGE,
+                         f"{kind} of {len(frames[3])} bytes exceeds max_payload_bytes="
+                         f"{self.settings.max_payload_bytes}")
+            return
+        topic = header.topic
+        if kind == Kind.PUBLISH or (kind == Kind.BATCH and header.to is None):
+            if not P.valid_topic(topic):
+                self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
+                             "publish needs a valid topic")
+                return
+            self.publish(agent, str(topic), header, frames[1:])
+            return
+        to = header.to
+        if not isinstance(to, str):
+            self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"{kind} needs a 'to'")
+            return
+        if header.qos == 1:
+            unit_id = header.id
+            if kind not in (Kind.SEND, Kind.BATCH) or not isinstance(unit_id, str):
+                self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
+                             "qos 1 applies to send (single or batched) with a string id")
+                return
+            self.qos.accept(rid, agent.name, unit_id, to, frames[1:], header)
+            return
+        if kind == Kind.REQUEST:
+            hops = header.hops
+            if hops > self.settings.hop_limit:
+                self.bounce(header, frames[1:], P.ErrorCode.HOP_LIMIT,
+                             f"forwarded {hops} times; the hop limit is {self.settings.hop_limit}")
+                return
+            deadline = header.deadline
+            if deadline is not None and deadline < time.time():
+                self.bounce(header, frames[1:], P.ErrorCode.TIMEOUT,
+                             "the request's deadline passed before it was delivered")
+                return
+        if not self.outcomes.enabled:
+            self.route(to, header, frames[1:])
+            return
+        sends = self.outcomes.outgoing(header, frames[1:])
+        self.outcomes.sends_routed(sends, self.route(to, header, frames[1:]))
+
+    def refuse(self, rid: bytes, header: P.Header, frames: list[bytes], code: str,
+                message: str) -> None:
+        """Refuse an agent's message at the edge: one error per message, batches included."""
+        self.stats[f"refused_{code.lower()}"] += 1
+        ids: list[Any] = [header.id]
+        if header.kind == Kind.BATCH:
+            with contextlib.suppress(FrameError):
+                ids = [h.get(P.ID) for h, _ in P.split_batch(frames[1:])]
+        for msg_id in ids:
+            self.link.send_error(rid, msg_id, code, message)
+
+    def route(self, to: str, header: P.Header, msg: list[bytes]) -> str | None:
+        """Deliver ``msg`` (signature, header, payload frames) to agent ``to`` wherever it is.
+
+        Returns None when it went on its way, else the error code it bounced with.
+        """
+        name, _, node = to.partition("@")
+        agent = self.directory.local.get(name)
+        if agent is not None and (not node or node in (self.node_id, self.name)):
+            return self.deliver_local(agent, header, msg, self.node_id)
+        host = self.directory.host_of(name)
+        peer = self.peers.get(host) if host is not None else None
+        if peer is None or (node and node not in (peer.node_id, peer.name)):
+            return self.bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"no agent named {to!r} in the mesh")
+        if peer.state is PeerState.OFFLINE or peer.dealer is None:
+            return self.bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
+                                f"node {peer.node_id} hosting {name!r} is offline", retry=True)
+        try:
+            peer.dealer.send_multipart(msg, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return self.bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
+                                f"node {peer.node_id} is not accepting messages", retry=True)
+        self.stats["forwarded"] += 1
+        return None
+
+    def deliver_local(self, agent: LocalAgent, header: P.Header, msg: list[bytes],
+                       origin: str) -> str | None:
+        unit_id = header.id if header.qos == 1 else None
+        if unit_id is not None and not self.qos.admit(str(unit_id), origin, agent.rid, self.agents.rid_alive):
+            return None  # a duplicate: already handled or in the agent's hands
+        if self.outcomes.inflight:
+            self.outcomes.answer(agent.name, header, msg)
+        code: str | None = None
+        try:
+            self.link.sock.send_multipart([agent.rid, *msg], zmq.NOBLOCK)
+            self.stats["delivered"] += 1
+        except zmq.Again:
+            if unit_id is not None:
+                self.qos.not_delivered(str(unit_id))
+            code = self.bounce(header, msg, P.ErrorCode.INBOX_FULL, f"inbox of {agent.name!r} is full",
+                                retry=True, retry_after=0.1, origin=origin)
+        except zmq.ZMQError:
+            if unit_id is not None:
+                self.qos.not_delivered(str(unit_id))
+            self.agents.remove(agent, "connection gone")
+            code = self.bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"agent {agent.name!r} disconnected",
+                                origin=origin)
+        self.link.kick()
+        return code
+
+    def bounce(self, header: P.Header, msg: list[bytes], code: str, message: str, *,
+                retry: bool = False, retry_after: float | None = None, origin: str | None = None) -> str:
+        """Tell the sender of an undeliverable message why, as an error envelope per message.
+
+        A qos-1 unit of ours does not bounce: it waits in the outbox for another try. A delegated
+        request's error goes to its origin (the original requester), with its correlation id.
+        Returns ``code``, so routing can report why a message did not go through.
+        """
+        self.stats[f"undeliverable_{code.lower()}"] += 1
+        if header.qos == 1:
+            unit_id = str(header.id)
+            if self.qos.bounced(unit_id, code):
+                return code  # ours: it waits in our outbox
+            # Another daemon's unit: it still holds it. Tell that daemon (not the agent, which
+            # may be gone), so the unit waits there instead of using up an attempt.
+            peer = self.peers.get(origin) if origin else None
+            if peer is not None:
+                self.peer_table.send(peer, P.error_header(header.sender, unit_id, code, message, retry=True,
+                                                     sender=f"meshd@{self.node_id}"))
+            return code
+        self.dead_letter(code, message, msg, header)
+        sender = header.origin or header.sender
+        if not isinstance(sender, str):
+            return code
+        if header.kind == Kind.BATCH:
+            inner: list[tuple[Any, Any]] = []
+            with contextlib.suppress(FrameError):
+                inner = P.split_batch(msg)
+            ids = [h.get(P.CORR) or h.get(P.ID) for h, _ in inner
+                   if h.get(P.KIND) in (Kind.SEND, Kind.REQUEST)]
+        elif header.kind in (Kind.SEND, Kind.REQUEST):
+            ids = [header.corr or header.id]
+        else:
+            return code  # replies and errors never bounce: no loops
+        ids = [i for i in ids if isinstance(i, str)]
+        if not ids:
+            return code
+        # One envelope for the whole batch (``ids``), so a refused batch of 64 is one message back.
+        err = P.error_header(sender, ids[0] if len(ids) == 1 else None, code, message, retry=retry,
+                             retry_after=retry_after, sender=f"meshd@{self.node_id}")
+        if len(ids) > 1:
+            err[P.IDS] = ids
+        self.route(sender, P.header_from_map(err), P.frames(err))
+        return code
+
+    def publish(self, agent: LocalAgent, topic: str, header: P.Header, msg: list[bytes]) -> None:
+        """Fan a publication out: PUB/SUB for everyone, and for a qos-1 publication one outbox
+        unit per durable subscriber (who then gets it only that way, exactly once)."""
+        reached = 0
+        durable: list[str] = []
+        if header.qos == 1:
+            durable = self.directory.durable_subscribers(topic)
+            unit_id = str(header.id)
+            for name in durable:
+                unit_header = dict(header.fields)
+                unit_header[P.TO] = name
+                unit_header[P.ID] = f"{unit_id}>{name}"
+                self.qos.accept(None, agent.name, unit_header[P.ID], name,
+                                [P.SIGNATURE, P.pack(unit_header), *msg[2:]])
+            reached += len(durable)
+        skip = set(durable)
+        for sub in self.directory.local_topics.get(topic, ()):
+            if sub.name in skip:
+                continue
+            try:
+                self.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
+                reached += 1
+            except zmq.ZMQError:
+                self.stats["publish_local_dropped"] += 1
+        local = self.directory.local
+        remote = self.directory.remote_subscribers(topic) - sum(1 for n in durable if n not in local)
+        if remote > 0:
+            try:
+                self.xpub.send_multipart([P.topic_key(topic), *msg], zmq.NOBLOCK)
+                reached += remote
+            except zmq.ZMQError:
+                self.stats["publish_remote_dropped"] += 1
+            self.reactor.kick(self.xpub)
+        self.stats["published"] += 1
+        ack = {P.KIND: Kind.OK, P.CORR: header.id, P.COUNT: reached}
+        if durable:  # confirmed once the durable copies are on disk
+            self.after_flush(functools.partial(self.link.send, agent.rid, ack))
+        else:
+            self.link.send(agent.rid, ack)
+
+    def on_topic(self, frames: list[bytes]) -> None:
+        """A publication from a peer's XPUB: hand it to the local subscribers."""
+        subs = self.directory.local_topic_keys.get(frames[0])
+        if not subs or len(frames) < 4 or frames[1] != P.SIGNATURE:
+            self.stats["topic_dropped"] += 1
+            return
+        msg = frames[1:]
+        qos1: bool | None = None
+        for sub in list(subs):
+            if sub.durable and qos1 is None:
+                try:
+                    qos1 = P.unpack_header(msg[1]).get(P.QOS) == 1
+                except FrameError:
+                    qos1 = False
+            if qos1 and sub.durable and any(k == frames[0] for k in map(P.topic_key, sub.durable)):
+                continue  # it gets its own qos-1 copy from the publisher's outbox
+            try:
+                self.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                self.stats["publish_local_dropped"] += 1
+        self.link.kick()
+
+    def on_xpub(self, frames: list[bytes]) -> None:
+        # Subscription notices from peers' SUBs; the XPUB applies them itself, we only count.
+        self.stats["subscription_notices"] += 1
+
+    def reject(self, exc: FrameError, frames: list[bytes], origin: str,
+                header: P.Header | Mapping[str, Any] | None = None) -> None:
+        """A malformed frame set: count it, keep it as a dead letter, log once per reason."""
+        self.stats["malformed"] += 1
+        self.stats[f"malformed_{exc.reason}"] += 1
+        self.dead_letter(f"malformed:{exc.reason}", f"from {origin}: {exc}", frames[1:], header)
+        self.quiet.log(f"malformed:{exc.reason}:{origin}", "dropped malformed message from %s: %s",
+                       origin, exc)
+
+    def dead_letter(self, reason: str, detail: str, frames: list[bytes],
+                     header: P.Header | Mapping[str, Any] | None, attempts: int = 0) -> None:
+        fields = header.fields if isinstance(header, P.Header) else header
+        letter = self.dead_letters.add(reason, detail, frames, dict(fields) if fields else None, attempts)
+        self.plugins.dead_letter(letter)

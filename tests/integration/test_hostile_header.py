@@ -1,0 +1,117 @@
+"""Header fields out of range are refused at the edge (issue 8, item 3), on a real daemon.
+
+A raw DEALER speaks the local protocol directly (the client library would never send these): a
+request with ``hops = -1000000`` once slipped under the hop limit and could be delegated a million
+times. Each bad field is answered with VALIDATION_FAILED naming the message's id, counted, kept as
+a dead letter with its reason, never handed to the handler, and the daemon goes on serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from meshd import Agent
+from meshd import protocol as P
+from meshd.testing import MeshdFactory
+
+BAD_FIELDS: list[tuple[str, Any]] = [
+    ("hops", -1_000_000),
+    ("hops", 2**40),
+    ("hops", 1.5),
+    ("qos", 2),
+    ("qos", -1),
+    ("deadline", float("inf")),
+    ("deadline", float("nan")),
+    ("deadline", -5.0),
+    ("to", 12345),
+]
+
+
+def _recv_skipping_pings(raw: zmq.Socket[Any]) -> dict[str, Any]:
+    """Blocking: call in a thread, so the agents' loop keeps running."""
+    while True:
+        assert raw.poll(5000), "the daemon did not answer"
+        _, hdr, _ = raw.recv_multipart()
+        header: dict[str, Any] = msgpack.unpackb(hdr)
+        if header["kind"] != "ping":
+            return header
+
+
+@pytest.mark.parametrize("key,value", BAD_FIELDS, ids=[f"{k}={v!r}" for k, v in BAD_FIELDS])
+def test_out_of_range_header_field_is_refused(meshd_factory: MeshdFactory, key: str, value: Any) -> None:
+    a = meshd_factory.spawn("a")
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(f"ipc://{a.socket}")
+
+    async def scenario() -> None:
+        async with Agent("worker", socket=a.socket) as worker:
+            ran: list[Any] = []
+
+            @worker.on("think")
+            async def think(msg: Any) -> str:
+                ran.append(msg.payload)
+                return "ok"
+
+            raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
+                                msgpack.packb({"name": "hostile"})])
+            assert (await asyncio.to_thread(_recv_skipping_pings, raw))["kind"] == "ok"
+            header = {"kind": "request", "id": "bad-1", "from": "hostile", "to": "worker",
+                      "topic": "think", "hops": 0}
+            header[key] = value
+            raw.send_multipart([P.SIGNATURE, msgpack.packb(header), msgpack.packb("bad")])
+            err = await asyncio.to_thread(_recv_skipping_pings, raw)
+            assert err["kind"] == "error", err
+            assert err["error"]["code"] == "VALIDATION_FAILED", err
+            assert err["corr"] == "bad-1" and repr(key) in err["error"]["message"]
+
+            # The daemon goes on: a well-formed request from the same connection is served.
+            raw.send_multipart([P.SIGNATURE, msgpack.packb(
+                {"kind": "request", "id": "good-1", "from": "hostile", "to": "worker", "topic": "think"}),
+                msgpack.packb("good")])
+            reply = await asyncio.to_thread(_recv_skipping_pings, raw)
+            assert reply["kind"] == "reply" and reply["corr"] == "good-1", reply
+            assert ran == ["good"]  # the refused request never reached the handler
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        raw.close(0)
+        ctx.term()
+    letters = a.dead_letters()
+    bad = [d for d in letters if d["reason"] == "malformed:bad_field"]
+    assert len(bad) == 1 and bad[0]["header"]["id"] == "bad-1", letters
+    assert a.info()["stats"]["malformed_bad_field"] == 1
+
+
+def test_hop_limit_still_bounces_an_in_range_request(meshd_factory: MeshdFactory) -> None:
+    """hops within the header's range but above hop_limit is still a HOP_LIMIT bounce (unchanged)."""
+    a = meshd_factory.spawn("a")
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(f"ipc://{a.socket}")
+
+    async def scenario() -> None:
+        async with Agent("worker", socket=a.socket) as worker:
+            worker.on("think")(lambda m: "ok")
+            raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
+                                msgpack.packb({"name": "relay"})])
+            assert (await asyncio.to_thread(_recv_skipping_pings, raw))["kind"] == "ok"
+            raw.send_multipart([P.SIGNATURE, msgpack.packb(
+                {"kind": "request", "id": "h1", "from": "relay", "to": "worker", "topic": "think",
+                 "hops": 6}), b"\xc0"])
+            err = await asyncio.to_thread(_recv_skipping_pings, raw)
+            assert err["kind"] == "error" and err["error"]["code"] == "HOP_LIMIT" and err["corr"] == "h1"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        raw.close(0)
+        ctx.term()

@@ -1,0 +1,35 @@
+"""Node implements the NodeView contract plugins get; the metrics snapshot is safe to read early."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from meshd.config import Settings
+from meshd.node import START_STEPS, STOP_STEPS, Node
+from meshd.view import MetricsSnapshot, NodeView
+
+
+def test_node_is_a_node_view(tmp_path: Path) -> None:
+    node = Node(Settings(state_dir=tmp_path, insecure=True, interfaces=["127.0.0.1"]))
+    assert isinstance(node, NodeView)
+    assert node.mesh == node.settings.mesh and node.name == node.settings.name
+
+
+def test_metrics_snapshot_from_another_thread_before_start(tmp_path: Path) -> None:
+    node = Node(Settings(state_dir=tmp_path, insecure=True, interfaces=["127.0.0.1"]))
+    seen: list[MetricsSnapshot] = []
+    reader = threading.Thread(target=lambda: seen.append(node.metrics_snapshot()))
+    reader.start()
+    reader.join(5)
+    assert len(seen) == 1 and seen[0].mesh == node.settings.mesh and seen[0].qos1_pending == 0
+    node._take_snapshot()  # what the loop does every second
+    snap = node.metrics_snapshot()
+    assert snap is not seen[0] and snap.peers_by_state == {"online": 0, "stale": 0, "offline": 0}
+
+
+def test_every_step_has_its_methods() -> None:
+    for step in START_STEPS:
+        assert callable(getattr(Node, f"_start_{step}", None)), step
+    for step in STOP_STEPS:
+        assert callable(getattr(Node, f"_stop_{step}", None)), step
