@@ -158,6 +158,10 @@ class Node:
             self.plugins.register(JsonlDeadLetterSink(settings.state_dir / "deadletters.jsonl"),
                                   name="meshd.jsonl_dead_letters")
         self.outcomes = Outcomes(self.plugins)
+        # Known once plugins are loaded, and set before the agent socket is bound: agents may send
+        # while the later start steps run, and their outcomes must be tracked from the first one
+        # (plugins' events wait in their queues until meshd_startup has run).
+        self.outcomes.enabled = self.plugins.wants("meshd_collaboration")
         self.dead_letters = DeadLetters(settings.dead_letter_capacity)
         self.directory = Directory()
         self.security = Security(settings)
@@ -329,7 +333,6 @@ class Node:
             self.router_endpoints(), self.pub_endpoints(), self.socket_path,
             " INSECURE (plaintext mesh)" if s.insecure else "",
         )
-        self.outcomes.enabled = self.plugins.wants("meshd_collaboration")
         await self.plugins.startup(self)
         self.plugins.start()
 

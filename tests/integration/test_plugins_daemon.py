@@ -239,8 +239,16 @@ def test_a_blocked_plugin_does_not_starve_another_in_a_daemon(meshd_factory: Mes
                    {"blocker": {"queue_size": 20}, "recorder": {"out": str(out)}})
     a = meshd_factory.spawn("a", "--config", str(conf), env={"PYTHONPATH": str(site)})
     asyncio.run(_requests(a.socket, a.socket, 300))
-    wait_until(lambda: sum(e["hook"] == "meshd_collaboration" for e in read_events(out)) == 300,
-               what="every outcome at the healthy plugin")
+    seen: list[int] = []
+
+    def outcomes() -> bool:
+        seen.append(sum(e["hook"] == "meshd_collaboration" for e in read_events(out)))
+        return seen[-1] >= 300
+    try:
+        wait_until(outcomes, what="every outcome at the healthy plugin")
+    finally:  # on a time-out: how far it got, and where the rest went
+        print("outcomes seen by the recorder:", seen[-3:], "plugins:", a.query("node")["plugins"])
+    assert seen[-1] == 300
     stats = a.query("node")["plugins"]["stats"]
     print("plugin stats with one blocked plugin:", stats)
     assert stats.get("dropped:recorder", 0) == 0

@@ -162,6 +162,7 @@ def test_held_call_allowed_denied_and_timed_out(meshd_factory: MeshdFactory, tmp
             got: asyncio.Queue[Any] = asyncio.Queue()
             worker.on("note")(lambda msg: got.put_nowait(msg.payload))
             sys_agent = system_agent_name(str(me.node))
+            await me.tools()  # the system agent is up (it registers just after the socket is bound)
 
             async def held() -> list[dict[str, Any]]:
                 return list(await person.request(sys_agent, TOPIC_APPROVALS, {"op": "list"}, timeout=5))
