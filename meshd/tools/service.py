@@ -265,7 +265,7 @@ class SystemAgent:
                  held.id, tool, caller, held.id)
         timeout = self.settings.tools.approval_timeout
         if deadline is not None:
-            timeout = min(timeout, deadline - time.time())
+            timeout = min(timeout, deadline - time.monotonic())  # Message.deadline is monotonic
         try:
             by = await self.approvals.wait(held, timeout)
         except MeshError as exc:
