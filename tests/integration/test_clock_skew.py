@@ -209,3 +209,59 @@ def test_qos1_sends_both_ways_across_an_hour_of_skew(meshd_factory: MeshdFactory
     asyncio.run(scenario())
     for daemon in (a, b):
         assert not [d for d in daemon.dead_letters() if "qos1_ttl" in str(d)], daemon.dead_letters()
+
+
+def _stays_online(procs: list[MeshdProcess], seconds: float) -> None:
+    """Every daemon sees every other online at every look for ``seconds`` (longer than
+    offline_after, so a peer wrongly aged by a clock jump would have shown up stale or offline)."""
+    ids = {p.node_id for p in procs}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for p in procs:
+            states = p.peer_states()
+            assert all(states.get(n) == "online" for n in ids - {p.node_id}), (p.name, states)
+        time.sleep(0.1)
+
+
+def test_a_wall_clock_jump_on_a_running_daemon_changes_nothing(meshd_factory: MeshdFactory,
+                                                               tmp_path: Path) -> None:
+    offset_file = tmp_path / "offset"
+    offset_file.write_text("+0\n")
+    env = faketime_env(offset_file=offset_file)  # re-read on every clock call: jumps at run time
+    qos_env = {"MESHD_QOS1_TTL": "30"}
+    a = meshd_factory.spawn("a", env=qos_env)
+    b = meshd_factory.spawn("b", env={**env, **qos_env})
+    meshd_factory.wait_mesh([a, b])
+
+    async def scenario() -> None:
+        async with Agent("held-b", socket=b.socket) as held_b, Agent("req-a", socket=a.socket) as req_a:
+            started, release = asyncio.Event(), asyncio.Event()
+
+            @held_b.on("hold")
+            async def hold(msg: Message) -> Any:
+                started.set()
+                await release.wait()
+                return {"left": msg.time_left}
+
+            await wait_listed(req_a, "held-b")
+            call = asyncio.create_task(req_a.request("held-b", "hold", None, timeout=30))
+            await started.wait()  # a request in flight through b
+            for n in range(3):  # qos-1 units waiting in b's outbox (TTL 30 s) for an absent agent
+                await held_b.send("late-a", "note", {"n": n}, qos=1)
+            for jump in ("+1h", "-1h", "+0"):
+                offset_file.write_text(f"{jump}\n")
+                await asyncio.to_thread(_stays_online, [a, b], 2.5)
+            release.set()
+            reply = await call
+            assert 0 < reply["left"] <= 30.0, reply
+            got: list[int] = []
+            async with Agent("late-a", socket=a.socket) as late:
+                @late.on("note")
+                def note(msg: Message) -> None:
+                    got.append(int(msg.payload["n"]))
+
+                await async_wait_until(lambda: len(got) >= 3, 20, what="the waiting qos-1 sends")
+            assert got == [0, 1, 2]  # none expired by the jumps, none reordered
+
+    asyncio.run(scenario())
+    assert not [d for d in b.dead_letters() if "qos1_ttl" in str(d)], b.dead_letters()
