@@ -204,7 +204,7 @@ class Dispatcher:
                                  f"agent {self.agent_name!r} has no handler for topic {topic!r}")
             self.unit_done(unit)
             return
-        if msg.is_request and msg.deadline is not None and msg.deadline < time.monotonic():
+        if msg.is_request and msg.deadline is not None and msg.deadline <= time.monotonic():
             # The requester has given up already: do not start work nobody waits for.
             self.reply_error(msg, P.ErrorCode.TIMEOUT, "the deadline passed before the handler started")
             self.unit_done(unit)
