@@ -221,7 +221,8 @@ class SystemAgent:
         return result
 
     async def call(self, caller: str, name: Any, raw_args: Any, *, deadline: float | None = None) -> Any:
-        """Run one tool call for ``caller`` through every check; raises typed errors."""
+        """Run one tool call for ``caller`` through every check; raises typed errors.
+        ``deadline`` is a ``time.monotonic()`` value of this host (``Message.deadline``), or None."""
         tool = self.registry.get(name)
         try:
             self.authorizer.require("tool", caller, tool.name)
