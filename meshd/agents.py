@@ -194,7 +194,8 @@ class LocalAgents:
             return
         if holder is None or holder.rid != rid:
             agent = LocalAgent(name=name, rid=rid, capabilities=caps, metadata=meta,
-                               registered_at=time.time())
+                               registered_at=time.time(),  # shown to people only
+                               reg=self.directory.next_reg())  # what a name conflict compares
             self.directory.add_local(agent)
         else:
             holder.capabilities, holder.metadata = caps, meta

@@ -255,7 +255,7 @@ class Agent:
         loop = self._require_loop()
         msg_id = P.new_id()
         header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic,
-                                  P.DEADLINE: P.now() + timeout}
+                                  P.BUDGET: P.budget_ms(timeout)}  # a duration, never a clock reading
         if headers:
             header[P.HEADERS] = headers
         data = self._payload(payload)
@@ -302,7 +302,7 @@ class Agent:
         """
         if not msg.is_request:
             raise ValidationFailed("only requests can be delegated")
-        if msg.deadline is not None and msg.deadline <= time.time():
+        if msg.deadline is not None and msg.deadline <= time.monotonic():
             raise RequestTimeout("the request's deadline has passed; not delegating it")
         header: dict[str, Any] = {
             P.KIND: Kind.REQUEST, P.ID: P.new_id(), P.FROM: self.name, P.TO: to,
@@ -310,7 +310,7 @@ class Agent:
             P.ORIGIN: msg.reply_to or msg.sender, P.HOPS: msg.hops + 1,
         }
         if msg.deadline is not None:
-            header[P.DEADLINE] = msg.deadline
+            header[P.BUDGET] = P.budget_left(msg.deadline)  # what is left, minus the time spent here
         if msg.headers:
             header[P.HEADERS] = msg.headers
         data = self._payload(msg.payload if payload is DEFER else payload)

@@ -2,7 +2,8 @@
 
 Owns: :class:`LocalAgent` records (by name and by connection routing id), the remote records
 each peer last sent (by node id), which node hosts which remote name, the name-conflict rule
-(:func:`loses_name`), the directory version peers compare on heartbeats, and the index of local
+(:func:`loses_name`, on the registration counter: a Lamport clock, never a wall clock), the
+directory version peers compare on heartbeats, and the index of local
 topic subscriptions (with their PUB/SUB keys). It must not touch sockets, peers or plugins: it
 returns what changed (a key to subscribe, the local agents that lost a name) and the node acts.
 Peers and the directory never import each other; they meet only in node.py.
@@ -20,7 +21,7 @@ from . import protocol as P
 from .liveness import PeerState
 from .tools.names import SYSTEM_PREFIX
 
-__all__ = ["Directory", "LocalAgent", "loses_name"]
+__all__ = ["Directory", "LocalAgent", "loses_name", "record_reg"]
 
 
 @dataclass(eq=False)
@@ -31,12 +32,13 @@ class LocalAgent:
     rid: bytes
     capabilities: list[str]
     metadata: dict[str, Any]
-    registered_at: float
+    registered_at: float  # this node's wall clock, shown to people only; never compared
     topics: set[str] = field(default_factory=set)
     durable: set[str] = field(default_factory=set)  # topics whose qos-1 publications it must not miss
     last_seen: float = field(default_factory=time.monotonic)
     state: PeerState = PeerState.ONLINE
     telemetry: dict[str, Any] = field(default_factory=dict)
+    reg: int = 0  # the registration counter (Lamport): what name conflicts are decided on
 
     def record(self, node_id: str) -> dict[str, Any]:
         return {
@@ -47,27 +49,40 @@ class LocalAgent:
             "topics": sorted(self.topics),
             "durable": sorted(self.durable),
             "registered_at": self.registered_at,
+            "reg": self.reg,
             "state": str(self.state),
             "telemetry": self.telemetry,
         }
 
 
-def loses_name(mine: LocalAgent, own_node_id: str, theirs: Mapping[str, Any]) -> bool:
-    """Two nodes accepted one name at the same time: the earlier registration keeps it.
+def record_reg(rec: Mapping[str, Any]) -> int | None:
+    """A record's registration counter; None if it has none that is a non-negative integer."""
+    reg = rec.get("reg")
+    return reg if type(reg) is int and reg >= 0 else None
 
-    Ties on the registration time go to the smaller node id. A record whose time is not a
-    number never wins (it cannot be ordered).
+
+def loses_name(mine: LocalAgent, own_node_id: str, theirs: Mapping[str, Any]) -> bool:
+    """Two nodes accepted one name (a partition, or at the same moment): the smaller
+    (registration counter, node id) keeps it, the same decision on every node.
+
+    The counter is a Lamport clock (:meth:`Directory.next_reg`), so a registration that a node
+    made after it knew of the other one always loses; no wall clock takes part. A record with no
+    usable counter never wins (it cannot be ordered).
     """
-    their_at = theirs.get("registered_at", 0)
-    if not isinstance(their_at, (int, float)):
+    their_reg = record_reg(theirs)
+    if their_reg is None:
         return False
-    return (their_at, str(theirs.get("node"))) < (mine.registered_at, own_node_id)
+    return (their_reg, str(theirs.get("node"))) < (mine.reg, own_node_id)
 
 
 def _holder_keeps(holder_node: str, holder_rec: Mapping[str, Any], node: str,
                   rec: Mapping[str, Any]) -> bool:
-    """Between two remote holders of one name, the earlier registration (then smaller id) keeps it."""
-    return bool((holder_rec.get("registered_at", 0), holder_node) < (rec.get("registered_at", 0), node))
+    """Between two remote holders of one name, the smaller (counter, node id) keeps it."""
+    rec_reg = record_reg(rec)
+    if rec_reg is None:
+        return True
+    holder_reg = record_reg(holder_rec)
+    return holder_reg is not None and (holder_reg, holder_node) < (rec_reg, node)
 
 
 class Directory:
@@ -87,12 +102,19 @@ class Directory:
         #: PUB/SUB key -> local subscribers (what a publication arriving from a peer is for).
         self.local_topic_keys: dict[bytes, set[LocalAgent]] = {}
         self._remote_topic_counts: Counter[str] | None = None
+        #: The registration Lamport clock: the largest counter seen here, in any record.
+        self.reg_clock = 0
 
     # ------------------------------------------------------------------ this node's agents
 
     def body(self) -> dict[str, Any]:
         """The ``dir`` body peers receive (HELLO, SYNC answers, changes)."""
         return {"version": self.version, "agents": [a.record(self.node_id) for a in self.local.values()]}
+
+    def next_reg(self) -> int:
+        """The counter for a registration now: one more than any this node has seen."""
+        self.reg_clock += 1
+        return self.reg_clock
 
     def bump(self) -> int:
         self.version += 1
@@ -183,7 +205,7 @@ class Directory:
 
         Returns None for a body of the wrong shape (nothing changes), else (the peer's directory
         version, -1 if it sent none, and the local agents that lose their name to it: the caller
-        evicts them). A remote name held by two peers goes to the earlier registration.
+        evicts them). A remote name held by two peers goes to the smaller (counter, node id).
         """
         if not isinstance(body, dict) or not isinstance(body.get("agents"), list):
             return None
@@ -192,6 +214,9 @@ class Directory:
         for rec in body["agents"]:
             if isinstance(rec, dict) and P.valid_name(rec.get("name")):
                 agents[rec["name"]] = rec
+                reg = record_reg(rec)
+                if reg is not None and reg > self.reg_clock:
+                    self.reg_clock = reg  # Lamport: later registrations here order after it
         self.drop_node(node_id)
         self.remote_agents[node_id] = agents
         self._remote_topic_counts = None

@@ -51,7 +51,9 @@ class Message:
     """A message as a handler sees it.
 
     For a request, ``reply_to`` and ``correlation_id`` say where the answer goes: the original
-    requester and its id, even when the request was delegated along the way.
+    requester and its id, even when the request was delegated along the way. ``deadline`` is a
+    ``time.monotonic()`` value of this host (the requester's budget, counted from arrival), never
+    a wall-clock time: use ``time_left``.
     """
 
     id: str
@@ -95,7 +97,7 @@ class Message:
     @property
     def time_left(self) -> float | None:
         """Seconds until the requester gives up (None if it set no deadline)."""
-        return None if self.deadline is None else self.deadline - time.time()
+        return None if self.deadline is None else self.deadline - time.monotonic()
 
     async def progress(self, note: str = "working") -> None:
         """Tell the requester the handler is still working (its ``on_progress`` sees ``note``)."""
@@ -163,6 +165,12 @@ class Dispatcher:
         corr = header.get(P.CORR)
         sender = str(header.get(P.FROM, ""))
         hops = header.get(P.HOPS, 0)
+        try:
+            # The requester's budget starts counting now, on this host's monotonic clock.
+            deadline = P.local_deadline(header)
+            bad_budget = ""
+        except P.FrameError as exc:
+            deadline, bad_budget = None, str(exc)
         msg = Message(
             id=msg_id,
             kind=kind,
@@ -171,13 +179,18 @@ class Dispatcher:
             to=header.get(P.TO),
             payload=None,
             correlation_id=(str(corr) if corr else msg_id) if kind == Kind.REQUEST else corr,
-            deadline=header.get(P.DEADLINE),
+            deadline=deadline,
             headers=header.get(P.HEADERS) or {},
             reply_to=str(header.get(P.ORIGIN) or sender),
             hops=hops if isinstance(hops, int) else 0,
             qos=1 if unit is not None else 0,
             _dispatcher=self,
         )
+        if bad_budget:
+            if msg.is_request:
+                self.reply_error(msg, P.ErrorCode.VALIDATION_FAILED, bad_budget)
+            self.unit_done(unit)
+            return
         try:
             msg.payload = decode_payload(payload)
         except Exception as exc:
@@ -191,7 +204,7 @@ class Dispatcher:
                                  f"agent {self.agent_name!r} has no handler for topic {topic!r}")
             self.unit_done(unit)
             return
-        if msg.is_request and msg.deadline is not None and msg.deadline < time.time():
+        if msg.is_request and msg.deadline is not None and msg.deadline <= time.monotonic():
             # The requester has given up already: do not start work nobody waits for.
             self.reply_error(msg, P.ErrorCode.TIMEOUT, "the deadline passed before the handler started")
             self.unit_done(unit)

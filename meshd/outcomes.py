@@ -62,8 +62,11 @@ class Outcomes:
                 if what == "delegate":  # the answer goes to the origin, past this daemon
                     self.emit(what, h.get(P.ID), h.get(P.FROM), h.get(P.TO), h.get(P.TOPIC), "sent")
                     continue
-                deadline = h.get(P.DEADLINE)
-                expires = now + (deadline - time.time() if isinstance(deadline, (int, float)) else 30.0) + 5
+                try:
+                    deadline = P.local_deadline(h)  # the budget, on this host's monotonic clock
+                except FrameError:
+                    deadline = None
+                expires = (now + 30.0 if deadline is None else deadline) + 5
                 self.inflight[(str(h.get(P.FROM)), str(h.get(P.ID)))] = (
                     now, what, str(h.get(P.FROM)), str(h.get(P.TO)), str(h.get(P.TOPIC)), expires)
         return sends
@@ -103,9 +106,10 @@ class Outcomes:
                 self.emit(what, h.get(P.CORR), initiator, target, topic, "ok", None, latency)
 
     def delivered(self, unit_id: str, sender: str, dest: str, topic: str | None, created: float) -> None:
-        """A qos-1 unit was acknowledged: its handler finished on the receiving side."""
+        """A qos-1 unit was acknowledged: its handler finished on the receiving side.
+        ``created`` is this host's ``time.monotonic()`` when the unit was accepted."""
         self.emit("send", unit_id, sender, dest, topic, "delivered", None,
-                  round((time.time() - created) * 1000, 3), qos=1)
+                  round((time.monotonic() - created) * 1000, 3), qos=1)
 
     def expire(self) -> None:
         """Requests past their deadline with no answer: report TIMEOUT and forget them."""

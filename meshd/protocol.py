@@ -44,7 +44,8 @@ TO: Final = "to"
 TOPIC: Final = "topic"
 CORR: Final = "corr"
 HOPS: Final = "hops"
-DEADLINE: Final = "deadline"
+BUDGET: Final = "budget"  # a request's time budget: milliseconds left when it was sent (a duration)
+DEADLINE: Final = "deadline"  # deprecated (protocol 1 only): an absolute Unix time; see local_deadline
 QOS: Final = "qos"
 HEADERS: Final = "headers"
 ERROR: Final = "error"
@@ -140,6 +141,7 @@ MAX_ADDRESS_LEN: Final = MAX_NAME_LEN + 1 + 256
 """``to``, ``from`` and ``origin``: ``name`` or ``name@node`` (a node id or a host name)."""
 MAX_ID_LEN: Final = 256
 MAX_HOPS: Final = 255
+MAX_BUDGET_MS: Final = 10**12  # about 31 years: any finite budget a client means fits
 """The largest ``hops`` a header may carry; the configured ``hop_limit`` (at most 64) is lower."""
 
 
@@ -252,7 +254,7 @@ class Header:
     corr: str | None
     origin: str | None
     hops: int
-    deadline: float | None
+    deadline: float | None  # this host's time.monotonic() when the budget runs out (set on decode)
     qos: int
     fields: Mapping[str, Any]
 
@@ -288,11 +290,7 @@ def header_from_map(fields: dict[str, Any]) -> Header:
         qos = 0
     if type(qos) is not int or qos not in (0, 1):
         raise FrameError("bad_field", f"'qos' must be 0 or 1, not {qos!r}"[:120], fields=fields)
-    deadline = fields.get(DEADLINE)
-    if deadline is not None and (type(deadline) not in (int, float) or not math.isfinite(deadline)
-                                 or deadline < 0):
-        raise FrameError("bad_field", f"'deadline' must be a finite, non-negative time, not "
-                         f"{deadline!r}"[:120], fields=fields)
+    deadline = local_deadline(fields)
     return Header(
         kind=fields[KIND],
         id=_str_field(fields, ID, MAX_ID_LEN),
@@ -302,7 +300,7 @@ def header_from_map(fields: dict[str, Any]) -> Header:
         corr=_str_field(fields, CORR, MAX_ID_LEN),
         origin=_str_field(fields, ORIGIN, MAX_ADDRESS_LEN),
         hops=hops,
-        deadline=None if deadline is None else float(deadline),
+        deadline=deadline,
         qos=qos,
         fields=fields,
     )
@@ -412,5 +410,40 @@ def valid_topic(topic: Any) -> bool:
 
 
 def now() -> float:
-    """Wall-clock seconds; deadlines on the wire are absolute Unix times."""
+    """Wall-clock seconds, for what is shown to people only (never compared across hosts)."""
     return time.time()
+
+
+def budget_ms(seconds: float) -> int:
+    """A time budget for the wire: ``seconds`` as whole milliseconds, rounded up, never negative."""
+    return max(0, math.ceil(seconds * 1000.0))
+
+
+def budget_left(deadline: float) -> int:
+    """What is left of a local ``time.monotonic()`` deadline, as a wire budget (ms)."""
+    return budget_ms(deadline - time.monotonic())
+
+
+def local_deadline(fields: Mapping[str, Any]) -> float | None:
+    """The time limit a header carries, turned into this host's ``time.monotonic()`` deadline.
+
+    Call it when the message arrives: ``budget`` (ms left when it was sent) starts counting
+    here, on this host's monotonic clock, so no two hosts' clocks are ever compared. The
+    deprecated ``deadline`` (an absolute Unix time, protocol 1 clients before issue 13) is still
+    accepted for one version, converted with this host's wall clock (so it is only as right as
+    the two clocks agree); ``budget`` wins when both are present. Raises FrameError
+    ``bad_field`` for a value that is not a finite, non-negative number.
+    """
+    budget = fields.get(BUDGET)
+    if budget is not None:
+        if type(budget) not in (int, float) or not math.isfinite(budget) or not 0 <= budget <= MAX_BUDGET_MS:
+            raise FrameError("bad_field", f"'budget' must be a non-negative number of milliseconds "
+                             f"(at most {MAX_BUDGET_MS}), not {budget!r}"[:120], fields=dict(fields))
+        return time.monotonic() + float(budget) / 1000.0
+    deadline = fields.get(DEADLINE)
+    if deadline is None:
+        return None
+    if type(deadline) not in (int, float) or not math.isfinite(deadline) or deadline < 0:
+        raise FrameError("bad_field", f"'deadline' must be a finite, non-negative time, not "
+                         f"{deadline!r}"[:120], fields=dict(fields))
+    return time.monotonic() + (float(deadline) - time.time())

@@ -65,11 +65,13 @@ class OutboxEntry:
     id: str
     dest: str
     frames: list[bytes]  # [signature, header, payload...] exactly as the client sent it
-    created: float
-    expires: float
+    created: float  # wall clock of this node, persisted and shown (dead letters); never compared
+    expires: float  # wall clock, persisted: after a restart the TTL left is read from it (clamped)
     header: P.Header | None = None  # None only for a stored unit whose header no longer decodes
     attempts: int = 0
     next_attempt: float = 0.0  # monotonic; in memory only (after a restart everything is due)
+    expires_m: float = 0.0  # monotonic: when qos1_ttl runs out (what ``tick`` compares)
+    created_m: float = 0.0  # monotonic: when it was accepted (delivery latency)
     backoff: float = 0.0
     sender: str = ""
     durable: bool = False
@@ -81,17 +83,21 @@ class DeliveryStore:
     """The outbox and the seen-set of one node (``<state_dir>/delivery.db``)."""
 
     def __init__(self, path: Path | str, seen_ttl: float = 24 * 3600.0, *,
-                 wall: Callable[[], float] = time.time) -> None:
-        """``path`` may be ``":memory:"`` (tests); ``wall`` is the clock done-marks are dated with."""
+                 wall: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        """``path`` may be ``":memory:"`` (tests). Done-marks are aged on ``monotonic`` while the
+        daemon runs (a wall-clock jump prunes nothing); ``wall`` dates them on disk, the only
+        clock that survives a restart, and is read once at load, clamped to ``seen_ttl``."""
         self.path = path
         self.seen_ttl = seen_ttl
         self._wall = wall
+        self._monotonic = monotonic
         self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # "accepted" means on disk (RELIABILITY.md)
         self.db.executescript(_SCHEMA)
         self.outbox: dict[str, OutboxEntry] = {}
-        self.seen: dict[str, float] = {}
+        self.seen: dict[str, float] = {}  # unit id -> monotonic time it was done
         self.seen_origin: dict[str, str] = {}
         self._add: list[OutboxEntry] = []
         self._update: dict[str, OutboxEntry] = {}
@@ -102,18 +108,23 @@ class DeliveryStore:
 
     def _load(self) -> None:
         now = self._wall()
+        now_m = self._monotonic()
         self.db.execute("DELETE FROM seen WHERE at < ?", (now - self.seen_ttl,))
         for row in self.db.execute("SELECT id, dest, frames, attempts, created, expires FROM outbox"):
             frames = msgpack.unpackb(row[2], raw=False)
             header: P.Header | None = None
             with contextlib.suppress(FrameError, IndexError, TypeError):  # decoded once, here
                 header = P.decode_header(frames[1])
+            created, expires = float(row[4]), float(row[5])
+            # The TTL left, by this host's wall clock across the restart, never more than the TTL.
+            left = min(max(expires - now, 0.0), max(expires - created, 0.0))
             entry = OutboxEntry(id=row[0], dest=row[1], frames=list(frames), attempts=int(row[3]),
-                                created=float(row[4]), expires=float(row[5]), durable=True,
-                                sender=header.sender or "" if header else "", header=header)
+                                created=created, expires=expires, durable=True,
+                                sender=header.sender or "" if header else "", header=header,
+                                expires_m=now_m + left, created_m=now_m - min(max(now - created, 0.0), left))
             self.outbox[entry.id] = entry
         for msg_id, at, origin in self.db.execute("SELECT id, at, origin FROM seen"):
-            self.seen[msg_id] = at
+            self.seen[msg_id] = now_m - min(max(now - at, 0.0), self.seen_ttl)
             self.seen_origin[msg_id] = origin
         if self.outbox:
             log.info("resuming %d qos-1 message(s) from the outbox", len(self.outbox))
@@ -145,13 +156,13 @@ class DeliveryStore:
 
     def mark_done(self, msg_id: str, origin: str = "") -> None:
         if msg_id not in self.seen:
-            at = self._wall()
-            self.seen[msg_id] = at
+            self.seen[msg_id] = self._monotonic()
             self.seen_origin[msg_id] = origin
-            self._seen_add.append((msg_id, at, origin))
+            self._seen_add.append((msg_id, self._wall(), origin))
 
     def done_for(self, origin: str, since: float, limit: int = 10_000) -> list[str]:
-        """Units from ``origin`` handled since ``since`` (newest last), to re-ack after its crash."""
+        """Units from ``origin`` handled since ``since`` (monotonic; newest last), to re-ack after
+        its crash."""
         ids = [k for k, at in self.seen.items() if at >= since and self.seen_origin.get(k) == origin]
         return ids[-limit:]
 
@@ -195,13 +206,13 @@ class DeliveryStore:
 
     def prune_seen(self) -> int:
         """Forget done-marks older than ``seen_ttl`` (far beyond any retry of them)."""
-        cutoff = self._wall() - self.seen_ttl
+        cutoff = self._monotonic() - self.seen_ttl
         old = [k for k, at in self.seen.items() if at < cutoff]
         for k in old:
             del self.seen[k]
             self.seen_origin.pop(k, None)
         if old:
-            self.db.execute("DELETE FROM seen WHERE at < ?", (cutoff,))
+            self.db.executemany("DELETE FROM seen WHERE id = ?", [(k,) for k in old])
         return len(old)
 
     def close(self) -> None:
@@ -301,6 +312,7 @@ class Qos1:
                header: P.Header | None = None) -> None:
         """Stage a unit; ``rid`` (if any) is confirmed by the ``flush`` that makes it durable."""
         now = self._wall()
+        now_m = self._monotonic()
         if unit_id in self.store.outbox:
             if rid is not None:
                 self._confirm_to[unit_id] = rid  # a client retry of a unit we have: confirm again
@@ -309,7 +321,7 @@ class Qos1:
             with contextlib.suppress(FrameError, IndexError):
                 header = P.decode_header(frames[1])
         entry = OutboxEntry(id=unit_id, dest=dest, frames=frames, created=now, expires=now + self.ttl,
-                            sender=sender, header=header)
+                            sender=sender, header=header, expires_m=now_m + self.ttl, created_m=now_m)
         self.store.stage(entry)
         if rid is not None:
             self._confirm_to[unit_id] = rid
@@ -351,13 +363,12 @@ class Qos1:
 
     def tick(self) -> list[Action]:
         """Retry what is due; give up on what is out of attempts or time."""
-        now_m = self._monotonic()
-        now = self._wall()
+        now_m = self._monotonic()  # never the wall clock: a clock jump expires nothing
         actions: list[Action] = []
         for entry in list(self.store.outbox.values()):
             if not entry.durable or entry.next_attempt > now_m:
                 continue
-            if now > entry.expires:
+            if now_m > entry.expires_m:
                 actions.append(self._drop(entry, f"not delivered within qos1_ttl ({self.ttl:g} s); "
                                                  f"last error: {entry.extra.get('last_error', 'none')}"))
             elif entry.attempts >= self.max_attempts:
@@ -399,8 +410,9 @@ class Qos1:
         return True
 
     def reack_origin(self, origin: str, since: float) -> int:
-        """A sending daemon restarted: ack again what we handled for it, in case our acks died
-        with it (otherwise its resumed outbox would retry units that are already done)."""
+        """A sending daemon restarted: ack again what we handled for it since ``since`` (this
+        host's monotonic clock), in case our acks died with it (otherwise its resumed outbox
+        would retry units that are already done)."""
         ids = self.store.done_for(origin, since)
         if ids:
             self._acks_out.setdefault(origin, []).extend(ids)

@@ -103,7 +103,7 @@ class Qos1Driver:
         self._maybe_flush()
 
     def peer_restarted(self, node_id: str) -> None:
-        n = self.machine.reack_origin(node_id, time.time() - self.qos1_ttl)
+        n = self.machine.reack_origin(node_id, time.monotonic() - self.qos1_ttl)
         if n:
             log.info("re-acked %d qos-1 unit(s) handled for restarted peer %s", n, node_id)
         self._maybe_flush()
@@ -182,7 +182,7 @@ class Qos1Driver:
         self.stats["qos1_delivered"] += 1
         if self.outcomes.enabled:
             topic = entry.header.topic if entry.header is not None else None
-            self.outcomes.delivered(entry.id, entry.sender, entry.dest, topic, entry.created)
+            self.outcomes.delivered(entry.id, entry.sender, entry.dest, topic, entry.created_m)
 
     def _give_up(self, entry: OutboxEntry, why: str) -> None:
         header = entry.header

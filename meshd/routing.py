@@ -201,7 +201,7 @@ class Router:
                              f"forwarded {hops} times; the hop limit is {self.settings.hop_limit}")
                 return
             deadline = header.deadline
-            if deadline is not None and deadline < time.time():
+            if deadline is not None and deadline <= time.monotonic():  # budget 0: nothing left
                 self.bounce(header, frames[1:], P.ErrorCode.TIMEOUT,
                              "the request's deadline passed before it was delivered")
                 return

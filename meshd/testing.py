@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import glob
 import inspect
+import os
 import shutil
 import subprocess
 import sys
@@ -68,6 +70,41 @@ async def wait_listed(agent: Agent, *names: str, present: bool = True, timeout: 
         listed = {a["name"] for a in await agent.agents()}
         return set(names) <= listed if present else not set(names) & listed
     await async_wait_until(check, timeout, 0.05, what=f"{names} {'listed' if present else 'gone'}")
+
+
+LIBFAKETIME_GLOBS = ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
+                     "/usr/local/lib/faketime/libfaketime.so.1")
+
+
+def libfaketime() -> str | None:
+    """The path of libfaketime (Debian package ``faketime``), or None where it is not installed."""
+    for pattern in LIBFAKETIME_GLOBS:
+        for path in sorted(glob.glob(pattern)):
+            if os.path.exists(path):
+                return path
+    return None
+
+
+def faketime_env(offset: str | None = None, *, offset_file: Path | None = None) -> dict[str, str]:
+    """Environment that runs a process (``spawn(..., env=...)``, a subprocess) with its wall clock
+    off by ``offset`` (libfaketime syntax: ``"-1h"``, ``"+3600"``), or by whatever ``offset_file``
+    holds, re-read on every clock call so a test can jump the clock of a running process.
+
+    Only the wall clock is faked (``FAKETIME_DONT_FAKE_MONOTONIC=1``): a host without NTP has a
+    wrong wall clock, not a wrong monotonic one. Raises RuntimeError where libfaketime is missing
+    (check ``libfaketime()`` first and skip).
+    """
+    lib = libfaketime()
+    if lib is None:
+        raise RuntimeError("libfaketime is not installed (Debian package 'faketime')")
+    env = {"LD_PRELOAD": lib, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    if offset_file is not None:
+        env |= {"FAKETIME_TIMESTAMP_FILE": str(offset_file), "FAKETIME_NO_CACHE": "1"}
+    elif offset is not None:
+        env["FAKETIME"] = offset
+    else:
+        raise ValueError("give an offset or an offset_file")
+    return env
 
 
 def pip_install(source: Path, target: Path) -> None:
@@ -222,5 +259,5 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return rep
 
 
-__all__ = ["DaemonExited", "MeshdFactory", "MeshdProcess", "async_wait_until", "meshd_factory", "pip_install",
-           "short_tempdir", "wait_listed", "wait_until"]
+__all__ = ["DaemonExited", "MeshdFactory", "MeshdProcess", "async_wait_until", "faketime_env", "libfaketime",
+           "meshd_factory", "pip_install", "short_tempdir", "wait_listed", "wait_until"]

@@ -109,7 +109,7 @@ class HttpSession:
 
     def expire_requests(self) -> None:
         """Forget requests whose requester has given up (their deadline passed)."""
-        now = time.time()
+        now = time.monotonic()  # Message.deadline is this host's monotonic time
         for msg_id, msg in list(self.pending.items()):
             if msg.deadline is not None and msg.deadline < now:
                 self._forget(msg_id)

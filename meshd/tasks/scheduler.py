@@ -128,6 +128,8 @@ class TaskHost(Protocol):
 
     def task_payload(self, record: dict[str, Any]) -> dict[str, Any]: ...
 
+    def time_left(self, record: dict[str, Any]) -> float: ...
+
 
 class Scheduler:
     """Drives tasks: ``drive(record)`` returns when the task is done, failed or cancelled."""
@@ -168,7 +170,7 @@ class Scheduler:
                 self.host.task_store().touch_task(record)
                 self.host.event("waiting", record)
                 said_why = True
-            left = float(record["deadline"]) - time.time()
+            left = self.host.time_left(record)
             if left <= 0:
                 return None
             await asyncio.sleep(min(self.settings.directory_refresh, left))
@@ -187,7 +189,7 @@ class Scheduler:
 
     async def _dispatch(self, record: dict[str, Any], assignee: str) -> tuple[bool, Any]:
         """One attempt: a request with a deadline, abandoned early if the assignee leaves."""
-        left = float(record["deadline"]) - time.time()
+        left = self.host.time_left(record)
         timeout = max(0.001, min(self.settings.dispatch_timeout, left))
         payload = self.host.task_payload(record)
         request = asyncio.ensure_future(self.agent.request(assignee, TASK_TOPIC, payload, timeout=timeout))
@@ -234,7 +236,7 @@ class Scheduler:
         tried: set[str] = set(record.get("tried") or [])
         resume = record["state"] == "running"
         while record["state"] not in FINISHED:
-            if float(record["deadline"]) <= time.time():
+            if self.host.time_left(record) <= 0:
                 why = record.get("why")
                 await self._fail(record, f"deadline passed: {why}" if why else "deadline passed")
                 return
@@ -242,7 +244,7 @@ class Scheduler:
                 resume = False
                 assignee = str(record["assignee"])
                 back = await self._wait_online(
-                    assignee, min(self.settings.resume_grace, float(record["deadline"]) - time.time()))
+                    assignee, min(self.settings.resume_grace, self.host.time_left(record)))
                 if not back:
                     ok, outcome = False, (f"assignee {assignee!r} not online within "
                                           f"{self.settings.resume_grace:g} s after a restart")

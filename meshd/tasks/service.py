@@ -26,6 +26,7 @@ from ..backoff import backoff_delay
 from ..config import Settings
 from ..errors import MeshError, ValidationFailed
 from ..payloads import encode_payload
+from .deadlines import Deadlines
 from .plans import PlanItem, compile_plan, plan_state
 from .scheduler import Scheduler
 from .store import FINISHED, STATES, TaskStore
@@ -69,6 +70,8 @@ class TaskService:
         self._emit = emit
         self.store: TaskStore | None = None
         self.scheduler = Scheduler(agent, settings.tasks, self)
+        #: Deadlines on the monotonic clock: a wall-clock jump expires no task (issue 13).
+        self.deadlines = Deadlines(2 * self.limits.max_stored_tasks)
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._background: set[asyncio.Task[Any]] = set()
@@ -95,6 +98,7 @@ class TaskService:
         for plan in list(self.store.plans.values()):
             if plan.get("state") != "running":
                 continue
+            self.deadlines.left(plan)  # read once, before its tasks: they end with it
             for task_id in plan["tasks"]:  # a failure whose cascade had not reached the disk
                 ended = self.store.tasks.get(task_id)
                 if ended is not None and ended["state"] in ("failed", "cancelled"):
@@ -167,6 +171,7 @@ class TaskService:
                 "round": 1, "created_at": time.time(), "deadline": deadline, "error": None}
         records = self._add_round(plan, items, round_no=1)
         store.add_plan(plan)
+        self.deadlines.left(plan)  # its tasks (this round's and later rounds') end with it
         ready = [r for r in records if r["state"] == "ready"]
         for record in ready:  # before the commit, as in create_task
             self._drive(record)
@@ -267,8 +272,13 @@ class TaskService:
                 "plan_id": record.get("plan_id"), "key": record.get("key"), "round": record.get("round"),
                 "creator": record["creator"]}
 
+    def time_left(self, record: dict[str, Any]) -> float:
+        """Seconds left of a task's or plan's deadline, on this host's monotonic clock."""
+        return self.deadlines.left(record)
+
     def finished(self, record: dict[str, Any]) -> None:
         """A task reached done, failed or cancelled: wake waiters, move its plan along."""
+        self.deadlines.forget(str(record["id"]))
         changed = self._changed.pop(record["id"], None)
         if changed is not None:
             changed.set()
@@ -410,7 +420,7 @@ class TaskService:
         try:
             done = [store.tasks[t] for t in plan["tasks"] if t in store.tasks]
             results = {str(t["key"]): t.get("result") for t in done if t.get("round") == plan["round"]}
-            left = float(plan["deadline"]) - time.time()
+            left = self.deadlines.left(plan)
             reply: Any = None
             error = None
             if left > 0:

@@ -125,7 +125,7 @@ class CancelTaskArgs(_Args):
 def _bounded(ctx: ToolContext, wanted: float) -> float:
     """A wait no longer than ``max_wait`` nor the caller's own deadline."""
     limit = min(wanted, ctx.settings.tools.max_wait)
-    left = ctx.time_left(time.time())
+    left = ctx.time_left(time.monotonic())
     return max(0.001, min(limit, left) if left is not None else limit)
 
 

@@ -37,7 +37,8 @@ class ToolContext:
 
     ``caller`` is the agent that called the tool (as the daemon stamped it); ``agent`` is the
     daemon's system agent (a :class:`meshd.Agent`) through which the tool acts on the mesh;
-    ``deadline`` is the caller's deadline (Unix time) or None. ``tasks`` and ``spawner`` are the
+    ``deadline`` is the caller's deadline on this host's ``time.monotonic()`` clock (its
+    budget, counted from arrival; never a wall-clock time) or None. ``tasks`` and ``spawner`` are the
     daemon's task service and spawner, or None when not wired (a tool that needs them must raise
     :class:`meshd.errors.NotWired`). ``services`` holds anything else the daemon wires.
     """
@@ -51,7 +52,7 @@ class ToolContext:
     services: dict[str, Any] = field(default_factory=dict)
 
     def time_left(self, now: float) -> float | None:
-        """Seconds until the caller's deadline (None if it set none)."""
+        """Seconds until the caller's deadline (None if it set none); ``now`` is ``time.monotonic()``."""
         return None if self.deadline is None else self.deadline - now
 
 

@@ -221,7 +221,8 @@ class SystemAgent:
         return result
 
     async def call(self, caller: str, name: Any, raw_args: Any, *, deadline: float | None = None) -> Any:
-        """Run one tool call for ``caller`` through every check; raises typed errors."""
+        """Run one tool call for ``caller`` through every check; raises typed errors.
+        ``deadline`` is a ``time.monotonic()`` value of this host (``Message.deadline``), or None."""
         tool = self.registry.get(name)
         try:
             self.authorizer.require("tool", caller, tool.name)
@@ -265,7 +266,7 @@ class SystemAgent:
                  held.id, tool, caller, held.id)
         timeout = self.settings.tools.approval_timeout
         if deadline is not None:
-            timeout = min(timeout, deadline - time.time())
+            timeout = min(timeout, deadline - time.monotonic())  # Message.deadline is monotonic
         try:
             by = await self.approvals.wait(held, timeout)
         except MeshError as exc:

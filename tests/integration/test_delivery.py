@@ -181,16 +181,19 @@ def test_progress_cancel_and_expired_deadline(meshd_factory: MeshdFactory) -> No
                                 msgpack.packb({"name": "rawrelay"})])
             assert raw.poll(5000)
             raw.recv_multipart()
-            raw.send_multipart([P.SIGNATURE, msgpack.packb({
-                "kind": "request", "id": "d1", "from": "rawrelay", "to": "slow2", "topic": "think",
-                "corr": "orig-1", "origin": "rawrelay", "hops": 1, "deadline": time.time() - 1}), b"\xc0"])
-            while True:  # skip the daemon's liveness pings
-                assert raw.poll(5000)
-                _, hdr, _ = raw.recv_multipart()
-                err = msgpack.unpackb(hdr)
-                if err["kind"] != "ping":
-                    break
-            assert err["kind"] == "error" and err["error"]["code"] == "TIMEOUT" and err["corr"] == "orig-1"
+            # A budget with nothing left, and the old absolute deadline in the past (protocol 1).
+            for n, limit in enumerate([{"budget": 0}, {"deadline": time.time() - 1}]):
+                raw.send_multipart([P.SIGNATURE, msgpack.packb({
+                    "kind": "request", "id": f"d{n}", "from": "rawrelay", "to": "slow2", "topic": "think",
+                    "corr": f"orig-{n}", "origin": "rawrelay", "hops": 1, **limit}), b"\xc0"])
+                while True:  # skip the daemon's liveness pings
+                    assert raw.poll(5000)
+                    _, hdr, _ = raw.recv_multipart()
+                    err = msgpack.unpackb(hdr)
+                    if err["kind"] != "ping":
+                        break
+                assert err["kind"] == "error" and err["error"]["code"] == "TIMEOUT"
+                assert err["corr"] == f"orig-{n}"
             await asyncio.sleep(0.2)
             assert ran == []
     try:

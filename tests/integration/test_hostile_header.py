@@ -28,6 +28,9 @@ BAD_FIELDS: list[tuple[str, Any]] = [
     ("deadline", float("inf")),
     ("deadline", float("nan")),
     ("deadline", -5.0),
+    ("budget", -1),
+    ("budget", float("inf")),
+    ("budget", "5s"),
     ("to", 12345),
 ]
 

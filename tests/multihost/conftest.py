@@ -108,8 +108,10 @@ class NetnsDaemon(MeshdProcess):
 class MultiHost:
     """Three hosts, one daemon and one echo agent (``echo<i>``) per host."""
 
-    def __init__(self, lab: Netlab, workdir: Path, mesh: str, secret: Path | None = None) -> None:
+    def __init__(self, lab: Netlab, workdir: Path, mesh: str, secret: Path | None = None,
+                 env: dict[int, dict[str, str]] | None = None) -> None:
         self.secret = secret  # mesh-secret mode (CURVE) instead of plaintext
+        self.env = env or {}  # extra environment per host number (a fake clock, for one)
         self.lab = lab
         self.workdir = workdir
         self.mesh = mesh
@@ -136,7 +138,7 @@ class MultiHost:
         for i in range(1, HOSTS + 1):
             d = NetnsDaemon(self.lab.host(i), f"h{i}", self.mesh, self.workdir,
                             ["--config", str(config), "--interface", self.address(i), *FAST],
-                            secure=self.secret is not None)
+                            secure=self.secret is not None, env=self.env.get(i))
             self.daemons[i] = d
         self.started_at = time.monotonic()
         for d in self.daemons.values():

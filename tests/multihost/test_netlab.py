@@ -131,37 +131,49 @@ def test_heal(multihost) -> None:
 
 
 def test_name_taken_on_both_sides_of_a_partition_is_resolved_on_heal(multihost) -> None:
-    """While h2 is cut off, an agent named "twin" registers on h1 and (later) on h2: each side
-    accepts it, since neither can see the other. After the heal exactly one survives mesh-wide:
-    the earlier registration (h1's); h2's agent is told NAME_TAKEN and removed."""
+    """While h2 is cut off, an agent named "twin" registers on h1 and on h2: each side accepts
+    it, since neither can see the other. After the heal exactly one survives mesh-wide: the one
+    with the smaller (registration counter, node id), the same on every node (issue 13: no wall
+    clock decides); the other agent is told NAME_TAKEN and removed."""
     from meshd.client import BlockingAgent
 
     mh = multihost
     mh.wait_full_mesh(timeout=WAIT)
     _cut_and_wait(mh)
     first = BlockingAgent("twin", socket=mh.daemons[1].socket, heartbeat_interval=0.25)
-    errors: list[MeshError] = []
+    errors = {1: [], CUT: []}
+    first.agent.on_error = lambda err, corr: errors[1].append(err)
     try:
-        time.sleep(0.05)  # h1's registration must be strictly the earlier one
         second = BlockingAgent("twin", socket=mh.daemons[CUT].socket, heartbeat_interval=0.25)
-        second.agent.on_error = lambda err, corr: errors.append(err)
+        second.agent.on_error = lambda err, corr: errors[CUT].append(err)
         try:
             assert "twin" in mh.agent_names(1) and "twin" in mh.agent_names(CUT)
+            regs = {at: _twin_reg(mh, at) for at in (1, CUT)}
+            winner = min((1, CUT), key=lambda at: (regs[at], mh.node_ids[at]))
+            loser_host = CUT if winner == 1 else 1
+            loser = second if winner == 1 else first
             t0 = time.monotonic()
             mh.lab.plug(CUT)
-            wait_until(lambda: any(e.code == "NAME_TAKEN" for e in errors), WAIT,
-                       what="h2's twin to be told NAME_TAKEN")
-            print(f"\n[netlab] name conflict resolved {_elapsed(t0)} after the heal")
-            assert second.agent.evicted is not None  # its calls now raise NameTaken
+            wait_until(lambda: any(e.code == "NAME_TAKEN" for e in errors[loser_host]), WAIT,
+                       what=f"h{loser_host}'s twin to be told NAME_TAKEN")
+            print(f"\n[netlab] name conflict resolved {_elapsed(t0)} after the heal "
+                  f"(reg h1={regs[1]} h{CUT}={regs[CUT]}: h{winner} keeps it)")
+            assert loser.agent.evicted is not None  # its calls now raise NameTaken
             with pytest.raises(MeshError, match="twin"):
-                second.send("echo1", "x", {})
+                loser.send("echo3", "x", {})
             for at in mh.agents:
-                wait_until(lambda at=at: _twin_node(mh, at) == mh.node_ids[1], WAIT, interval=0.05,
-                           what=f"h{at} to list twin on h1 only")
+                wait_until(lambda at=at: _twin_node(mh, at) == mh.node_ids[winner], WAIT, interval=0.05,
+                           what=f"h{at} to list twin on h{winner} only")
+            assert not errors[winner]
         finally:
             second.close()
     finally:
         first.close()
+
+
+def _twin_reg(mh, at: int) -> int:
+    [reg] = [a["reg"] for a in mh.agents[at].agents() if a["name"] == "twin"]
+    return int(reg)
 
 
 def _twin_node(mh, at: int) -> str | None:

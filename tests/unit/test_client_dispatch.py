@@ -148,3 +148,22 @@ def test_a_cancel_follows_a_delegation() -> None:
     h.d.cancel({P.KIND: Kind.CANCEL, P.CORR: "c9", P.FROM: "asker"})
     [(dest, header, _)] = h.answers()
     assert dest == "expert" and header[P.KIND] == Kind.CANCEL and header[P.CORR] == "c9"
+
+
+def test_a_budget_counts_on_the_handlers_own_clock_and_a_bad_one_is_refused() -> None:
+    """Issue 13: the handler's deadline is its host's monotonic time plus the budget, whatever
+    the sender's clock said; a budget that is not a number is VALIDATION_FAILED, not a crash."""
+    h = Harness()
+    seen: list[Message] = []
+    h.d.handlers["t"] = lambda m: seen.append(m) or DEFER
+    before = time.monotonic()
+    h.deliver(**{P.BUDGET: 5000})
+    assert seen and seen[0].deadline is not None and before + 5 <= seen[0].deadline <= time.monotonic() + 5
+    left = seen[0].time_left
+    assert left is not None and 0 < left <= 5
+    h.deliver(**{P.BUDGET: 0})  # nothing left: not started
+    h.deliver(**{P.BUDGET: "soon"})
+    (_, late, _), (_, bad, _) = h.answers()
+    assert late[P.ERROR]["code"] == ErrorCode.TIMEOUT
+    assert bad[P.ERROR]["code"] == ErrorCode.VALIDATION_FAILED and "budget" in bad[P.ERROR]["message"]
+    assert len(seen) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -144,11 +146,14 @@ def test_every_error_code_has_a_class() -> None:
 
 def test_header_is_decoded_once_into_typed_fields() -> None:
     data = P.pack({P.KIND: Kind.REQUEST, P.ID: "i1", P.FROM: "a", P.TO: "b@n", P.TOPIC: "t",
-                   P.CORR: "c", P.ORIGIN: "o", P.HOPS: 3, P.DEADLINE: 12, P.QOS: 1, "x-extra": [1]})
+                   P.CORR: "c", P.ORIGIN: "o", P.HOPS: 3, P.BUDGET: 12_000, P.QOS: 1, "x-extra": [1]})
+    before = time.monotonic()
     h = P.decode_header(data)
+    after = time.monotonic()
     assert (h.kind, h.id, h.sender, h.to, h.topic, h.corr, h.origin) == (
         Kind.REQUEST, "i1", "a", "b@n", "t", "c", "o")
-    assert h.hops == 3 and h.qos == 1 and h.deadline == 12.0 and isinstance(h.deadline, float)
+    assert h.hops == 3 and h.qos == 1 and h.deadline is not None
+    assert before + 12.0 <= h.deadline <= after + 12.0  # the budget counts from arrival, here
     assert h.get("x-extra") == [1] and h.reply_to == "o"
     with pytest.raises(AttributeError):
         h.hops = 0  # type: ignore[misc]  # frozen
@@ -159,7 +164,8 @@ def test_header_is_decoded_once_into_typed_fields() -> None:
 @pytest.mark.parametrize("key,value", [
     (P.HOPS, -1), (P.HOPS, -1_000_000), (P.HOPS, P.MAX_HOPS + 1), (P.HOPS, True), (P.HOPS, 1.0),
     (P.QOS, 2), (P.QOS, -1), (P.QOS, "1"), (P.DEADLINE, float("inf")), (P.DEADLINE, float("nan")),
-    (P.DEADLINE, -0.5), (P.DEADLINE, "soon"), (P.TO, 5), (P.TO, "x" * (P.MAX_ADDRESS_LEN + 1)),
+    (P.DEADLINE, -0.5), (P.DEADLINE, "soon"), (P.BUDGET, -1), (P.BUDGET, float("inf")),
+    (P.BUDGET, "5s"), (P.BUDGET, P.MAX_BUDGET_MS + 1), (P.TO, 5), (P.TO, "x" * (P.MAX_ADDRESS_LEN + 1)),
     (P.ID, b"bin"), (P.TOPIC, "t" * (P.MAX_TOPIC_LEN + 1)), (P.CORR, 7), (P.FROM, ["a"]),
 ])
 def test_header_field_out_of_range_is_a_bad_field(key: str, value: object) -> None:
@@ -172,9 +178,23 @@ def test_header_field_out_of_range_is_a_bad_field(key: str, value: object) -> No
 
 
 @pytest.mark.parametrize("key,value", [(P.HOPS, 0), (P.HOPS, P.MAX_HOPS), (P.QOS, 0), (P.QOS, None),
-                                       (P.DEADLINE, 0), (P.DEADLINE, 1.7e9)])
+                                       (P.DEADLINE, 0), (P.DEADLINE, 1.7e9), (P.BUDGET, 0),
+                                       (P.BUDGET, 2.5), (P.BUDGET, P.MAX_BUDGET_MS)])
 def test_header_field_in_range_is_accepted(key: str, value: object) -> None:
     P.decode_header(P.pack({P.KIND: Kind.SEND, key: value}))
+
+
+def test_a_budget_is_a_duration_on_the_local_monotonic_clock() -> None:
+    """Issue 13: no wall clock takes part in a budget; the wire carries milliseconds left."""
+    assert P.budget_ms(5) == 5000 and P.budget_ms(0.0001) == 1 and P.budget_ms(-3) == 0
+    deadline = time.monotonic() + 2.0
+    assert 1900 <= P.budget_left(deadline) <= 2000
+    assert P.budget_left(time.monotonic() - 1) == 0
+    local = P.local_deadline({P.BUDGET: 1500, P.DEADLINE: 1.0})  # budget wins over the old field
+    assert local is not None and 1.4 < local - time.monotonic() <= 1.5
+    legacy = P.local_deadline({P.DEADLINE: time.time() + 3})  # protocol 1 clients, this host's clock
+    assert legacy is not None and 2.9 < legacy - time.monotonic() <= 3.0
+    assert P.local_deadline({}) is None
 
 
 def test_one_error_body_builder() -> None:

@@ -32,7 +32,7 @@ def clock() -> Clock:
 
 
 def _machine(clock: Clock, store: DeliveryStore | None = None, attempts: int = 3) -> Qos1:
-    store = store or DeliveryStore(":memory:", wall=lambda: clock.wall)
+    store = store or DeliveryStore(":memory:", wall=lambda: clock.wall, monotonic=lambda: clock.mono)
     return Qos1(store, attempts=attempts, ack_timeout=5.0, ttl=60.0,
                 monotonic=lambda: clock.mono, wall=lambda: clock.wall)
 
@@ -135,14 +135,14 @@ def test_a_gone_agent_gets_the_unit_again(clock: Clock) -> None:
 
 def test_outbox_and_done_marks_survive_a_restart(tmp_path: Path, clock: Clock) -> None:
     path = tmp_path / "delivery.db"
-    q = _machine(clock, DeliveryStore(path, wall=lambda: clock.wall))
+    q = _machine(clock, DeliveryStore(path, wall=lambda: clock.wall, monotonic=lambda: clock.mono))
     q.accept(None, "planner", "u1", "researcher", _frames("u1"))
     q.flush()  # attempt 1 recorded
     q.admit("in1", "nodeB", b"a", rid_alive=lambda rid: True)
     q.agent_acked(["in1"])
     q.flush()
     q.store.close()
-    store = DeliveryStore(path, wall=lambda: clock.wall)
+    store = DeliveryStore(path, wall=lambda: clock.wall, monotonic=lambda: clock.mono)
     entry = store.outbox["u1"]
     assert entry.attempts == 1 and entry.sender == "planner" and entry.durable
     assert entry.header is not None and entry.header.to == "researcher"  # decoded once, at load
@@ -159,13 +159,13 @@ def test_reack_origin_after_a_peer_restart(clock: Clock) -> None:
         q.admit(f"in{i}", "nodeB", b"a", rid_alive=lambda rid: True)
     q.agent_acked(["in0", "in1", "in2"])
     q.flush()
-    assert q.reack_origin("nodeB", since=clock.wall - 10) == 3
+    assert q.reack_origin("nodeB", since=clock.mono - 10) == 3
     assert q.flush() == [SendAcks("nodeB", ["in0", "in1", "in2"])]
     assert q.reack_origin("nodeC", since=0) == 0
 
 
 def test_seen_marks_are_pruned_after_their_ttl(clock: Clock) -> None:
-    store = DeliveryStore(":memory:", seen_ttl=100.0, wall=lambda: clock.wall)
+    store = DeliveryStore(":memory:", seen_ttl=100.0, wall=lambda: clock.wall, monotonic=lambda: clock.mono)
     store.mark_done("old", "n")
     store.flush()
     clock.advance(101)
@@ -181,3 +181,35 @@ def test_group_commit_writes_many_units_in_one_transaction(clock: Clock) -> None
         q.accept(None, "planner", f"u{i}", "researcher", _frames(f"u{i}"))
     actions = q.flush()
     assert q.store.commits == 1 and sum(isinstance(a, Attempt) for a in actions) == 50
+
+
+def test_a_wall_clock_jump_neither_expires_units_nor_prunes_done_marks(clock: Clock) -> None:
+    """Issue 13: qos1_ttl and the done-marks' age run on the monotonic clock."""
+    q = _machine(clock, attempts=100)
+    q.accept(None, "planner", "u1", "researcher", _frames("u1"))
+    q.admit("in1", "nodeB", b"a", rid_alive=lambda rid: True)
+    q.agent_acked(["in1"])
+    q.flush()
+    clock.wall += 10 * 3600  # the wall clock jumps ten hours ahead (TTL 60 s, seen_ttl 1 day)
+    q.bounced("u1", "PEER_UNREACHABLE")
+    clock.mono += 1.0
+    assert not [a for a in q.tick() if isinstance(a, GiveUp)]
+    assert q.pending == 1
+    clock.wall -= 20 * 3600  # and back, ten hours behind where it started
+    assert q.store.prune_seen() == 0 and q.store.is_done("in1")
+    assert q.reack_origin("nodeB", since=clock.mono - 10) == 1
+    clock.mono += 60.0  # the TTL does run out on the monotonic clock
+    assert [a for a in q.tick() if isinstance(a, GiveUp)]
+
+
+def test_the_ttl_left_survives_a_restart_by_the_same_hosts_clock(tmp_path: Path, clock: Clock) -> None:
+    path = tmp_path / "delivery.db"
+    q = _machine(clock, DeliveryStore(path, wall=lambda: clock.wall, monotonic=lambda: clock.mono))
+    q.accept(None, "planner", "u1", "researcher", _frames("u1"))
+    q.flush()
+    q.store.close()
+    clock.advance(20)
+    clock.mono = 5.0  # a reboot: the monotonic clock starts again
+    store = DeliveryStore(path, wall=lambda: clock.wall, monotonic=lambda: clock.mono)
+    assert store.outbox["u1"].expires_m == pytest.approx(5.0 + 40.0)
+    store.close()
