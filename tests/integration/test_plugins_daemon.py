@@ -348,5 +348,7 @@ def test_node_query_shows_the_documented_plugin_counters(meshd_factory: MeshdFac
     plugins = a.query("node")["plugins"]
     # docs/plugins.md, "Counters: where to read them"
     assert set(plugins) == {"stats", "queued", "queues", "loaded"}
-    assert plugins["loaded"] == ["recorder"] and plugins["queues"] == {"recorder": 0}
+    # the query's own agent registering may have an agent-state event in the queue right now
+    assert plugins["loaded"] == ["recorder"] and set(plugins["queues"]) == {"recorder"}
+    assert isinstance(plugins["queues"]["recorder"], int) and plugins["queues"]["recorder"] >= 0
     assert plugins["stats"]["called"] >= 2  # meshd_configure, meshd_startup
