@@ -1,8 +1,13 @@
 """Run a ``meshd run`` daemon as a subprocess: one helper for the test fixtures, the demo and the bench.
 
-Owns: the daemon's command line, its files (``<dir>/state``, ``<dir>/s.sock``, ``<dir>/meshd.log``),
-starting it with its output in the log, waiting for its agent socket, and ending it by its PID
-(SIGTERM, the clean path; SIGKILL when that takes too long or when asked).
+Owns: the daemon's command line, its files (``<dir>/state``, ``<dir>/s.sock``, ``<dir>/meshd.log``,
+``<dir>/notify.sock``), starting it with its output in the log, waiting until it is ready, and
+ending it by its PID (SIGTERM, the clean path; SIGKILL when that takes too long or when asked).
+
+"Ready" is what systemd means by it: the daemon sends ``READY=1`` to ``NOTIFY_SOCKET`` once every
+start step ran (gateway, plugins' ``meshd_startup``, the system agent), which is later than the
+agent socket appearing. The helper plays systemd's part with a datagram socket of its own, unless
+the caller passes its own ``NOTIFY_SOCKET``; then it falls back to waiting for the agent socket.
 
 Must not touch: pytest (plugin authors' tests and ``meshd demo`` import this without it), the
 daemon's protocol (asking a daemon something goes through ``meshd.client``), or any process it
@@ -14,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket as pysocket
 import subprocess
 import sys
 import time
@@ -56,6 +62,9 @@ class DaemonProcess:
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self.spawned_at = 0.0
+        self.notify_path = dir / "notify.sock"
+        self._notify: pysocket.socket | None = None
+        self._ready = False
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "meshd", "run", "--name", self.name, "--mesh", self.mesh,
@@ -65,7 +74,17 @@ class DaemonProcess:
     def start(self) -> None:
         """Spawn the daemon (stdin /dev/null, stdout and stderr appended to ``log_path``)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.env} if self.env else None
+        env = {**os.environ, **self.env} if self.env else dict(os.environ)
+        self._close_notify()
+        self._ready = False
+        if not (self.env and "NOTIFY_SOCKET" in self.env):
+            with contextlib.suppress(FileNotFoundError):
+                self.notify_path.unlink()
+            sock = pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_DGRAM | pysocket.SOCK_CLOEXEC)
+            sock.bind(str(self.notify_path))
+            sock.setblocking(False)
+            self._notify = sock
+            env["NOTIFY_SOCKET"] = str(self.notify_path)
         self.spawned_at = time.monotonic()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
@@ -86,14 +105,30 @@ class DaemonProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def ready(self) -> bool:
-        """Whether its agent socket is bound; raises DaemonExited if the daemon is gone."""
+        """Whether it said READY=1 (or, with the caller's own NOTIFY_SOCKET, whether its agent socket
+        is bound); raises DaemonExited if the daemon is gone."""
         if self.proc is not None and self.proc.poll() is not None:
             raise DaemonExited(self.name, self.proc.returncode, self.log_tail())
-        return self.socket.exists()
+        if self._notify is None:
+            return self.socket.exists()
+        while not self._ready:
+            try:
+                datagram = self._notify.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                break
+            self._ready = b"READY=1" in datagram.split(b"\n")
+        return self._ready
+
+    def _close_notify(self) -> None:
+        if self._notify is not None:
+            self._notify.close()
+            self._notify = None
+            with contextlib.suppress(FileNotFoundError):
+                self.notify_path.unlink()
 
     def wait_ready(self, timeout: float = READY_TIMEOUT, interval: float = READY_POLL) -> float:
-        """Wait for the agent socket; return the seconds since ``start``. Raises DaemonExited or
-        TimeoutError (naming the daemon)."""
+        """Wait until the daemon is ready (READY=1, see the module docstring); return the seconds
+        since ``start``. Raises DaemonExited or TimeoutError (naming the daemon)."""
         end = time.monotonic() + timeout
         while not self.ready():
             if time.monotonic() > end:
@@ -116,13 +151,16 @@ class DaemonProcess:
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM and wait up to ``timeout``; past it SIGKILL and re-raise TimeoutExpired."""
         if self.proc is None or self.proc.poll() is not None:
+            self._close_notify()
             return self.proc.returncode if self.proc else None
         self.sigterm()
         try:
-            return self.wait_exit(timeout)
+            code = self.wait_exit(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
             raise
+        self._close_notify()
+        return code
 
     def kill(self) -> None:
         """SIGKILL: no goodbye, no BYE; peers must notice on their own."""
@@ -130,6 +168,7 @@ class DaemonProcess:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
             self.proc.wait(5)
+        self._close_notify()
 
     def log_tail(self, chars: int = 8000) -> str:
         """The last ``chars`` characters of its log ("" if there is none)."""

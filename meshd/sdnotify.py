@@ -51,7 +51,10 @@ class Notifier:
             addr = "\0" + addr[1:]
         try:
             if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                # Non-blocking: a receiver that stopped reading must never stall the event loop
+                # (a unix datagram send blocks when the receiver's queue is full).
+                self._sock = socket.socket(socket.AF_UNIX,
+                                           socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
             self._sock.sendto("\n".join(lines).encode(), addr)
             self.sent += 1
             return True

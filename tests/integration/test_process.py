@@ -3,15 +3,19 @@ bench: a daemon that cannot start is a typed error carrying its log; a started o
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from meshd import Agent
 from meshd.process import DaemonExited, DaemonProcess
 from meshd.testing import short_tempdir
+from meshd.tools.names import TOPIC_LIST, system_agent_name
 
 
 @pytest.fixture
@@ -42,7 +46,13 @@ def test_a_started_daemon_is_ready_and_stops_with_exit_0(workdir: Path) -> None:
     try:
         assert d.wait_ready(timeout=30) > 0
         assert d.alive() and d.socket.exists() and d.pid > 0
+        # ready means READY=1: every start step ran, so the system agent already serves tools
+        async def tools() -> list[dict[str, Any]]:
+            async with Agent("probe", socket=d.socket) as me:
+                return list(await me.request(system_agent_name(str(me.node)), TOPIC_LIST, {}, timeout=5))
+        assert {t["name"] for t in asyncio.run(tools())} >= {"list_agents", "create_task"}
         assert d.stop(timeout=10) == 0
         assert d.exited() == 0
+        assert not d.notify_path.exists()
     finally:
         d.kill()
