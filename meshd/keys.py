@@ -12,6 +12,7 @@ ZeroMQ tooling read them. Secret files are created 0600 and refused when others 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
@@ -52,6 +53,15 @@ def is_z85_key(text: str) -> bool:
 
 def key_to_hex(key: str) -> str:
     return bytes(z85.decode(key.encode())).hex()
+
+
+def fingerprint(key: str) -> str:
+    """``SHA256:<base64>`` of a z85 public key's 32 bytes, as SSH prints host keys (compare by eye)."""
+    try:
+        raw = z85.decode(key.encode("ascii"))
+    except (ValueError, UnicodeEncodeError):
+        raw = key.encode("utf-8", "replace")
+    return "SHA256:" + base64.b64encode(hashlib.sha256(raw).digest()).decode("ascii").rstrip("=")
 
 
 def key_from_hex(text: str) -> str:
