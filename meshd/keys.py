@@ -124,6 +124,19 @@ def node_key_paths(state_dir: Path) -> tuple[Path, Path]:
     return keys / "node.key", keys / "node.key_secret"
 
 
+def reset_identity(state_dir: Path) -> list[Path]:
+    """Delete this node's id and keypair (``node_id``, the key files) so the next start makes new
+    ones: the fix for a cloned state dir. Returns the files removed."""
+    removed = []
+    for path in (state_dir / "node_id", *node_key_paths(state_dir)):
+        try:
+            path.unlink()
+            removed.append(path)
+        except FileNotFoundError:
+            continue
+    return removed
+
+
 def load_or_create_node_keys(state_dir: Path) -> KeyPair:
     """The node's own keypair: created on first start, refused if the secret file is unsafe."""
     public_path, secret_path = node_key_paths(state_dir)

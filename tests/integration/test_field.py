@@ -1,0 +1,81 @@
+"""Edge-fleet problems named, on real daemons on 127.0.0.1 (issue 14): untrusted peers visible and
+trusted by name, duplicate node ids from a cloned state dir, and ``meshctl doctor``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+from meshd.testing import MeshdFactory, MeshdProcess, wait_until
+
+
+def _cli(main: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", f"import sys; from meshd.cli import {main}; "
+                           f"sys.exit({main}())", *args], capture_output=True, text=True, timeout=60)
+
+
+def _meshctl(node: MeshdProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return _cli("meshctl_main", "--socket", str(node.socket), *args)
+
+
+def _discovered(node: MeshdProcess) -> list[dict[str, Any]]:
+    done = _meshctl(node, "peers", "--all", "--json")
+    assert done.returncode == 0, done.stderr
+    return [r for r in json.loads(done.stdout) if r.get("state") == "untrusted"]
+
+
+def test_an_untrusted_node_is_listed_with_its_fingerprint_and_trusted_by_name(
+        meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("fa", secure=True)
+    b = meshd_factory.spawn("fb", secure=True)
+    wait_until(lambda: any(r["name"] == "fb" for r in _discovered(a)), 15, what="fb listed untrusted at fa")
+    row = next(r for r in _discovered(a) if r["name"] == "fb")
+    assert row["key"] == b.public_key and row["fingerprint"].startswith("SHA256:")
+    assert "meshctl keys trust fb" in a.log() and row["fingerprint"] in a.log()
+    doctor = _meshctl(a, "doctor", "--json")
+    assert doctor.returncode == 1
+    problems = json.loads(doctor.stdout)["problems"]
+    assert any(p["code"] == "untrusted" and "fb" in p["message"] for p in problems)
+    for node, other in ((a, "fb"), (b, "fa")):
+        wait_until(lambda node=node, other=other: any(r["name"] == other for r in _discovered(node)), 15,
+                   what=f"{other} listed at {node.name}")
+        done = _meshctl(node, "keys", "--state-dir", str(node.state_dir), "trust", other)
+        assert done.returncode == 0, done.stderr
+        assert "SHA256:" in done.stdout
+    meshd_factory.wait_mesh([a, b])
+    assert not _discovered(a)
+    bad = _meshctl(a, "keys", "--state-dir", str(a.state_dir), "trust", "no-such-node")
+    assert bad.returncode == 1 and "no untrusted node" in bad.stderr
+
+
+def test_a_cloned_state_dir_is_detected_on_all_three_nodes_and_reset(meshd_factory: MeshdFactory) -> None:
+    c1 = meshd_factory.spawn("c1")
+    d = meshd_factory.spawn("d")
+    meshd_factory.wait_mesh([c1, d])
+    c2 = meshd_factory.spawn("c2", start=False)
+    c2.state_dir.mkdir(parents=True, exist_ok=True)
+    for path in c1.state_dir.iterdir():
+        if path.name in ("node_id", "node.key", "node.key_secret") or path.suffix in (".key", ".key_secret"):
+            shutil.copy2(path, c2.state_dir / path.name)
+    c2.start()
+    cloned = c1.node_id
+    assert c2.node_id == cloned
+    wait_until(lambda: any(p["node"] == cloned and p.get("duplicate") for p in d.query("peers")), 20,
+               what="d to mark the duplicate id")
+    for node in (d, c1, c2):
+        wait_until(lambda node=node: "DUPLICATE NODE ID" in node.log(), 20,
+                   what=f"{node.name} to log the duplicate id")
+    doctor = _meshctl(d, "doctor", "--json")
+    assert doctor.returncode == 1
+    assert any(p["code"] == "duplicate_id" for p in json.loads(doctor.stdout)["problems"])
+    table = _meshctl(d, "peers")
+    assert "DUPLICATE ID" in table.stdout
+    c2.stop()
+    done = _cli("meshd_main", "reset-identity", "--state-dir", str(c2.state_dir))
+    assert done.returncode == 0 and "removed" in done.stdout
+    c2.start()
+    c2._info = None
+    assert c2.node_id != cloned
