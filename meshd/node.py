@@ -42,6 +42,7 @@ import zmq
 
 from . import protocol as P
 from . import transport
+from .addrwatch import AddressWatcher
 from .admin import Admin
 from .agents import AgentLink, LocalAgents
 from .builtin_plugins import JsonlDeadLetterSink
@@ -323,6 +324,13 @@ class Node:
         self._timer(self._qos_loop(), "meshd-qos1")
         if self.security.trust is not None and self.security.trust.mode == "keys":
             self._timer(self._trust_loop(), "meshd-trust")
+        if self.settings.address_poll_interval > 0:  # follow address changes (meshd/addrwatch.py)
+            watcher = AddressWatcher(
+                self.settings, self.interfaces, router=self.router, xpub=self.xpub,
+                peer_table=self.peer_table, discovery=lambda: self._discovery,
+                ports=lambda: (self.router_port, self.pub_port),
+                defaults=default_interfaces)
+            self._timer(watcher.run(), "meshd-addresses")
         self._take_snapshot()
 
     async def _start_plugins(self) -> None:

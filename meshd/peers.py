@@ -413,6 +413,15 @@ class PeerTable:
         self.ensure(peer.node_id, [], [], peer.source)
         self.send_hello(peer, reply=False)
 
+    def readdress(self, router_endpoints: list[str], pub_endpoints: list[str]) -> None:
+        """Our addresses changed: dial every peer afresh (from the new address) and greet it with
+        the new endpoints, so it re-dials us."""
+        self.router_endpoints[:], self.pub_endpoints[:] = router_endpoints, pub_endpoints
+        for peer in list(self.peers.values()):
+            peer.connected_router = peer.connected_pub = ""
+            self.ensure(peer.node_id, [], [], peer.source)
+            self.send_hello(peer, reply=False)
+
     def set_state(self, peer: Peer, state: PeerState) -> None:
         if peer.state is state:
             return
