@@ -154,3 +154,49 @@ def test_the_doctor_names_a_host_without_multicast(field: FieldHosts) -> None:
         assert "PROBLEM no_multicast" in doctor.stdout and "eth0" in doctor.stdout
     finally:
         _ns(mh, 2, "ip", "link", "set", "eth0", "multicast", "on")
+
+
+def test_after_a_partition_heals_requests_succeed_or_fail_fast_never_time_out(field: FieldHosts) -> None:
+    """Issue 8 item 11: a peer is online only when the path works both ways; until then requests
+    to it fail fast instead of timing out."""
+    mh = field
+    mh.wait_full_mesh(WAIT)
+    mh.lab.cut(2)
+    wait_until(lambda: mh.state_of(1, 2) in ("offline", None), WAIT, what="h1 to see h2 offline")
+    mh.lab.plug(2)
+    t0 = time.monotonic()
+    outcomes: list[str] = []
+    while time.monotonic() - t0 < 30:
+        t1 = time.monotonic()
+        try:
+            mh.agents[1].request("echo2", "echo", 1, timeout=3)
+            outcomes.append("ok")
+            break
+        except MeshError as exc:
+            outcomes.append(exc.code)
+            assert time.monotonic() - t1 < 2.5, f"a request took {time.monotonic() - t1:.2f} s to fail"
+        time.sleep(0.02)
+    print(f"\n[netlab] heal: first ok reply {time.monotonic() - t0:.2f} s after the plug; before it "
+          f"{len(outcomes) - 1} fast failures ({', '.join(sorted(set(outcomes[:-1]))) or 'none'}), "
+          "no time-out")
+    assert outcomes[-1] == "ok" and "TIMEOUT" not in outcomes
+
+
+def test_a_cloned_state_dir_is_detected_on_all_three_hosts(field: FieldHosts) -> None:
+    """Host 2 restarted from a copy of host 1's state dir (same node id): runs last, it changes h2."""
+    mh = field
+    mh.wait_full_mesh(WAIT)
+    h1, h2 = mh.daemons[1], mh.daemons[2]
+    mh.agents.pop(2).close()
+    h2.terminate()
+    (h2.state_dir / "node_id").write_text((h1.state_dir / "node_id").read_text())
+    h2.start()
+    h2.wait_ready()
+    cloned = mh.node_ids[1]
+    t0 = time.monotonic()
+    for i in (1, 2, 3):
+        wait_until(lambda i=i: "DUPLICATE NODE ID" in mh.daemons[i].log(), WAIT, interval=0.1,
+                   what=f"h{i} to log the duplicate node id")
+    print(f"\n[netlab] cloned node id logged on all three hosts {time.monotonic() - t0:.2f} s after "
+          "the clone was ready")
+    assert any(p["node"] == cloned and p.get("duplicate") for p in mh.agents[3].peers())
