@@ -67,9 +67,13 @@ class Peer:
     telemetry: dict[str, Any] = field(default_factory=dict)  # agent name -> {state, telemetry}
     redial_attempts: int = 0
     redial_pending: bool = False
-    heard_seq: int | None = None  # the last SEQ it sent us: we echo it (both-ways liveness)
-    confirmed_at: float = 0.0  # when we sent the newest message it echoed (our monotonic clock)
-    echoes: bool = False  # it sends SEQ (meshd >= 0.x with both-ways liveness); else heard = online
+    # Both-ways liveness (meshd/twoway.py): what it echoes of ours, and our DEALER's link to it.
+    heard_seq: int | None = None
+    last_echo: int = -1
+    confirmed_at: float = 0.0
+    congested_at: float = 0.0
+    link_up: bool = False
+    echoes: bool = False
 
     def info(self, now: float, agents: int) -> dict[str, Any]:
         return {
@@ -335,6 +339,7 @@ class PeerTable:
             if adopted is None:
                 peer.dealer.connect(router)
             peer.connected_router = router
+            peer.link_up = False
             peer.monitor = peer.dealer.get_monitor_socket(
                 zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
             )
@@ -385,6 +390,8 @@ class PeerTable:
             event = parse_monitor_message(frames)["event"]
         except Exception:
             return
+        peer.link_up = event == zmq.EVENT_HANDSHAKE_SUCCEEDED or (peer.link_up and event not in (
+            zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_AUTH))
         if event == zmq.EVENT_DISCONNECTED and peer.state is PeerState.ONLINE:
             # The connection dropped (killed daemon, reset): stale at once, offline by timer.
             log.info("peer %s (%s) connection dropped", peer.node_id, peer.name)
@@ -467,7 +474,7 @@ class PeerTable:
             return
         peer.last_seen = now
         if kind == Kind.HEARTBEAT:
-            self.echo.took(peer, header)
+            self.echo.took(peer, header, now)
         if kind != Kind.BYE and peer.state is not PeerState.ONLINE:
             self.set_state(peer, self._heard_state(peer, now))
         if kind == Kind.HEARTBEAT:
@@ -551,7 +558,7 @@ class PeerTable:
         peer.name = str(body.get("name", ""))
         peer.greeted = True
         peer.last_seen = now
-        self.echo.took(peer, header)
+        self.echo.took(peer, header, now)
         self.set_state(peer, self._heard_state(peer, now))
         self.events.directory(peer, body.get("dir"))
         if not body.get("reply"):
@@ -604,8 +611,12 @@ class PeerTable:
         header = self.echo.header(Kind.HEARTBEAT, self.node_id, peer, time.monotonic(), seq,
                                   **{P.VER: self.events.directory_version()})
         payload = body if body is not None else P.pack(self.events.telemetry())
-        with contextlib.suppress(zmq.ZMQError):
+        try:
             peer.dealer.send_multipart(P.frames(header, payload), zmq.NOBLOCK)
+        except zmq.Again:
+            peer.congested_at = time.monotonic()  # queued to the brim: congested, not one-way
+        except zmq.ZMQError:
+            pass
 
     def check_liveness(self, now: float) -> None:
         """Move silent peers along online -> stale -> offline (``now``: monotonic seconds)."""

@@ -1,9 +1,13 @@
 """Both-ways liveness: our HELLO/heartbeat sequence numbers and when each was sent.
 
 A peer proves it hears us by echoing (header ``echo``) the last ``seq`` it received from us, as
-BFD and ZRE's PING/PING-OK do. :class:`EchoClock` numbers what we send and remembers, on our own
-monotonic clock, when each number went out; :meth:`EchoClock.confirmed_at` turns an echo into
-"they had heard us as of that moment". No clock of another host is ever compared.
+BFD and ZRE's PING/PING-OK do. :class:`EchoClock` numbers what we send and remembers the recent
+numbers; an echo that names a newer number of ours than the peer echoed before is *progress*:
+our recent messages reach it. The peer is both-ways while progress was seen within a limit (on
+our own monotonic clock; no clock of another host is ever compared). Progress, not the age of
+the echoed message, so that a congested link (our messages queued, arriving late but arriving)
+is not mistaken for a one-way link; and while our DEALER to the peer is connected but full
+(EAGAIN), the link counts as congested, not one-way.
 
 Owns: the sequence counter, a bounded record of send times, and the three echo fields of a peer
 record (``heard_seq``, ``echoes``, ``confirmed_at``). It must not touch sockets or peer states:
@@ -26,7 +30,10 @@ class Echoing(Protocol):
     """The echo fields of a peer record (meshd.peers.Peer has them)."""
 
     heard_seq: int | None  # the last SEQ it sent us: we echo it
-    confirmed_at: float  # when we sent the newest message it echoed (our monotonic clock)
+    last_echo: int  # the newest of our SEQs it has echoed
+    confirmed_at: float  # when its echo last made progress (our monotonic clock)
+    congested_at: float  # when a send to it last found our connected DEALER full
+    link_up: bool  # our DEALER's connection to it is up (monitor events)
     echoes: bool  # it sends SEQ; a peer that never does counts as both-ways when heard
 
 
@@ -49,8 +56,8 @@ class EchoClock:
             self._sent.popitem(last=False)
         return self.seq
 
-    def confirmed_at(self, echo: object) -> float | None:
-        """When we sent the message a peer says it heard last (None: unknown or too old)."""
+    def sent_at(self, echo: object) -> float | None:
+        """When we sent the message numbered ``echo`` (None: not ours, or too old to remember)."""
         if type(echo) is not int:
             return None
         return self._sent.get(echo)
@@ -65,17 +72,20 @@ class EchoClock:
             header[P.ECHO] = peer.heard_seq
         return header
 
-    def took(self, peer: Echoing, header: P.Header | Mapping[str, Any]) -> None:
-        """Note the peer's SEQ (to echo it) and what its ECHO proves: it had heard us then."""
+    def took(self, peer: Echoing, header: P.Header | Mapping[str, Any], now: float) -> None:
+        """Note the peer's SEQ (to echo it), and whether its ECHO shows progress: it hears us."""
         seq = header.get(P.SEQ)
         if type(seq) is int:
             peer.heard_seq = seq
             peer.echoes = True
-        sent = self.confirmed_at(header.get(P.ECHO))
-        if sent is not None and sent > peer.confirmed_at:
-            peer.confirmed_at = sent
+        echo = header.get(P.ECHO)
+        if type(echo) is int and echo > peer.last_echo and echo in self._sent:
+            peer.last_echo = echo
+            peer.confirmed_at = now
 
     @staticmethod
     def two_way(peer: Echoing, now: float, limit: float) -> bool:
-        """Whether the peer confirmed hearing us within ``limit`` seconds (or never echoes)."""
-        return not peer.echoes or now - peer.confirmed_at <= limit
+        """Whether the peer's echo progressed within ``limit`` seconds, or our connected DEALER to
+        it was full then (congested, not one-way), or it never echoes (an older meshd)."""
+        return (not peer.echoes or now - peer.confirmed_at <= limit
+                or (peer.link_up and now - peer.congested_at <= limit))

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from meshd.testing import MeshdFactory, MeshdProcess, wait_until
@@ -79,3 +81,41 @@ def test_a_cloned_state_dir_is_detected_on_all_three_nodes_and_reset(meshd_facto
     c2.start()
     c2._info = None
     assert c2.node_id != cloned
+
+
+def _problems(node: MeshdProcess) -> list[dict[str, str]]:
+    done = _meshctl(node, "doctor", "--json")
+    assert done.returncode in (0, 1), done.stderr
+    report = json.loads(done.stdout)
+    assert (done.returncode == 1) == bool(report["problems"])
+    return list(report["problems"])
+
+
+def test_the_doctor_names_a_node_of_another_mesh_and_one_unreachable_at_its_address(
+        meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("da")
+    other = meshd_factory.spawn("dx", mesh=f"{meshd_factory.mesh}x")
+    wait_until(lambda: any(p["code"] == "other_mesh" and other.node_id in p["message"] for p in _problems(a)),
+               15, what="the doctor to name the node of another mesh")
+    b = meshd_factory.spawn("db")
+    meshd_factory.wait_mesh([a, b])
+    assert b.proc is not None
+    b.proc.send_signal(signal.SIGSTOP)  # its mDNS record stays; it answers nothing
+    try:
+        wait_until(lambda: a.peer_states().get(b.node_id) == "offline", 15, what="db offline at da")
+        found = [p for p in _problems(a) if p["code"] == "unreachable" and b.node_id in p["message"]]
+        assert found and b.router in found[0]["message"]
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+    meshd_factory.wait_mesh([a, b])
+    assert not [p for p in _problems(a) if b.node_id in p["message"]]
+
+
+def test_meshd_doctor_without_a_daemon_checks_the_interfaces_and_says_so(tmp_path: Path) -> None:
+    done = _cli("meshd_main", "doctor", "--json", "--socket", str(tmp_path / "none.sock"),
+                "--state-dir", str(tmp_path), "--interface", "127.0.0.1")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["problems"][0]["code"] == "not_running"
+    assert report["facts"]["interfaces"][0]["interface"] == "lo"
+    assert report["facts"]["accepts_protocols"] == [1]

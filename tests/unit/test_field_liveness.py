@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -42,20 +43,38 @@ def test_a_peer_heard_but_not_echoing_us_turns_one_way_then_online_again(tmp_pat
     peer = Peer(node_id="p1", greeted=True, state=PeerState.ONLINE, last_seen=100.0)
     table.peers["p1"] = peer
     ours = table.echo.next(100.0)  # a heartbeat we sent at t=100
-    table.echo.took(peer, {P.SEQ: 41, P.ECHO: ours})  # its beat echoes it
-    assert peer.heard_seq == 41 and peer.confirmed_at == 100.0
-    # We keep hearing it (its DEALER to us works) but it never echoes anything newer.
+    table.echo.took(peer, {P.SEQ: 41, P.ECHO: ours}, 100.1)  # its beat echoes it
+    assert peer.heard_seq == 41 and peer.confirmed_at == 100.1
+    # We keep hearing it (its DEALER to us works) but its echo never moves on: it does not hear us.
     for t in (101.0, 102.0, 103.0, 104.0):
+        table.echo.next(t)
+        table.echo.took(peer, {P.SEQ: 42, P.ECHO: ours}, t)  # the same old echo is no progress
         peer.last_seen = t
         table.check_liveness(t)
-    assert peer.state is PeerState.ONLINE  # within stale_after + one beat of the last echo
+    assert peer.state is PeerState.ONLINE  # within stale_after + one beat of the last progress
     peer.last_seen = 104.5
     table.check_liveness(104.5)
     assert peer.state is PeerState.ONE_WAY and changes[-1] == ("p1", "online", "one-way")
     assert table.online_count() == 0 and table.by_state()["one-way"] == 1
-    # An echo of a beat we sent recently brings it back with the next message heard.
-    table.echo.took(peer, {P.SEQ: 42, P.ECHO: table.echo.next(104.0)})
-    assert table.two_way(peer, 104.6)
+    # An echo of a newer beat of ours is progress: heard again (heard_from reads the real
+    # monotonic clock), it is online.
+    table.echo.took(peer, {P.SEQ: 43, P.ECHO: table.echo.seq}, time.monotonic())
+    table.heard_from(peer)
+    assert peer.state is PeerState.ONLINE and changes[-1] == ("p1", "one-way", "online")
+
+
+def test_a_congested_link_is_not_one_way(tmp_path: Path) -> None:
+    """Our DEALER to the peer is connected but full (a flood): its echoes lag; that is congestion."""
+    table = _table(tmp_path, [])
+    peer = Peer(node_id="p1", greeted=True, state=PeerState.ONLINE, last_seen=100.0, echoes=True,
+                confirmed_at=100.0, link_up=True, congested_at=103.8)
+    table.peers["p1"] = peer
+    peer.last_seen = 104.5
+    table.check_liveness(104.5)
+    assert peer.state is PeerState.ONLINE
+    peer.link_up = False  # the connection dropped: no excuse left
+    table.check_liveness(104.6)
+    assert peer.state is PeerState.ONE_WAY
 
 
 def test_the_header_echoes_the_last_seq_heard_and_numbers_increase() -> None:
@@ -63,19 +82,21 @@ def test_the_header_echoes_the_last_seq_heard_and_numbers_increase() -> None:
     peer = Peer(node_id="p")
     first = clock.header(P.Kind.HEARTBEAT, "me", peer, 1.0)
     assert first[P.SEQ] == 11 and P.ECHO not in first
-    clock.took(peer, {P.SEQ: 5})
+    clock.took(peer, {P.SEQ: 5}, 1.5)
     second = clock.header(P.Kind.HELLO, "me", peer, 2.0)
     assert second[P.SEQ] == 12 and second[P.ECHO] == 5
     clock.next(3.0)
-    assert clock.confirmed_at(11) is None  # bounded: only the last `keep` send times are kept
-    assert clock.confirmed_at(12) == 2.0 and clock.confirmed_at("12") is None
+    assert clock.sent_at(11) is None  # bounded: only the last `keep` send times are kept
+    assert clock.sent_at(12) == 2.0 and clock.sent_at("12") is None
+    clock.took(peer, {P.ECHO: 99}, 4.0)  # not a number we sent: no progress
+    assert peer.confirmed_at == 0.0 and peer.last_echo == -1
 
 
 def test_a_peer_that_sends_no_seq_is_online_when_heard(tmp_path: Path) -> None:
     table = _table(tmp_path, [])
     peer = Peer(node_id="old", greeted=True, state=PeerState.ONLINE, last_seen=100.0)
     table.peers["old"] = peer
-    table.echo.took(peer, {P.VER: 3})  # a heartbeat of a meshd without both-ways liveness
+    table.echo.took(peer, {P.VER: 3}, 100.0)  # a heartbeat of a meshd without both-ways liveness
     table.check_liveness(102.0)
     assert peer.state is PeerState.ONLINE and not peer.echoes
 
