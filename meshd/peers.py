@@ -409,10 +409,12 @@ class PeerTable:
             self.quiet.log(f"authfail:{peer.node_id}", "peer %s (%s) refused our key; retrying",
                            peer.node_id, peer.name)
             delay = backoff_delay(peer.redial_attempts, 1.0, 30.0)
-            asyncio.get_running_loop().call_later(delay, self._redial, peer)
+            asyncio.get_running_loop().call_later(delay, self._redial, peer, True)
 
-    def _redial(self, peer: Peer) -> None:
+    def _redial(self, peer: Peer, due: bool = False) -> None:
         """Recreate a peer's DEALER and SUB (same endpoints, same pinned key)."""
+        if due and not peer.redial_pending:
+            return  # it was redialed early (it greeted us: it trusts our key now)
         peer.redial_pending = False
         if self.stopping or self.peers.get(peer.node_id) is not peer:
             return
@@ -542,6 +544,9 @@ class PeerTable:
         source = existing.source if existing else ("static" if dialed or any(
             r in self.pending_static for r in routers) else "gossip")
         peer = self.ensure(node_id, routers, pubs, source=source, pubkey=pubkey)
+        if peer.redial_pending:  # it refused our key, but it dials only keys it trusts: dial it now
+            peer.redial_attempts = 0
+            self._redial(peer)
         if dialed and isinstance(via, str) and via in self.pending_static:
             # We dialed it by an address it does not advertise (a host name, NAT): the answer
             # matched the dial; its advertised endpoint is used from now on.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +56,11 @@ def test_an_untrusted_node_is_listed_with_its_fingerprint_and_trusted_by_name(
 
 def test_a_cloned_state_dir_is_detected_on_all_three_nodes_and_reset(meshd_factory: MeshdFactory) -> None:
     c1 = meshd_factory.spawn("c1")
-    d = meshd_factory.spawn("d")
+    notify_path = meshd_factory.workdir / "notify.sock"  # d's systemd: STATUS= must name the clone
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(notify_path))
+    notify.settimeout(1.0)
+    d = meshd_factory.spawn("d", env={"NOTIFY_SOCKET": str(notify_path)})
     meshd_factory.wait_mesh([c1, d])
     c2 = meshd_factory.spawn("c2", start=False)
     c2.state_dir.mkdir(parents=True, exist_ok=True)
@@ -75,6 +80,15 @@ def test_a_cloned_state_dir_is_detected_on_all_three_nodes_and_reset(meshd_facto
     assert any(p["code"] == "duplicate_id" for p in json.loads(doctor.stdout)["problems"])
     table = _meshctl(d, "peers")
     assert "DUPLICATE ID" in table.stdout
+
+    def status_names_it() -> bool:
+        try:
+            return f"duplicate peer ids: {cloned}" in notify.recv(4096).decode()
+        except TimeoutError:
+            return False
+
+    wait_until(status_names_it, 20, interval=0, what="d's STATUS= to name the duplicate id")
+    notify.close()
     c2.stop()
     done = _cli("meshd_main", "reset-identity", "--state-dir", str(c2.state_dir))
     assert done.returncode == 0 and "removed" in done.stdout
