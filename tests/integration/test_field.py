@@ -133,3 +133,31 @@ def test_meshd_doctor_without_a_daemon_checks_the_interfaces_and_says_so(tmp_pat
     assert report["problems"][0]["code"] == "not_running"
     assert report["facts"]["interfaces"][0]["interface"] == "lo"
     assert report["facts"]["accepts_protocols"] == [1]
+
+
+def test_a_node_of_another_protocol_version_is_listed_and_explained(meshd_factory: MeshdFactory) -> None:
+    """A real mDNS advert of this mesh with protocol 2 (as a newer meshd would send) is never
+    dialed, and never ignored silently: listed by peers --all and named by the doctor."""
+    from zeroconf import IPVersion, ServiceInfo, Zeroconf
+
+    a = meshd_factory.spawn("pa")
+    zc = Zeroconf(interfaces=["127.0.0.1"], ip_version=IPVersion.V4Only)
+    info = ServiceInfo("_meshd._tcp.local.", f"{meshd_factory.mesh}-00000000000000f2._meshd._tcp.local.",
+                       port=9, server="meshd-00000000000000f2.local.",
+                       addresses=[socket.inet_aton("127.0.0.1")],
+                       properties={"id": "00000000000000f2", "mesh": meshd_factory.mesh, "proto": "2",
+                                   "rp": "9", "pp": "10", "name": "newer"})
+    zc.register_service(info, cooperating_responders=True)
+    try:
+        def listed() -> list[dict[str, Any]]:
+            done = _meshctl(a, "peers", "--all", "--json")
+            return [r for r in json.loads(done.stdout) if r.get("node") == "00000000000000f2"]
+
+        rows = wait_until(listed, 15, what="the protocol-2 node listed")
+        assert rows[0]["state"] == "other-protocol" and "protocol 2" in rows[0]["detail"]
+        problems = [p for p in _problems(a) if p["code"] == "other_protocol"]
+        assert problems and "00000000000000f2" in problems[0]["message"]
+        assert "speaks protocol 2" in a.log() and "00000000000000f2" not in json.dumps(a.query("peers"))
+    finally:
+        zc.unregister_service(info)
+        zc.close()
