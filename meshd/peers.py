@@ -30,7 +30,7 @@ from .backoff import backoff_delay
 from .config import Settings
 from .discovery import PeerAdvert
 from .duplicates import CloneWatch
-from .keys import fingerprint, key_from_hex, key_to_hex
+from .keys import key_from_hex, key_to_hex
 from .liveness import PeerState, next_state
 from .logonce import LogOnce
 from .protocol import FrameError, Kind
@@ -254,31 +254,16 @@ class PeerTable:
     def on_discovered(self, ad: PeerAdvert) -> None:
         if self.stopping or ad.node_id == self.node_id:
             return
-        if ad.mesh != self.settings.mesh:
-            self.sightings.record(ad, "other-mesh", f"mesh {ad.mesh!r}, not {self.settings.mesh!r}")
-            return
-        if ad.proto != P.PROTOCOL_VERSION:
-            self.sightings.record(ad, "other-protocol", f"speaks protocol {ad.proto}; this node speaks "
-                                  f"{P.PROTOCOL_VERSION} only (docs/PROTOCOL.md §12)")
-            self.quiet.log(f"proto:{ad.node_id}", "not dialing node %s (%s): it speaks protocol %s, this "
-                           "node speaks %s only; upgrade the older one", ad.node_id, ad.name, ad.proto,
-                           P.PROTOCOL_VERSION, level=logging.WARNING)
-            return
         pubkey = self.security.server_key(ad.pubkey)
-        if self.security.curve is not None and pubkey is None:
+        trusted = self.security.curve is None or pubkey is not None
+        refused = self.sightings.refusal(ad, self.settings.mesh, trusted, self.quiet)
+        if refused == "untrusted":
             self.untrusted_ads[ad.node_id] = ad  # dialed if its key is trusted later
             while len(self.untrusted_ads) > self.settings.discovered_records_max:
                 del self.untrusted_ads[next(iter(self.untrusted_ads))]
             self.stats["untrusted_adverts"] += 1
-            print_ = fingerprint(ad.pubkey) if ad.pubkey else "none (it advertises no key)"
-            self.sightings.record(ad, "untrusted", f"key fingerprint {print_}")
-            self.quiet.log(f"untrusted:{ad.node_id}:{ad.pubkey}",
-                           "not dialing discovered node %s (%s): its key is not trusted (fingerprint %s). "
-                           "Compare it with `meshctl keys show` on that host, then run: meshctl keys "
-                           "trust %s", ad.node_id, ad.name, print_, Sightings.trust_name(ad),
-                           level=logging.WARNING)
+        if refused is not None:
             return
-        self.sightings.forget(ad.node_id)
         router = ad.router_endpoint(self.interfaces)
         pub = ad.pub_endpoint(self.interfaces)
         peer = self.peers.get(ad.node_id)

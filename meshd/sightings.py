@@ -5,18 +5,23 @@ silently. Each row keeps the node's advert (id, name, addresses, key) and the re
 peer; a node that becomes a peer is forgotten here.
 
 Owns: that table, bounded (``discovered_records_max``; the oldest row is forgotten first and
-counted in ``forgotten``). It must not dial, log or judge trust: peers.py records what it decided.
+counted in ``forgotten``), and the warning logged once per refused node (with the fix: for an
+untrusted key, its fingerprint and the exact ``meshctl keys trust NAME`` command). It must not
+dial or judge trust: peers.py says whether the key is trusted and dials what is not refused.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections import OrderedDict
 from typing import Any
 
+from . import protocol as P
 from .discovery import PeerAdvert
 from .keys import fingerprint
+from .logonce import LogOnce
 
 __all__ = ["Sightings"]
 
@@ -52,6 +57,30 @@ class Sightings:
         while len(self._rows) > self.capacity:
             self._rows.popitem(last=False)
             self.forgotten += 1
+
+    def refusal(self, ad: PeerAdvert, mesh: str, key_trusted: bool, quiet: LogOnce) -> str | None:
+        """Why ``ad`` must not be dialed (``other-mesh``, ``other-protocol``, ``untrusted``),
+        recorded and logged once; None (and the node forgotten here) when it may be dialed."""
+        if ad.mesh != mesh:
+            self.record(ad, "other-mesh", f"mesh {ad.mesh!r}, not {mesh!r}")
+            return "other-mesh"
+        if ad.proto != P.PROTOCOL_VERSION:
+            self.record(ad, "other-protocol", f"speaks protocol {ad.proto}; this node speaks "
+                        f"{P.PROTOCOL_VERSION} only (docs/PROTOCOL.md §12)")
+            quiet.log(f"proto:{ad.node_id}", "not dialing node %s (%s): it speaks protocol %s, this node "
+                      "speaks %s only; upgrade the older one", ad.node_id, ad.name, ad.proto,
+                      P.PROTOCOL_VERSION, level=logging.WARNING)
+            return "other-protocol"
+        if not key_trusted:
+            print_ = fingerprint(ad.pubkey) if ad.pubkey else "none (it advertises no key)"
+            self.record(ad, "untrusted", f"key fingerprint {print_}")
+            quiet.log(f"untrusted:{ad.node_id}:{ad.pubkey}",
+                      "not dialing discovered node %s (%s): its key is not trusted (fingerprint %s). "
+                      "Compare it with `meshctl keys show` on that host, then run: meshctl keys trust %s",
+                      ad.node_id, ad.name, print_, self.trust_name(ad), level=logging.WARNING)
+            return "untrusted"
+        self.forget(ad.node_id)
+        return None
 
     def forget(self, node_id: str) -> None:
         for key in [k for k in self._rows if k[0] == node_id]:
