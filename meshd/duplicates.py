@@ -42,6 +42,11 @@ class Sighting:
     last: float
 
 
+def _routers(value: Any) -> list[str]:
+    """A peer-supplied endpoint list, made safe: at most 8 strings, anything else dropped."""
+    return [r for r in value[:8] if isinstance(r, str)] if isinstance(value, list) else []
+
+
 @dataclass
 class _Node:
     current: str = ""
@@ -91,7 +96,7 @@ class DuplicateIds:
         """A peer says ``node_id`` is duplicated (``entries``: its ``dups`` list); True if new here."""
         if not isinstance(entries, list):
             return False
-        sightings = [Sighting(str(e.get("inc", "")), [str(r) for r in e.get("routers", [])][:8], now)
+        sightings = [Sighting(str(e.get("inc", ""))[:64], _routers(e.get("routers")), now)
                      for e in entries[:_PER_NODE] if isinstance(e, dict)]
         if len(sightings) < 2:
             return False
@@ -164,7 +169,7 @@ class CloneWatch(DuplicateIds):
 
     def cloned(self, entries: list[dict[str, Any]], how: str) -> bool:
         """Another daemon answers as this node id; True if that is news."""
-        others = [{"boot_id": str(e.get("inc", "")), "routers": [str(r) for r in e.get("routers", [])][:8]}
+        others = [{"boot_id": str(e.get("inc", ""))[:64], "routers": _routers(e.get("routers"))}
                   for e in entries[:_PER_NODE] if e.get("inc") != self.incarnation]
         if not others:
             return False

@@ -135,3 +135,18 @@ def test_tables_of_duplicates_are_bounded() -> None:
     for i in range(4):
         ids.reported(f"n{i}", [{"inc": "a"}, {"inc": "b"}], 0.0)
     assert list(ids.found) == ["n2", "n3"] and ids.forgotten == 2
+
+
+def test_hostile_dups_in_a_hello_are_bounded_and_never_raise() -> None:
+    watch = CloneWatch("me", "boot-mine", window=30.0, max_nodes=4)
+    garbage: dict[Any, Any] = {
+        "me": [{"inc": 5, "routers": 7}, {"inc": "x" * 500, "routers": ["tcp://a:1", 3, None]}],
+        "n1": [{"inc": "a", "routers": "tcp://b:1"}, {"inc": "b"}, "junk", 9],
+        "n2": "not a list", 3: [], "n3": [{"inc": "only-one"}],
+    }
+    watch.take_report(garbage, 1.0)
+    assert watch.take_report(["not", "a", "map"], 1.0) == 0
+    assert all(len(d["boot_id"]) <= 64 and all(isinstance(r, str) for r in d["routers"])
+               for d in watch.self_duplicate)
+    assert watch.is_duplicate("n1") and not watch.is_duplicate("n3")
+    assert watch.describe("n1")[0]["routers"] == []
