@@ -9,6 +9,7 @@ routing (qos 0) or to the qos-1 outbox. It must not change peers or agents.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
@@ -54,6 +55,8 @@ class Admin:
         self.link = link
         self.router: Router
         self.qos: Qos1Driver
+        #: The doctor's report (meshd.doctor.daemon_report), wired by node.py.
+        self.doctor: Callable[[], dict[str, Any]] = dict
 
     def handle(self, rid: bytes, msg_id: Any, header: P.Header, frames: list[bytes]) -> None:
         """meshctl's operations on this daemon (dead letters)."""
@@ -80,6 +83,10 @@ class Admin:
             result = self.replay(args)
         elif op == "deadletters.purge":
             result = {"purged": self.dead_letters.purge()}
+        elif op == "peers.discovered":
+            result = self.discovered_list()
+        elif op == "doctor":
+            result = self.doctor()
         else:
             self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"unknown admin op {op!r}")
             return
@@ -141,5 +148,12 @@ class Admin:
 
     def peer_list(self) -> list[dict[str, Any]]:
         now = time.monotonic()
-        return sorted((p.info(now, len(self.directory.records_of(p.node_id))) for p in self.peers.values()),
-                      key=lambda r: r["node"])
+        clones = self.peer_table.clones
+        rows = [p.info(now, len(self.directory.records_of(p.node_id))) for p in self.peers.values()]
+        for row in rows:
+            row["duplicate"] = clones.describe(row["node"]) or None
+        return sorted(rows, key=lambda r: r["node"])
+
+    def discovered_list(self) -> list[dict[str, Any]]:
+        """Nodes discovered that are not peers (untrusted key, other mesh, other protocol)."""
+        return self.peer_table.sightings.rows()

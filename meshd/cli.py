@@ -87,6 +87,9 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--no-http", dest="http", action="store_const", const=False,
                      help="do not serve the HTTP/SSE gateway and dashboard (docs/http.md)")
     run.add_argument("--http-port", type=int, help="HTTP gateway port (0 = any free port)")
+    run.add_argument("--regenerate-id", action="store_true",
+                     help="make a new node id and keypair before starting (the fix for a cloned "
+                          "state dir; in trust_mode keys, peers must trust the new key)")
 
 
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
@@ -139,7 +142,20 @@ def meshd_main(argv: list[str] | None = None) -> int:
     mcp.add_argument("--name", default=None, help="agent name (default: mcp-<pid>)")
     mcp.add_argument("--capability", action="append", default=[], help="capability to register (repeatable)")
     mcp.add_argument("--inbox", type=int, default=100, help="unread messages kept for wait_message")
+    for cmd, text in (("doctor", "check interfaces, multicast, peers and discovery; exit 1 on a problem"),
+                      ("reset-identity", "delete this node's id and keypair (a cloned state dir); a "
+                                         "new one is made at the next start")):
+        extra = sub.add_parser(cmd, help=text)
+        extra.add_argument("--config", type=Path, help="TOML config file (default: $MESHD_CONFIG)")
+        extra.add_argument("--state-dir", type=Path)
+        extra.add_argument("--interface", dest="interfaces", action="append", metavar="IP")
+        extra.add_argument("--socket", type=Path, help="a running daemon's agent socket")
+        extra.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.command in ("doctor", "reset-identity"):
+        from .fieldcli import meshd_doctor, meshd_reset_identity
+
+        return meshd_doctor(args) if args.command == "doctor" else meshd_reset_identity(args)
     if args.command == "mcp":
         from .mcp_server import run_mcp_server
 
@@ -159,6 +175,12 @@ def meshd_main(argv: list[str] | None = None) -> int:
         print(f"meshd: config error: {exc}", file=sys.stderr)
         return 2
     setup_logging(settings.log_level, settings.log_format)
+    if args.regenerate_id:
+        from .keys import reset_identity
+
+        removed = reset_identity(settings.state_dir)
+        log.warning("--regenerate-id: removed %s; a new node id and keypair are made now",
+                    ", ".join(map(str, removed)) or "nothing (no identity yet)")
     if settings.insecure:
         log.warning("INSECURE MODE: the mesh runs in plaintext; anyone on the LAN can read and inject")
     try:
@@ -251,6 +273,12 @@ def _keys(args: argparse.Namespace) -> int:
                 sys.stdout.write(text)
     elif args.keys_cmd == "trust":
         key = args.key
+        if key is None:
+            from .fieldcli import discovered_key
+
+            key = discovered_key(args.socket, args.name)
+            if key is None:
+                return 1
         if Path(key).is_file():
             found = K.read_public_key(Path(key))
             if found is None:
@@ -467,10 +495,20 @@ async def _ctl(args: argparse.Namespace) -> int:
     async with Agent(agent_name, socket=socket_path) as me:
         if args.cmd == "peers":
             peers = await me.peers()
+            for row in peers:
+                row["note"] = "DUPLICATE ID" if row.get("duplicate") else ""
+            if args.all:  # issue 14: discovered nodes that are not peers, with their fingerprint
+                peers += [r | {"note": r.get("fingerprint") or r.get("detail")}
+                          for r in await me.admin("peers.discovered")]
             if args.json:
                 _print_json(peers)
             else:
-                _table(peers, ["node", "name", "state", "agents", "router", "last_seen_ago", "source"])
+                _table(peers, ["node", "name", "state", "agents", "router", "last_seen_ago", "source",
+                               "note"])
+        elif args.cmd == "doctor":
+            from .fieldcli import print_report
+
+            return print_report(await me.admin("doctor"), args.json)
         elif args.cmd == "agents":
             agents = [a for a in await me.agents() if not str(a.get("name", "")).startswith("meshctl-")]
             if args.json:
@@ -541,6 +579,10 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("peers", help="list known daemons")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--all", action="store_true",
+                   help="also nodes discovered but not peers (untrusted key, other mesh, other protocol)")
+    p = sub.add_parser("doctor", help="why this daemon does not see a node; exit 1 on a problem")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("agents", help="list agents in the mesh")
     p.add_argument("--json", action="store_true")
     sub.add_parser("node", help="this daemon's identity and counters (JSON)")
@@ -601,9 +643,10 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     ksub.add_parser("show", help="print this node's public key (created if missing)")
     e = ksub.add_parser("export", help="write this node's public key certificate")
     e.add_argument("-o", "--output", help="file (default: stdout)")
-    t = ksub.add_parser("trust", help="trust a node's public key (z85, hex, or a key file)")
+    t = ksub.add_parser("trust", help="trust a node's public key (z85, hex, or a key file); without KEY, "
+                        "the key the running daemon discovered for NAME (compare its fingerprint)")
     t.add_argument("name")
-    t.add_argument("key")
+    t.add_argument("key", nargs="?")
     u = ksub.add_parser("untrust", help="stop trusting a node (by name or key)")
     u.add_argument("name")
     lst = ksub.add_parser("list", help="list trusted keys")

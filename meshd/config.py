@@ -333,7 +333,17 @@ class Settings(BaseModel):
         validate_default=True,  # so the cross-field check sees defaults too
         description="Seconds without a heartbeat before a peer or agent is offline (> stale_after).",
     )
+    address_poll_interval: float = Field(
+        default=2.0, ge=0,
+        description="Seconds between checks of this host's interface addresses (0 = never): a "
+        "gained, lost or changed address re-binds, re-advertises and re-greets peers.",
+    )
     # limits
+    discovered_records_max: int = Field(
+        default=256, ge=1,
+        description="Nodes kept per table of nodes discovered but not peers (untrusted key, other "
+        "mesh, other protocol version) and of duplicate node ids (oldest forgotten first).",
+    )
     max_payload_bytes: int = Field(
         default=1048576,
         ge=1024,

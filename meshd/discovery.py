@@ -210,6 +210,7 @@ class Discovery:
         on_found: Callable[[PeerAdvert], None],
         on_lost: Callable[[str], None],
         pubkey: str | None = None,
+        on_other_mesh: Callable[[PeerAdvert], None] | None = None,
     ) -> None:
         if isinstance(interfaces, str):
             raise TypeError("interfaces must be a sequence of IPv4 address strings, not a str")
@@ -236,6 +237,7 @@ class Discovery:
         self._interfaces: list[str] = self._normalize_interfaces(interfaces)
         self._on_found = on_found
         self._on_lost = on_lost
+        self._on_other_mesh = on_other_mesh  # nodes of another mesh: listed by meshctl doctor
         self._instance_name = instance_name(mesh, node_id)
         self._mesh_prefix = f"{_mesh_label_part(mesh, node_id)}-".lower()
 
@@ -440,6 +442,9 @@ class Discovery:
             return  # ourselves (e.g. a stale record of a previous run under another name)
         if advert.mesh != self.mesh:
             self._log_bad_once(key, "ignoring service %s of other mesh %r", name, advert.mesh)
+            if self._on_other_mesh is not None:
+                with contextlib.suppress(Exception):
+                    self._on_other_mesh(advert)
             return
         if self._stopped:
             return

@@ -201,8 +201,9 @@ def meshd_peer_state(peer: dict[str, Any], old: str, new: str) -> Awaitable[None
 
     :param peer: A plain dict: ``node`` (node id), ``name`` (node name), ``state`` (the new state)
         and ``router`` (the endpoint used to reach it, or ``""``).
-    :param old: The previous state: ``"online"``, ``"stale"`` or ``"offline"`` (``"offline"`` for
-        a peer seen for the first time).
+    :param old: The previous state: ``"online"``, ``"one-way"`` (we hear it but it does not
+        confirm hearing us), ``"stale"`` or ``"offline"`` (``"offline"`` for a peer seen for the
+        first time).
     :param new: The new state, one of the same.
 
     Returns None, or an awaitable (awaited with the hook timeout); the result is ignored.

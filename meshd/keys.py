@@ -12,6 +12,7 @@ ZeroMQ tooling read them. Secret files are created 0600 and refused when others 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 import os
@@ -52,6 +53,15 @@ def is_z85_key(text: str) -> bool:
 
 def key_to_hex(key: str) -> str:
     return bytes(z85.decode(key.encode())).hex()
+
+
+def fingerprint(key: str) -> str:
+    """``SHA256:<base64>`` of a z85 public key's 32 bytes, as SSH prints host keys (compare by eye)."""
+    try:
+        raw = z85.decode(key.encode("ascii"))
+    except (ValueError, UnicodeEncodeError):
+        raw = key.encode("utf-8", "replace")
+    return "SHA256:" + base64.b64encode(hashlib.sha256(raw).digest()).decode("ascii").rstrip("=")
 
 
 def key_from_hex(text: str) -> str:
@@ -112,6 +122,19 @@ def _cert_text(public: str, secret: str | None, comment: str) -> str:
 def node_key_paths(state_dir: Path) -> tuple[Path, Path]:
     keys = state_dir / "keys"
     return keys / "node.key", keys / "node.key_secret"
+
+
+def reset_identity(state_dir: Path) -> list[Path]:
+    """Delete this node's id and keypair (``node_id``, the key files) so the next start makes new
+    ones: the fix for a cloned state dir. Returns the files removed."""
+    removed = []
+    for path in (state_dir / "node_id", *node_key_paths(state_dir)):
+        try:
+            path.unlink()
+            removed.append(path)
+        except FileNotFoundError:
+            continue
+    return removed
 
 
 def load_or_create_node_keys(state_dir: Path) -> KeyPair:

@@ -42,6 +42,7 @@ import zmq
 
 from . import protocol as P
 from . import transport
+from .addrwatch import AddressWatcher
 from .admin import Admin
 from .agents import AgentLink, LocalAgents
 from .builtin_plugins import JsonlDeadLetterSink
@@ -49,6 +50,7 @@ from .config import Settings
 from .deadletters import DeadLetters
 from .directory import Directory
 from .discovery import Discovery, default_interfaces
+from .doctor import daemon_report
 from .errors import StartupError
 from .liveness import PeerState
 from .logonce import LogOnce
@@ -304,6 +306,8 @@ class Node:
         self.qos.peer_table, self.qos.directory = self.peer_table, self.directory
         self.local_agents.admin = self.admin
         self.admin.router = self.routing
+        self.admin.doctor = lambda: daemon_report(self.settings, self.interfaces, self.peer_table,
+                                                  {"router": self.router_port, "pub": self.pub_port})
 
     async def _start_discovery(self) -> None:
         s = self.settings
@@ -312,7 +316,7 @@ class Node:
                 node_id=self.node_id, mesh=s.mesh, name=self.name, interfaces=self.interfaces,
                 router_port=self.router_port, pub_port=self.pub_port, proto=P.PROTOCOL_VERSION,
                 on_found=self.peer_table.on_discovered, on_lost=self.peer_table.on_discovery_lost,
-                pubkey=self.security.public_key,
+                pubkey=self.security.public_key, on_other_mesh=self.peer_table.on_discovered,
             )
             await self._discovery.start()
         for endpoint in s.peers:
@@ -324,6 +328,13 @@ class Node:
         self._timer(self._qos_loop(), "meshd-qos1")
         if self.security.trust is not None and self.security.trust.mode == "keys":
             self._timer(self._trust_loop(), "meshd-trust")
+        if self.settings.address_poll_interval > 0:  # follow address changes (meshd/addrwatch.py)
+            watcher = AddressWatcher(
+                self.settings, self.interfaces, router=self.router, xpub=self.xpub,
+                peer_table=self.peer_table, discovery=lambda: self._discovery,
+                ports=lambda: (self.router_port, self.pub_port),
+                defaults=default_interfaces)
+            self._timer(watcher.run(), "meshd-addresses")
         self._take_snapshot()
 
     async def _start_plugins(self) -> None:
@@ -546,7 +557,11 @@ class Node:
 
     def status_line(self) -> str:
         """One line for systemd's STATUS= and logs: peers and agents counted."""
-        return (f"{self.peer_table.online_count()}/{len(self.peer_table)} peers online, "
+        clones = self.peer_table.clones
+        alarm = (f"DUPLICATE NODE ID {self.node_id} (cloned state dir? meshd reset-identity); "
+                 if clones.self_duplicate else "")
+        alarm += f"duplicate peer ids: {', '.join(clones.found)}; " if clones.found else ""
+        return (f"{alarm}{self.peer_table.online_count()}/{len(self.peer_table)} peers online, "
                 f"{self.directory.own_count()} local agents, {self.directory.remote_count()} remote "
                 f"agents, mesh {self.settings.mesh!r}")
 

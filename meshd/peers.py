@@ -29,11 +29,14 @@ from . import transport
 from .backoff import backoff_delay
 from .config import Settings
 from .discovery import PeerAdvert
+from .duplicates import CloneWatch
 from .keys import key_from_hex, key_to_hex
 from .liveness import PeerState, next_state
 from .logonce import LogOnce
 from .protocol import FrameError, Kind
 from .security import Security
+from .sightings import Sightings
+from .twoway import EchoClock
 
 __all__ = ["Peer", "PeerEvents", "PeerState", "PeerTable"]
 
@@ -64,6 +67,13 @@ class Peer:
     telemetry: dict[str, Any] = field(default_factory=dict)  # agent name -> {state, telemetry}
     redial_attempts: int = 0
     redial_pending: bool = False
+    # Both-ways liveness (meshd/twoway.py): what it echoes of ours, and our DEALER's link to it.
+    heard_seq: int | None = None
+    last_echo: int = -1
+    confirmed_at: float = 0.0
+    congested_at: float = 0.0
+    link_up: bool = False
+    echoes: bool = False
 
     def info(self, now: float, agents: int) -> dict[str, Any]:
         return {
@@ -75,6 +85,8 @@ class Peer:
             "source": self.source,
             "agents": agents,
             "last_seen_ago": round(now - self.last_seen, 3) if self.last_seen else None,
+            "confirmed_ago": round(now - self.confirmed_at, 3) if self.confirmed_at else None,
+            "key": self.pubkey or None,
         }
 
 
@@ -142,11 +154,18 @@ class PeerTable:
         self._ctx: zmq.Context[Any] | None = None
         self._reactor: transport.Reactor | None = None
         self._beats = 0
+        self.echo = EchoClock()
+        bound = settings.discovered_records_max
+        #: Node ids answered by two live daemons (cloned images), this one's included.
+        self.clones = CloneWatch(node_id, incarnation, window=settings.offline_after * 3, max_nodes=bound)
+        #: Nodes discovered that are not peers: untrusted key, other mesh, other protocol.
+        self.sightings = Sightings(bound)
 
     def start(self, ctx: zmq.Context[Any], reactor: transport.Reactor, router_endpoints: list[str],
               pub_endpoints: list[str]) -> None:
         self._ctx, self._reactor = ctx, reactor
         self.router_endpoints, self.pub_endpoints = router_endpoints, pub_endpoints
+        self.clones.node_id = self.node_id
         self.started_at = time.monotonic()
 
     @property
@@ -204,6 +223,7 @@ class PeerTable:
             "uptime": round(now - self.started_at, 3),
             "peers": gossip,
             "dir": self.events.directory_body(),
+            "dups": self.clones.wire(),
         })
 
     def send(self, peer: Peer, header: Mapping[str, Any], body: bytes = b"") -> bool:
@@ -217,24 +237,32 @@ class PeerTable:
             return False
 
     def send_hello(self, peer: Peer, reply: bool, via: str | None = None) -> None:
-        self.send(peer, {P.KIND: Kind.HELLO, P.FROM: self.node_id}, self.hello_body(reply, via))
+        self.send(peer, self._seq_header(Kind.HELLO, peer), self.hello_body(reply, via))
+
+    def _seq_header(self, kind: str, peer: Peer | None) -> dict[str, Any]:
+        return self.echo.header(kind, self.node_id, peer, time.monotonic())
+
+    def two_way(self, peer: Peer, now: float) -> bool:
+        """Whether the peer confirmed hearing us recently (a peer that sends no SEQ: always)."""
+        return self.echo.two_way(peer, now, self.settings.stale_after + self.settings.heartbeat_interval)
+
+    def _heard_state(self, peer: Peer, now: float) -> PeerState:
+        return PeerState.ONLINE if self.two_way(peer, now) else PeerState.ONE_WAY
 
     # ------------------------------------------------------------------ discovery and dials
 
     def on_discovered(self, ad: PeerAdvert) -> None:
-        if self.stopping or ad.node_id == self.node_id or ad.mesh != self.settings.mesh:
-            return
-        if ad.proto != P.PROTOCOL_VERSION:
-            self.quiet.log(f"proto:{ad.node_id}", "peer %s speaks protocol %s, not %s: ignored",
-                           ad.node_id, ad.proto, P.PROTOCOL_VERSION)
+        if self.stopping or ad.node_id == self.node_id:
             return
         pubkey = self.security.server_key(ad.pubkey)
-        if self.security.curve is not None and pubkey is None:
+        trusted = self.security.curve is None or pubkey is not None
+        refused = self.sightings.refusal(ad, self.settings.mesh, trusted, self.quiet)
+        if refused == "untrusted":
             self.untrusted_ads[ad.node_id] = ad  # dialed if its key is trusted later
+            while len(self.untrusted_ads) > self.settings.discovered_records_max:
+                del self.untrusted_ads[next(iter(self.untrusted_ads))]
             self.stats["untrusted_adverts"] += 1
-            self.quiet.log(f"untrusted:{ad.node_id}:{ad.pubkey}",
-                           "not dialing discovered node %s (%s): its key %s is not trusted",
-                           ad.node_id, ad.name, ad.pubkey)
+        if refused is not None:
             return
         router = ad.router_endpoint(self.interfaces)
         pub = ad.pub_endpoint(self.interfaces)
@@ -270,7 +298,7 @@ class PeerTable:
         dealer = transport.peer_dealer(self.ctx, self.node_id, self.security.curve, server_key)
         dealer.connect(endpoint)
         self.pending_static[endpoint] = dealer
-        dealer.send_multipart(P.frames({P.KIND: Kind.HELLO, P.FROM: self.node_id},
+        dealer.send_multipart(P.frames(self._seq_header(Kind.HELLO, None),
                                        self.hello_body(reply=False, via=endpoint)), zmq.NOBLOCK)
 
     def ensure(self, node_id: str, routers: list[str], pubs: list[str], source: str,
@@ -296,6 +324,7 @@ class PeerTable:
             if adopted is None:
                 peer.dealer.connect(router)
             peer.connected_router = router
+            peer.link_up = False
             peer.monitor = peer.dealer.get_monitor_socket(
                 zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
             )
@@ -346,6 +375,8 @@ class PeerTable:
             event = parse_monitor_message(frames)["event"]
         except Exception:
             return
+        peer.link_up = event == zmq.EVENT_HANDSHAKE_SUCCEEDED or (peer.link_up and event not in (
+            zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_AUTH))
         if event == zmq.EVENT_DISCONNECTED and peer.state is PeerState.ONLINE:
             # The connection dropped (killed daemon, reset): stale at once, offline by timer.
             log.info("peer %s (%s) connection dropped", peer.node_id, peer.name)
@@ -363,16 +394,27 @@ class PeerTable:
             self.quiet.log(f"authfail:{peer.node_id}", "peer %s (%s) refused our key; retrying",
                            peer.node_id, peer.name)
             delay = backoff_delay(peer.redial_attempts, 1.0, 30.0)
-            asyncio.get_running_loop().call_later(delay, self._redial, peer)
+            asyncio.get_running_loop().call_later(delay, self._redial, peer, True)
 
-    def _redial(self, peer: Peer) -> None:
+    def _redial(self, peer: Peer, due: bool = False) -> None:
         """Recreate a peer's DEALER and SUB (same endpoints, same pinned key)."""
+        if due and not peer.redial_pending:
+            return  # it was redialed early (it greeted us: it trusts our key now)
         peer.redial_pending = False
         if self.stopping or self.peers.get(peer.node_id) is not peer:
             return
         peer.connected_router = peer.connected_pub = ""
         self.ensure(peer.node_id, [], [], peer.source)
         self.send_hello(peer, reply=False)
+
+    def readdress(self, router_endpoints: list[str], pub_endpoints: list[str]) -> None:
+        """Our addresses changed: dial every peer afresh (from the new address) and greet it with
+        the new endpoints, so it re-dials us."""
+        self.router_endpoints[:], self.pub_endpoints[:] = router_endpoints, pub_endpoints
+        for peer in list(self.peers.values()):
+            peer.connected_router = peer.connected_pub = ""
+            self.ensure(peer.node_id, [], [], peer.source)
+            self.send_hello(peer, reply=False)
 
     def set_state(self, peer: Peer, state: PeerState) -> None:
         if peer.state is state:
@@ -398,10 +440,10 @@ class PeerTable:
             self.send_hello(peer, reply=False)
 
     def heard_from(self, peer: Peer) -> None:
-        """Any traffic from a greeted peer is a heartbeat."""
+        """Any traffic from a greeted peer is a heartbeat (online once it confirms hearing us)."""
         peer.last_seen = time.monotonic()
         if peer.state is not PeerState.ONLINE:
-            self.set_state(peer, PeerState.ONLINE)
+            self.set_state(peer, self._heard_state(peer, peer.last_seen))
 
     def on_control(self, rid: bytes, peer: Peer | None, header: P.Header, frames: list[bytes]) -> None:
         """HELLO, heartbeat, sync, dir, ack and bye from a peer."""
@@ -410,7 +452,7 @@ class PeerTable:
         if kind == Kind.HELLO:
             try:
                 body = P.unpack_body(frames[3])
-                self._on_hello(rid, body)
+                self._on_hello(rid, header, body)
             except (FrameError, KeyError, TypeError, ValueError) as exc:
                 self.events.reject(FrameError("bad_hello", str(exc)), frames, f"peer {rid[:32]!r}")
             return
@@ -418,8 +460,10 @@ class PeerTable:
             self.unknown_sender(peer)
             return
         peer.last_seen = now
+        if kind == Kind.HEARTBEAT:
+            self.echo.took(peer, header, now)
         if kind != Kind.BYE and peer.state is not PeerState.ONLINE:
-            self.set_state(peer, PeerState.ONLINE)
+            self.set_state(peer, self._heard_state(peer, now))
         if kind == Kind.HEARTBEAT:
             if len(frames) > 3 and frames[3]:
                 with contextlib.suppress(FrameError):
@@ -446,7 +490,7 @@ class PeerTable:
             log.info("peer %s (%s) left", peer.node_id, peer.name)
             self.set_state(peer, PeerState.OFFLINE)
 
-    def _on_hello(self, rid: bytes, body: Any) -> None:
+    def _on_hello(self, rid: bytes, header: P.Header, body: Any) -> None:
         if self.stopping:
             return  # we said BYE: greeting back now would make the peer re-admit a leaving node
         if not isinstance(body, dict):
@@ -455,14 +499,18 @@ class PeerTable:
         if rid.decode("ascii", "replace") != node_id:
             raise ValueError(f"routing id {rid!r} does not match node id {node_id!r}")
         if node_id == self.node_id:
+            if body.get("incarnation") != self.incarnation:  # a daemon with our id greets us
+                self.clones.cloned([{"inc": body.get("incarnation"), "routers": body.get("routers", [])}],
+                                   "it greeted this node")
             return
         if body.get("mesh") != self.settings.mesh:
             self.quiet.log(f"mesh:{node_id}", "ignoring node %s of mesh %r", node_id, body.get("mesh"))
             self.stats["other_mesh"] += 1
             return
         if body.get("proto") != P.PROTOCOL_VERSION:
-            self.quiet.log(f"proto:{node_id}", "node %s speaks protocol %r: ignored", node_id,
-                           body.get("proto"))
+            self.quiet.log(f"proto:{node_id}", "not greeting node %s: it speaks protocol %r, this node "
+                           "speaks %s only", node_id, body.get("proto"), P.PROTOCOL_VERSION,
+                           level=logging.WARNING)
             return
         routers = [str(r) for r in body.get("routers", [])]
         pubs = [str(p) for p in body.get("pubs", [])]
@@ -481,21 +529,33 @@ class PeerTable:
         source = existing.source if existing else ("static" if dialed or any(
             r in self.pending_static for r in routers) else "gossip")
         peer = self.ensure(node_id, routers, pubs, source=source, pubkey=pubkey)
+        if peer.redial_pending:  # it refused our key, but it dials only keys it trusts: dial it now
+            peer.redial_attempts = 0
+            self._redial(peer)
         if dialed and isinstance(via, str) and via in self.pending_static:
             # We dialed it by an address it does not advertise (a host name, NAT): the answer
             # matched the dial; its advertised endpoint is used from now on.
             self.pending_static.pop(via).close(0)
-        if peer.incarnation and peer.incarnation != body.get("incarnation"):
+        incarnation = str(body.get("incarnation", ""))
+        now = time.monotonic()
+        if self.clones.saw(node_id, incarnation, routers, now):
+            self.stats["duplicate_node_ids"] += 1
+            self.send_hello(peer, reply=True)  # carries `dups`; the other clone hears it when it greets
+        if peer.incarnation and peer.incarnation != incarnation and not self.clones.is_duplicate(node_id):
             log.info("peer %s restarted", node_id)
             self.events.restarted(peer)
-        peer.incarnation = str(body.get("incarnation", ""))
+        peer.incarnation = incarnation
         peer.name = str(body.get("name", ""))
         peer.greeted = True
-        peer.last_seen = time.monotonic()
-        self.set_state(peer, PeerState.ONLINE)
+        peer.last_seen = now
+        self.echo.took(peer, header, now)
+        self.set_state(peer, self._heard_state(peer, now))
         self.events.directory(peer, body.get("dir"))
         if not body.get("reply"):
             self.send_hello(peer, reply=True, via=via if isinstance(via, str) else None)
+        else:
+            self.beat_one(peer)  # echo its SEQ now: it sees us online without waiting a beat
+        self.stats["duplicate_node_ids"] += self.clones.take_report(body.get("dups"), now)
         for entry in body.get("peers", []):
             if not isinstance(entry, dict):
                 continue
@@ -514,14 +574,12 @@ class PeerTable:
     def beat(self) -> None:
         """One heartbeat to every peer (with the local agents' telemetry); re-greet static dials
         that have not answered, and every tenth beat dial them afresh."""
-        header = {P.KIND: Kind.HEARTBEAT, P.FROM: self.node_id, P.VER: self.events.directory_version()}
         # The beat carries the local agents' latest telemetry (small: a few numbers each),
         # so every node sees load and state mesh-wide without versioning the directory.
-        packed = P.frames(header, P.pack(self.events.telemetry()))
+        body = P.pack(self.events.telemetry())
+        seq = self.echo.next(time.monotonic())  # one SEQ per round; each peer gets its own ECHO
         for peer in list(self.peers.values()):
-            if peer.dealer is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    peer.dealer.send_multipart(packed, zmq.NOBLOCK)
+            self.beat_one(peer, body, seq)
         self._beats += 1
         for endpoint, dealer in list(self.pending_static.items()):
             if self._beats % 10 == 0:
@@ -533,16 +591,37 @@ class PeerTable:
                 continue
             # A static peer that has not answered yet: greet it again (it may be starting).
             with contextlib.suppress(zmq.ZMQError):
-                dealer.send_multipart(P.frames({P.KIND: Kind.HELLO, P.FROM: self.node_id},
+                dealer.send_multipart(P.frames(self._seq_header(Kind.HELLO, None),
                                                self.hello_body(reply=False, via=endpoint)), zmq.NOBLOCK)
+
+    def beat_one(self, peer: Peer, body: bytes | None = None, seq: int | None = None) -> None:
+        """A heartbeat to one peer, echoing the last SEQ it sent us."""
+        if peer.dealer is None:
+            return
+        header = self.echo.header(Kind.HEARTBEAT, self.node_id, peer, time.monotonic(), seq,
+                                  **{P.VER: self.events.directory_version()})
+        payload = body if body is not None else P.pack(self.events.telemetry())
+        try:
+            peer.dealer.send_multipart(P.frames(header, payload), zmq.NOBLOCK)
+        except zmq.Again:
+            peer.congested_at = time.monotonic()  # queued to the brim: congested, not one-way
+        except zmq.ZMQError:
+            pass
 
     def check_liveness(self, now: float) -> None:
         """Move silent peers along online -> stale -> offline (``now``: monotonic seconds)."""
         s = self.settings
+        self.clones.prune(now)
         for peer in list(self.peers.values()):
             if not peer.greeted and peer.state is PeerState.OFFLINE:
                 continue
             state = next_state(peer.state, now - peer.last_seen, s.stale_after, s.offline_after)
+            if state is None and peer.state is PeerState.ONLINE and not self.two_way(peer, now):
+                state = PeerState.ONE_WAY
+                self.quiet.log(f"oneway:{peer.node_id}:{peer.incarnation}",
+                               "peer %s (%s): ONE-WAY LINK: we hear it, but it has not confirmed hearing "
+                               "us for %.1f s; traffic to it fails with PEER_UNREACHABLE until it does",
+                               peer.node_id, peer.name, now - peer.confirmed_at, level=logging.WARNING)
             if state is not None:
                 self.set_state(peer, state)
 

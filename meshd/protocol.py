@@ -58,6 +58,8 @@ IDS: Final = "ids"  # acked qos-1 unit ids (ack), or the message ids one error e
 STATUS: Final = "status"  # a handoff reply's verdict: "accepted" or "rejected"
 NOTE: Final = "note"  # a progress report's short text
 OP: Final = "op"  # an admin call's operation
+SEQ: Final = "seq"  # a daemon's HELLO/heartbeat sequence number (both-ways liveness, §9.5)
+ECHO: Final = "echo"  # the last SEQ the sender heard from the receiver (both-ways liveness, §9.5)
 
 
 class Kind:

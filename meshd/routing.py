@@ -238,6 +238,10 @@ class Router:
         if peer.state is PeerState.OFFLINE or peer.dealer is None:
             return self.bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
                                 f"node {peer.node_id} hosting {name!r} is offline", retry=True)
+        if peer.state is PeerState.ONE_WAY:  # we hear it, it does not confirm hearing us: fail fast
+            return self.bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
+                                f"node {peer.node_id} hosting {name!r} is one-way: it has not confirmed "
+                                "hearing this node recently", retry=True)
         try:
             peer.dealer.send_multipart(msg, zmq.NOBLOCK)
         except zmq.ZMQError:

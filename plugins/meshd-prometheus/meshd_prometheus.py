@@ -87,7 +87,7 @@ QUANTILES = (0.5, 0.99)
 MAX_LABEL_VALUES = 500
 #: The node's own counters exported as meshd_node_events_total{event}.
 NODE_EVENTS = ("delivered", "forwarded", "published", "malformed", "qos1_delivered")
-STATES = ("online", "stale", "offline")
+STATES = ("online", "one-way", "stale", "offline")
 METRICS_PATH = "/metrics"
 
 log = logging.getLogger("meshd_prometheus")

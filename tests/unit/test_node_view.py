@@ -25,7 +25,8 @@ def test_metrics_snapshot_from_another_thread_before_start(tmp_path: Path) -> No
     assert len(seen) == 1 and seen[0].mesh == node.settings.mesh and seen[0].qos1_pending == 0
     node._take_snapshot()  # what the loop does every second
     snap = node.metrics_snapshot()
-    assert snap is not seen[0] and snap.peers_by_state == {"online": 0, "stale": 0, "offline": 0}
+    assert snap is not seen[0]
+    assert snap.peers_by_state == {"online": 0, "one-way": 0, "stale": 0, "offline": 0}
 
 
 def test_every_step_has_its_methods() -> None:

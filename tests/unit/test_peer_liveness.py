@@ -55,5 +55,6 @@ def test_traffic_brings_a_peer_back_and_counts_as_a_heartbeat(tmp_path: Path) ->
     table.peers["p1"] = peer
     table.heard_from(peer)
     assert peer.state is PeerState.ONLINE and changes == [("p1", "stale", "online")]
-    assert table.by_state() == {"online": 1, "stale": 0, "offline": 0} and table.online_count() == 1
+    assert table.by_state() == {"online": 1, "one-way": 0, "stale": 0, "offline": 0}
+    assert table.online_count() == 1
     assert table.stats["peer_online"] == 1

@@ -1,0 +1,128 @@
+"""Command-line parts for edge fleets: ``meshd doctor``, ``meshd reset-identity``, ``meshctl
+doctor`` output and ``meshctl keys trust NAME`` with the key seen in discovery.
+
+Owns: printing a doctor report and its exit code (0 no problem, 1 a problem found), and asking a
+running daemon for a discovered node's key. It must not judge problems (meshd/doctor.py does) or
+write keys (meshd/keys.py does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .config import find_agent_socket, load_settings
+from .errors import ConfigError, MeshError
+
+__all__ = ["discovered_key", "meshd_doctor", "meshd_reset_identity", "print_report"]
+
+
+def print_report(report: dict[str, Any], as_json: bool) -> int:
+    """Print a doctor report; 1 when it lists a problem, else 0."""
+    problems = report.get("problems") or []
+    if as_json:
+        print(json.dumps(report, default=str, sort_keys=True))
+        return 1 if problems else 0
+    facts = report.get("facts") or {}
+    print(f"mesh {facts.get('mesh')!r}, protocol {facts.get('protocol')} (accepts "
+          f"{facts.get('accepts_protocols')}), discovery {'on' if facts.get('discovery') else 'off'}")
+    for f in facts.get("interfaces", []):
+        print(f"interface {f.get('interface') or '?'} {f['address']}: "
+              f"{'up' if f['up'] else 'DOWN'}, {'multicast' if f['multicast'] else 'NO MULTICAST'}")
+    for p in facts.get("peers", []):
+        print(f"peer {p['node']} ({p['name']}) {p['state']} at {p['router']}: heard "
+              f"{p['heard_ago']} s ago, confirmed hearing us {p['confirmed_ago']} s ago")
+    if facts.get("firewall"):
+        print(f"firewall: {facts['firewall']}")
+    for p in problems:
+        print(f"PROBLEM {p['code']}: {p['message']}\n  fix: {p['hint']}")
+    print(f"{len(problems)} problem(s) found" if problems else "no problem found")
+    return 1 if problems else 0
+
+
+async def _ask(socket: Path | None, op: str) -> Any:
+    from .client import Agent
+
+    async with Agent(f"meshctl-{os.getpid()}", socket=socket or find_agent_socket()) as me:
+        return await me.admin(op)
+
+
+def discovered_key(socket: Path | None, name: str) -> str | None:
+    """The key of the untrusted node ``name`` (name, node id or trust name) the daemon discovered."""
+    try:
+        rows = asyncio.run(_ask(socket, "peers.discovered"))
+    except (MeshError, OSError) as exc:
+        print(f"meshctl: cannot ask the running daemon for the key of {name!r}: {exc} (give the key: "
+              "meshctl keys trust NAME KEY)", file=sys.stderr)
+        return None
+    found = [r for r in rows if r.get("state") == "untrusted" and r.get("key")
+             and name in (r.get("node"), r.get("name"), r.get("trust_name"))]
+    if not found:
+        print(f"meshctl: no untrusted node {name!r} discovered (`meshctl peers --all` lists them)",
+              file=sys.stderr)
+        return None
+    if len({r["key"] for r in found}) > 1:
+        print(f"meshctl: several nodes named {name!r} with different keys; use the node id", file=sys.stderr)
+        return None
+    row = found[0]
+    print(f"{name}: node {row['node']} at {', '.join(row['addresses'])}, key fingerprint "
+          f"{row['fingerprint']} (as discovered; it matches `meshctl keys show` on that host?)")
+    return str(row["key"])
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    overrides: dict[str, Any] = {}
+    if args.state_dir:
+        overrides["state_dir"] = args.state_dir
+    if args.interfaces:
+        overrides["interfaces"] = args.interfaces
+    env = dict(os.environ)
+    config = args.config or (Path(env["MESHD_CONFIG"]) if env.get("MESHD_CONFIG") else None)
+    return load_settings(config, overrides=overrides, environ=env)
+
+
+def meshd_doctor(args: argparse.Namespace) -> int:
+    """The running daemon's report if one answers on the socket, else what can be checked here."""
+    from .discovery import default_interfaces
+    from .doctor import local_report
+
+    try:
+        settings = _settings(args)
+    except ConfigError as exc:
+        print(f"meshd: config error: {exc}", file=sys.stderr)
+        return 2
+    socket = args.socket or find_agent_socket()
+    if socket.exists():
+        try:
+            return print_report(asyncio.run(_ask(socket, "doctor")), args.json)
+        except (MeshError, OSError) as exc:
+            print(f"meshd doctor: the daemon at {socket} does not answer ({exc}); local checks only",
+                  file=sys.stderr)
+    report = local_report(settings, list(settings.interfaces) or default_interfaces())
+    report["problems"].insert(0, {"code": "not_running", "message": f"no daemon answers on {socket}",
+                                  "hint": "start meshd (systemctl start meshd), or pass --socket"})
+    return print_report(report, args.json)
+
+
+def meshd_reset_identity(args: argparse.Namespace) -> int:
+    from .keys import reset_identity
+
+    try:
+        settings = _settings(args)
+    except ConfigError as exc:
+        print(f"meshd: config error: {exc}", file=sys.stderr)
+        return 2
+    removed = reset_identity(settings.state_dir)
+    if not removed:
+        print(f"no identity in {settings.state_dir}: a new one is made at the first start")
+        return 0
+    for path in removed:
+        print(f"removed {path}")
+    print("restart meshd: it makes a new node id and keypair (in trust_mode keys, the other nodes must "
+          "trust the new key: meshctl keys trust NAME on each)")
+    return 0
