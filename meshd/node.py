@@ -194,6 +194,11 @@ class Node:
     def peers(self) -> list[dict[str, Any]]:
         return self.admin.peer_list()
 
+    def record_dead_letter(self, reason: str, detail: str, fields: dict[str, Any]) -> None:
+        """A dead letter that is no message (a failed task, from the system agent): kept in the
+        FIFO (``meshctl deadletters list``) and handed to the dead-letter hook."""
+        self.routing.dead_letter(reason, detail, [], fields)
+
     def is_local_agent(self, name: str) -> bool:
         """Whether ``name`` is registered on this daemon (the system agent serves only those)."""
         return name in self.directory.local
