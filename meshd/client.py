@@ -33,7 +33,7 @@ import zmq
 from . import protocol as P
 from .backoff import backoff_delay
 from .batching import Batcher, BatchKey, split_incoming
-from .config import default_socket_path
+from .config import find_agent_socket
 from .dispatch import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from .errors import (
     DaemonUnreachable,
@@ -96,7 +96,7 @@ class Agent:
         if not 1 <= batch_max <= P.MAX_BATCH:
             raise ValidationFailed(f"batch_max must be 1..{P.MAX_BATCH}")
         self.name = name
-        self.socket_path = Path(socket) if socket else default_socket_path()
+        self.socket_path = Path(socket) if socket else find_agent_socket()
         self.capabilities = list(capabilities or [])
         self.metadata = dict(metadata or {})
         self.heartbeat_interval = heartbeat_interval
