@@ -288,10 +288,14 @@ class Agent:
         self._dispatch.reply(msg, payload, status=status)
 
     async def fail(self, msg: Message, error: BaseException | str, *, code: str = "HANDLER_ERROR") -> None:
-        """Answer a request later with an error (HANDLER_ERROR unless ``code`` says otherwise)."""
+        """Answer a request later with an error (HANDLER_ERROR unless ``code`` says otherwise); a
+        :class:`MeshError`'s ``retryable`` and ``retry_after`` travel with it."""
         text = str(error) or type(error).__name__
         remote_type = type(error).__name__ if isinstance(error, BaseException) else None
-        self._dispatch.reply_error(msg, code, text, remote_type=remote_type)
+        retry = isinstance(error, MeshError) and error.retryable
+        retry_after = error.retry_after if isinstance(error, MeshError) else None
+        self._dispatch.reply_error(msg, code, text, remote_type=remote_type, retry=retry,
+                                   retry_after=retry_after)
 
     async def delegate(self, msg: Message, to: str, *, topic: str | None = None,
                        payload: Any = DEFER) -> None:
@@ -318,7 +322,7 @@ class Agent:
         # Remember where it went, so a cancel from the requester follows it down the chain.
         self._dispatch.delegated(header[P.CORR], to, msg.sender)
         self._batcher.flush()
-        self._push([P.SIGNATURE, P.pack(header), data])  # never batched: the daemon checks its hops
+        self._push(P.frames(header, data))  # never batched: the daemon checks its hops
 
     async def handoff(self, to: str, task_id: str, context: Any = None, artifacts: Any = None, *,
                       timeout: float = DEFAULT_REQUEST_TIMEOUT) -> HandoffResult:
@@ -476,7 +480,7 @@ class Agent:
         timer = loop.call_later(timeout, self._expire_control, msg_id)
         try:
             self._batcher.flush()
-            self._push([P.SIGNATURE, P.pack(header), P.pack(body) if body is not None else b""])
+            self._push(P.frames(header, P.pack(body) if body is not None else b""))
             return await fut
         finally:
             timer.cancel()
@@ -627,7 +631,7 @@ class Agent:
             for msg_id, deadline in list(self._expiring.items()):
                 if deadline < now:
                     self._expire_control(msg_id)
-            self._push([P.SIGNATURE, P.pack({P.KIND: Kind.AGENT_HEARTBEAT}), P.pack(telemetry)])
+            self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
 
 
 # BlockingAgent lives in meshd/blocking.py (a thread around an Agent); imported last because it

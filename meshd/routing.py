@@ -369,7 +369,7 @@ class Router:
                 unit_header[P.TO] = name
                 unit_header[P.ID] = f"{unit_id}>{name}"
                 self.qos.accept(None, agent.name, unit_header[P.ID], name,
-                                [P.SIGNATURE, P.pack(unit_header), *msg[2:]])
+                                P.frames(unit_header, msg[2]))
             reached += len(durable)
         skip = set(durable)
         for sub in self.directory.local_topics.get(topic, ()):

@@ -309,7 +309,7 @@ class SystemAgent:
 
     async def _fail(self, msg: Message, exc: MeshError) -> Any:
         assert self.agent is not None
-        await self.agent.fail(msg, exc.message, code=exc.code)
+        await self.agent.fail(msg, exc, code=exc.code)
         return DEFER
 
     def _agent(self) -> Agent:

@@ -355,7 +355,7 @@ def test_tools_listed_and_called_as_the_http_agent(meshd_factory: MeshdFactory, 
                 assert status == 200, body
             status, body = await http.post("v1/tools/list_agents", {"session_id": sid})
             assert status == 429 and body["error"]["code"] == "QUOTA_EXCEEDED"
-            assert "calls_per_minute" in body["error"]["message"]
+            assert "calls_per_minute" in body["error"]["message"] and body["error"]["retry_after"] > 0
             # ... and it is per agent: the Python agent on the same daemon still may call
             assert isinstance(await py.call_tool("list_agents", {}), list)
 
