@@ -90,6 +90,7 @@ class Agent:
         heartbeat_interval: float = 1.0,
         batch_max: int = 64,
         max_payload_bytes: int = P.DEFAULT_MAX_PAYLOAD_BYTES,
+        auto_heartbeat: bool = True,
     ) -> None:
         if not P.valid_name(name):
             raise ValidationFailed(f"invalid agent name {name!r}: 1-128 printable characters, no '@'")
@@ -100,6 +101,9 @@ class Agent:
         self.capabilities = list(capabilities or [])
         self.metadata = dict(metadata or {})
         self.heartbeat_interval = heartbeat_interval
+        #: Beat every ``heartbeat_interval`` (False: only when :meth:`heartbeat` is called, e.g. by
+        #: a gateway relaying its client's beats, so a silent client goes stale).
+        self.auto_heartbeat = auto_heartbeat
         self.batch_max = batch_max
         self.max_payload_bytes = max_payload_bytes
         self.node: str | None = None
@@ -623,15 +627,23 @@ class Agent:
         finally:
             self._reregistering = False
 
+    def heartbeat(self) -> None:
+        """Send one heartbeat now, with :attr:`telemetry` (``queue_depth`` defaults to the handlers
+        running). The agent calls it every ``heartbeat_interval`` unless ``auto_heartbeat=False``."""
+        if self._closed or self._sock is None:
+            return
+        telemetry = {"queue_depth": len(self._dispatch.tasks)} | self.telemetry
+        self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
+
     async def _heartbeat_loop(self) -> None:
         while not self._closed and self.evicted is None:
             await asyncio.sleep(self.heartbeat_interval)
-            telemetry = {"queue_depth": len(self._dispatch.tasks)} | self.telemetry
             now = time.monotonic()
             for msg_id, deadline in list(self._expiring.items()):
                 if deadline < now:
                     self._expire_control(msg_id)
-            self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
+            if self.auto_heartbeat:
+                self.heartbeat()
 
 
 # BlockingAgent lives in meshd/blocking.py (a thread around an Agent); imported last because it
