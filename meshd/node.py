@@ -158,6 +158,7 @@ class Node:
             self.plugins.register(JsonlDeadLetterSink(settings.state_dir / "deadletters.jsonl"),
                                   name="meshd.jsonl_dead_letters")
         self.outcomes = Outcomes(self.plugins)
+        self.plugins.on_change = self._track_outcomes
         self.dead_letters = DeadLetters(settings.dead_letter_capacity)
         self.directory = Directory()
         self.security = Security(settings)
@@ -193,6 +194,10 @@ class Node:
 
     def peers(self) -> list[dict[str, Any]]:
         return self.admin.peer_list()
+
+    def _track_outcomes(self) -> None:
+        """Outcome tracking costs the routing path: on only while a plugin observes outcomes."""
+        self.outcomes.enabled = self.plugins.wants("meshd_collaboration")
 
     def record_dead_letter(self, reason: str, detail: str, fields: dict[str, Any]) -> None:
         """A dead letter that is no message (a failed task, from the system agent): kept in the
@@ -334,7 +339,7 @@ class Node:
             self.router_endpoints(), self.pub_endpoints(), self.socket_path,
             " INSECURE (plaintext mesh)" if s.insecure else "",
         )
-        self.outcomes.enabled = self.plugins.wants("meshd_collaboration")
+        self._track_outcomes()
         await self.plugins.startup(self)
         self.plugins.start()
 

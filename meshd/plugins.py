@@ -132,6 +132,9 @@ class PluginHost:
         self._started = False
         self._closed = False
         self._node: NodeSnapshot | None = None
+        #: Called after :meth:`register` or :meth:`unregister` changed the hooks at run time (the
+        #: node turns its outcome tracking on or off with it).
+        self.on_change: Callable[[], None] | None = None
         env = os.environ if environ is None else environ
         self.blocked: tuple[str, ...] = tuple(
             name.strip() for name in env.get(BLOCKED_ENV, "").split(",") if name.strip()
@@ -182,8 +185,35 @@ class PluginHost:
             raise
         finally:
             self._refresh()
+            self._changed()
         if registered is None:
             log.info("plugin %s is blocked by %s; not registered", name or _describe(plugin), BLOCKED_ENV)
+
+    def unregister(self, name: str) -> bool:
+        """Unregister plugin ``name`` (registered with :meth:`register`, e.g. the gateway's
+        dashboard observer): its hooks are no longer called, its worker takes no more events and
+        ends in the background (what it holds is delivered within the hook timeout), the hook
+        routes are rebuilt and :attr:`on_change` is told. Returns whether it was registered."""
+        plugin = self.pm.get_plugin(name)
+        if plugin is None:
+            return False
+        self.pm.unregister(plugin, name)
+        worker = self._workers.pop(name, None)
+        self._refresh()
+        self._changed()
+        if worker is not None:
+            worker.close()
+            deadline = time.monotonic() + self.hook_timeout
+            threading.Thread(target=worker.stop, args=(deadline,), name=f"meshd-plugin-stop-{name}",
+                             daemon=True).start()
+        return True
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:
+                log.exception("plugin change listener failed")
 
     def _load_entrypoints(self) -> None:
         try:

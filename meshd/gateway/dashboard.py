@@ -19,6 +19,7 @@ from importlib import resources
 from typing import Any
 
 from meshd.hookspecs import hookimpl
+from meshd.plugins import PluginHost
 from meshd.view import NodeView
 
 __all__ = ["MeshInfo", "MeshWatch", "OutcomeFeed", "OutcomeObserver", "page_html"]
@@ -80,40 +81,27 @@ class OutcomeFeed:
 
     Outcome tracking costs the routing path something per message (the node builds each outcome
     and queues it for the plugin thread); a daemon nobody watches should not pay it. So the
-    observer is registered when the first dashboard stream opens and unregistered when the last
-    one closes, and the node's outcome tracking follows whether any observer remains.
+    observer is registered on the node's plugin host (``PluginHost.register``) when the first
+    dashboard stream opens and unregistered (``PluginHost.unregister``) when the last one closes;
+    the host tells the node, whose outcome tracking follows whether any observer remains.
     """
 
     NAME = "meshd.gateway"
 
-    def __init__(self, node: Any, observer: OutcomeObserver) -> None:
-        self.node = node
+    def __init__(self, plugins: PluginHost | None, observer: OutcomeObserver) -> None:
+        self.plugins = plugins
         self.observer = observer
         self.watchers = 0
 
-    def _sync_tracking(self, plugins: Any) -> None:
-        outcomes = getattr(self.node, "outcomes", None)
-        if outcomes is not None:
-            outcomes.enabled = plugins.wants("meshd_collaboration")
-
     def opened(self) -> None:
         self.watchers += 1
-        plugins = getattr(self.node, "plugins", None)
-        if self.watchers == 1 and plugins is not None:
-            plugins.register(self.observer, name=self.NAME)
-            self._sync_tracking(plugins)
+        if self.watchers == 1 and self.plugins is not None:
+            self.plugins.register(self.observer, name=self.NAME)
 
     def closed(self) -> None:
         self.watchers -= 1
-        plugins = getattr(self.node, "plugins", None)
-        if self.watchers == 0 and plugins is not None:
-            # PluginHost has no public unregister yet: pluggy's, then its hook-set refresh.
-            if plugins.pm.is_registered(self.observer):
-                plugins.pm.unregister(self.observer)
-            refresh = getattr(plugins, "_refresh", None)
-            if callable(refresh):
-                refresh()
-            self._sync_tracking(plugins)
+        if self.watchers == 0 and self.plugins is not None:
+            self.plugins.unregister(self.NAME)
 
 
 def _agent_key(rec: dict[str, Any]) -> str:

@@ -297,6 +297,39 @@ def test_bad_input_gets_clear_answers(meshd_factory: MeshdFactory) -> None:
     assert a.alive()
 
 
+# --------------------------------------------------------------------------- the dashboard's outcomes
+
+
+def test_dashboard_outcomes_while_a_dashboard_is_open(meshd_factory: MeshdFactory) -> None:
+    """The dashboard's observer is registered while a stream is open and unregistered after:
+    a second dashboard, opened later, gets outcomes again."""
+    a = meshd_factory.spawn("a")
+
+    async def outcome_seen(reader: SseReader, topic: str) -> None:
+        while True:
+            snap = await reader.next("snapshot")
+            if any(o.get("topic") == topic and o.get("kind") == "request" for o in snap["outcomes"]):
+                return
+
+    async def scenario() -> None:
+        async with client(a) as http, Agent("asker", socket=a.socket) as asker, \
+                Agent("answerer", socket=a.socket) as answerer:
+            answerer.on("*")(lambda msg: msg.topic)
+            await wait_listed(asker, "answerer")
+            for topic in ("first-look", "second-look"):
+                reader = await SseReader(http, "v1/dashboard/events").start()
+                await reader.next("snapshot")  # open: the observer is registered
+                assert await asker.request("answerer", topic, None) == topic
+                await asyncio.wait_for(outcome_seen(reader, topic), 15)
+                await reader.stop()
+
+                async def closed() -> bool:
+                    return (await http.get("v1/node"))[1]["gateway"]["streams"] == 0
+                await async_wait_until(closed, 10, what="the dashboard stream to close")
+
+    asyncio.run(scenario())
+
+
 # --------------------------------------------------------------------------- syscall tools over HTTP
 
 
