@@ -654,4 +654,4 @@ def _snapshot(node: Any) -> NodeSnapshot:
     return NodeSnapshot(node_id=str(getattr(node, "node_id", "")), name=str(getattr(node, "name", "")),
                         mesh=str(getattr(node, "mesh", "")), info_at_start=read("info", {}),
                         agents_at_start=read("agents", []), peers_at_start=read("peers", []),
-                        metrics_at_start=metrics)
+                        dead_letters_at_start=read("dead_letters", []), metrics_at_start=metrics)
