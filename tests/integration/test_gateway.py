@@ -22,21 +22,13 @@ import aiohttp
 import pytest
 
 from meshd import Agent, HopLimit
-from meshd.gateway.auth import find_gateway
 from meshd.gateway.openapi import ROUTES
-from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed, wait_until
+from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed
 
 
 def gateway_of(proc: MeshdProcess) -> tuple[str, str]:
-    gw = wait_until(lambda: _try_find(proc.socket), 10, what=f"{proc.name}'s http.json")
+    gw = proc.gateway()
     return gw.url, gw.token
-
-
-def _try_find(socket: Path) -> Any:
-    try:
-        return find_gateway(socket)
-    except Exception:
-        return None
 
 
 class Http:

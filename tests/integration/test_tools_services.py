@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 
 from meshd import Agent
 from meshd.errors import MeshError, QuotaExceeded
-from meshd.testing import MeshdFactory, wait_listed, wait_until
+from meshd.testing import MeshdFactory, pid_alive, wait_listed, wait_until
 
 CHILD = Path(__file__).with_name("spawn_child.py")
 needs_spawner = pytest.mark.skipif(
@@ -25,18 +24,6 @@ needs_spawner = pytest.mark.skipif(
 needs_tasks = pytest.mark.skipif(
     importlib.util.find_spec("meshd.tasks") is None,
     reason="meshd.tasks (the task service) is not in this tree yet; remove this skip when it lands")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @needs_tasks
@@ -92,6 +79,6 @@ def test_spawn_agent_tool(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
                 await boss.call_tool("spawn_agent", {"template": "helper"})
 
     asyncio.run(scenario())
-    assert pids and alive(pids[0])
+    assert pids and pid_alive(pids[0])
     assert a.stop() == 0
-    wait_until(lambda: not alive(pids[0]), 10, what="the spawned child to be gone")
+    wait_until(lambda: not pid_alive(pids[0]), 10, what="the spawned child to be gone")
