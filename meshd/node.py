@@ -159,6 +159,9 @@ class Node:
                                   name="meshd.jsonl_dead_letters")
         self.outcomes = Outcomes(self.plugins)
         self.plugins.on_change = self._track_outcomes
+        # On from the start: agents may attach (and be observed) before the plugins step runs;
+        # their outcomes wait in the plugins' queues until the workers start after meshd_startup.
+        self._track_outcomes()
         # the FIFO; ``dead_letters(limit)`` is the NodeView's read of it
         self.dead_letter_fifo = DeadLetters(settings.dead_letter_capacity)
         self.directory = Directory()
