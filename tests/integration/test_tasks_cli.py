@@ -1,6 +1,5 @@
-"""``meshctl tasks list|show|cancel`` against a daemon that hosts the task service (the system
-agent of the tools). Skipped, with the reason, only while this build has no ``Agent.call_tool``
-(the tools land in a parallel branch; the coordinator removes the skip at the merge)."""
+"""``meshctl tasks list|show|cancel`` and ``meshctl deadletters`` against a daemon that hosts the
+task service (the system agent of the tools)."""
 
 from __future__ import annotations
 
@@ -10,17 +9,11 @@ import subprocess
 import sys
 from typing import Any
 
-import pytest
-
 from meshd import Agent
 from meshd.tasks import TaskWorker
 from meshd.testing import MeshdFactory, async_wait_until, wait_listed, wait_until
 
 CTL = [sys.executable, "-c", "import sys; from meshd.cli import meshctl_main; sys.exit(meshctl_main())"]
-
-pytestmark = pytest.mark.skipif(not hasattr(Agent, "call_tool"),
-                                reason="needs the tools' Agent.call_tool and system agent (parallel branch)")
-
 
 def ctl(socket: Any, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CTL, "--socket", str(socket), *args], capture_output=True, text=True, timeout=60)

@@ -1,12 +1,10 @@
 """The task and spawn tools over the daemon's own services, with real daemons: the per-agent
 max_concurrent_tasks quota; spawn_agent with an unknown template (typed error), the max_spawned
-quota, and children gone once the daemon stops. Each test is skipped, with the reason, only while
-this tree lacks the service it needs (meshd.tasks, meshd.spawn: the parallel "tasks" work)."""
+quota, and children gone once the daemon stops."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import sys
 import textwrap
 from pathlib import Path
@@ -18,15 +16,8 @@ from meshd.errors import MeshError, QuotaExceeded
 from meshd.testing import MeshdFactory, pid_alive, wait_listed, wait_until
 
 CHILD = Path(__file__).with_name("spawn_child.py")
-needs_spawner = pytest.mark.skipif(
-    importlib.util.find_spec("meshd.spawn") is None or not CHILD.exists(),
-    reason="meshd.spawn (the spawner) is not in this tree yet; remove this skip when it lands")
-needs_tasks = pytest.mark.skipif(
-    importlib.util.find_spec("meshd.tasks") is None,
-    reason="meshd.tasks (the task service) is not in this tree yet; remove this skip when it lands")
 
 
-@needs_tasks
 def test_concurrent_tasks_quota(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
     conf = tmp_path / "meshd.toml"
     conf.write_text("[tools]\nmax_concurrent_tasks = 2\n")
@@ -50,7 +41,6 @@ def test_concurrent_tasks_quota(meshd_factory: MeshdFactory, tmp_path: Path) -> 
     asyncio.run(scenario())
 
 
-@needs_spawner
 def test_spawn_agent_tool(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
     conf = tmp_path / "meshd.toml"
     conf.write_text(textwrap.dedent(f"""
