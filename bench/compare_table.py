@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from table import print_grid
+
 R = dict[str, Any]
 Cells = tuple[str, str, str, str, str, str, bool | None]
 HEAD = ["figure", "meshd", "NATS", "Zenoh", "raw pyzmq", "meshd/NATS", "meshd/Zenoh", "goal", "met?"]
@@ -210,12 +212,7 @@ def build_rows(r: R) -> list[list[str]]:
 
 
 def print_rows(rows: list[list[str]], r: R) -> None:
-    widths = [max(len(HEAD[i]), *(len(row[i]) for row in rows)) for i in range(len(HEAD))]
-    print()
-    print(" | ".join(h.ljust(w) for h, w in zip(HEAD, widths, strict=True)))
-    print("-+-".join("-" * w for w in widths))
-    for row in rows:
-        print(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    print_grid(HEAD, rows)
     meta = r["meta"]
     print("meshd: agent -> daemon A -> daemon B -> agent (4 processes); NATS: nats-py clients and one "
           "nats-server; Zenoh: peer-to-peer sessions; raw pyzmq: DEALER -> ROUTER, PUB -> SUB. "

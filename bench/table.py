@@ -159,12 +159,18 @@ def build_table(r: R) -> list[list[str]]:
     return rows
 
 
-def print_table(rows: list[list[str]]) -> None:
-    widths = [max(len(HEAD[i]), *(len(row[i]) for row in rows)) for i in range(len(HEAD))]
+def print_grid(head: list[str], rows: list[list[str]]) -> None:
+    """A blank line, then ``head`` and ``rows`` as a plain-text table, each column as wide as its
+    widest cell (bench.py's and compare.py's tables)."""
+    widths = [max(len(head[i]), *(len(row[i]) for row in rows)) for i in range(len(head))]
     print()
-    print(" | ".join(h.ljust(w) for h, w in zip(HEAD, widths, strict=True)))
+    print(" | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     print("-+-".join("-" * w for w in widths))
     for row in rows:
         print(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def print_table(rows: list[list[str]]) -> None:
+    print_grid(HEAD, rows)
     print("ratio = meshd / raw pyzmq (throughput: fraction of raw; latency: times slower); "
           "'X / Y' rows hold that ratio in the meshd column")

@@ -120,8 +120,10 @@ class Admin:
                 header = P.header_from_map(fields)
             except FrameError:
                 continue  # kept for inspection; it cannot travel again
+            if len(letter["frames"]) != 3:
+                continue  # not one message (signature, header, payload): kept for inspection
             self.dead_letters.pop(letter["seq"])
-            frames = [P.SIGNATURE, P.pack(fields), *letter["frames"][2:]]
+            frames = P.frames(fields, letter["frames"][2])
             if header.qos == 1:
                 sender = self.directory.local.get(str(header.sender))
                 self.qos.accept(sender.rid if sender else b"", str(header.sender), fields[P.ID], dest,

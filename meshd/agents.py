@@ -209,7 +209,7 @@ class LocalAgents:
     def alive(self, agent: LocalAgent) -> bool:
         """Probe with a PING: ROUTER_MANDATORY says at once whether the connection still exists."""
         try:
-            self.link.sock.send_multipart([agent.rid, P.SIGNATURE, P.pack({P.KIND: Kind.PING}), b""],
+            self.link.sock.send_multipart([agent.rid, *P.frames({P.KIND: Kind.PING})],
                                             zmq.NOBLOCK)
             return True
         except zmq.Again:

@@ -137,7 +137,7 @@ class Batcher:
             header[dest_key] = dest
             if qos:
                 header[P.QOS] = 1
-            self._push([P.SIGNATURE, P.pack(header), payload])
+            self._push(P.frames(header, payload))
             return
         batch_id = self._new_id()
         batch_header: dict[str, Any] = {P.KIND: Kind.BATCH, P.ID: batch_id, P.FROM: self.sender,
@@ -147,7 +147,7 @@ class Batcher:
         awaited = [h[P.ID] for h, _ in chunk if qos or h[P.KIND] == Kind.PUBLISH]
         if awaited:  # resolved by the daemon's one answer for the whole batch
             self._on_batch(batch_id, awaited)
-        self._push([P.SIGNATURE, P.pack(batch_header), P.pack_batch(chunk)])
+        self._push(P.frames(batch_header, P.pack_batch(chunk)))
 
 
 Incoming = tuple[list[Item], str | None]

@@ -33,7 +33,7 @@ import zmq
 from . import protocol as P
 from .backoff import backoff_delay
 from .batching import Batcher, BatchKey, split_incoming
-from .config import default_socket_path
+from .config import find_agent_socket
 from .dispatch import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from .errors import (
     DaemonUnreachable,
@@ -90,16 +90,20 @@ class Agent:
         heartbeat_interval: float = 1.0,
         batch_max: int = 64,
         max_payload_bytes: int = P.DEFAULT_MAX_PAYLOAD_BYTES,
+        auto_heartbeat: bool = True,
     ) -> None:
         if not P.valid_name(name):
             raise ValidationFailed(f"invalid agent name {name!r}: 1-128 printable characters, no '@'")
         if not 1 <= batch_max <= P.MAX_BATCH:
             raise ValidationFailed(f"batch_max must be 1..{P.MAX_BATCH}")
         self.name = name
-        self.socket_path = Path(socket) if socket else default_socket_path()
+        self.socket_path = Path(socket) if socket else find_agent_socket()
         self.capabilities = list(capabilities or [])
         self.metadata = dict(metadata or {})
         self.heartbeat_interval = heartbeat_interval
+        #: Beat every ``heartbeat_interval`` (False: only when :meth:`heartbeat` is called, e.g. by
+        #: a gateway relaying its client's beats, so a silent client goes stale).
+        self.auto_heartbeat = auto_heartbeat
         self.batch_max = batch_max
         self.max_payload_bytes = max_payload_bytes
         self.node: str | None = None
@@ -288,10 +292,14 @@ class Agent:
         self._dispatch.reply(msg, payload, status=status)
 
     async def fail(self, msg: Message, error: BaseException | str, *, code: str = "HANDLER_ERROR") -> None:
-        """Answer a request later with an error (HANDLER_ERROR unless ``code`` says otherwise)."""
+        """Answer a request later with an error (HANDLER_ERROR unless ``code`` says otherwise); a
+        :class:`MeshError`'s ``retryable`` and ``retry_after`` travel with it."""
         text = str(error) or type(error).__name__
         remote_type = type(error).__name__ if isinstance(error, BaseException) else None
-        self._dispatch.reply_error(msg, code, text, remote_type=remote_type)
+        retry = isinstance(error, MeshError) and error.retryable
+        retry_after = error.retry_after if isinstance(error, MeshError) else None
+        self._dispatch.reply_error(msg, code, text, remote_type=remote_type, retry=retry,
+                                   retry_after=retry_after)
 
     async def delegate(self, msg: Message, to: str, *, topic: str | None = None,
                        payload: Any = DEFER) -> None:
@@ -318,7 +326,7 @@ class Agent:
         # Remember where it went, so a cancel from the requester follows it down the chain.
         self._dispatch.delegated(header[P.CORR], to, msg.sender)
         self._batcher.flush()
-        self._push([P.SIGNATURE, P.pack(header), data])  # never batched: the daemon checks its hops
+        self._push(P.frames(header, data))  # never batched: the daemon checks its hops
 
     async def handoff(self, to: str, task_id: str, context: Any = None, artifacts: Any = None, *,
                       timeout: float = DEFAULT_REQUEST_TIMEOUT) -> HandoffResult:
@@ -476,7 +484,7 @@ class Agent:
         timer = loop.call_later(timeout, self._expire_control, msg_id)
         try:
             self._batcher.flush()
-            self._push([P.SIGNATURE, P.pack(header), P.pack(body) if body is not None else b""])
+            self._push(P.frames(header, P.pack(body) if body is not None else b""))
             return await fut
         finally:
             timer.cancel()
@@ -619,15 +627,23 @@ class Agent:
         finally:
             self._reregistering = False
 
+    def heartbeat(self) -> None:
+        """Send one heartbeat now, with :attr:`telemetry` (``queue_depth`` defaults to the handlers
+        running). The agent calls it every ``heartbeat_interval`` unless ``auto_heartbeat=False``."""
+        if self._closed or self._sock is None:
+            return
+        telemetry = {"queue_depth": len(self._dispatch.tasks)} | self.telemetry
+        self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
+
     async def _heartbeat_loop(self) -> None:
         while not self._closed and self.evicted is None:
             await asyncio.sleep(self.heartbeat_interval)
-            telemetry = {"queue_depth": len(self._dispatch.tasks)} | self.telemetry
             now = time.monotonic()
             for msg_id, deadline in list(self._expiring.items()):
                 if deadline < now:
                     self._expire_control(msg_id)
-            self._push([P.SIGNATURE, P.pack({P.KIND: Kind.AGENT_HEARTBEAT}), P.pack(telemetry)])
+            if self.auto_heartbeat:
+                self.heartbeat()
 
 
 # BlockingAgent lives in meshd/blocking.py (a thread around an Agent); imported last because it

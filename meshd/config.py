@@ -99,17 +99,20 @@ SYSTEMD_SOCKET = Path("/run/meshd/meshd.sock")
 
 
 def find_agent_socket(environ: Mapping[str, str] | None = None,
-                      systemd_socket: Path = SYSTEMD_SOCKET) -> Path:
-    """The socket meshctl talks to when no ``--socket`` is given.
+                      systemd_socket: Path | None = None) -> Path:
+    """The socket clients (``Agent``, meshctl, ``find_gateway``) talk to when given none.
 
     ``$MESHD_SOCKET``, else ``$RUNTIME_DIRECTORY/meshd.sock``, else the systemd service's socket when its
     directory ``/run/meshd`` exists (even if this user may not enter it: the permission error then names
     it), else the daemon's own default (``$XDG_RUNTIME_DIR/meshd/meshd.sock``, ``/tmp/meshd-<uid>/...``).
     The daemon itself never looks at the systemd location: its default is unchanged.
+    ``systemd_socket`` defaults to :data:`SYSTEMD_SOCKET`, read at each call.
     """
     env = os.environ if environ is None else environ
     if env.get("MESHD_SOCKET") or _env_dir(env, "RUNTIME_DIRECTORY") is not None:
         return default_socket_path(env)
+    if systemd_socket is None:
+        systemd_socket = SYSTEMD_SOCKET
     if systemd_socket.parent.is_dir():
         return systemd_socket
     return default_socket_path(env)

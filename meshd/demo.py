@@ -173,6 +173,9 @@ class Transcript:
 
 
 class Demo:
+    #: The first line of the transcript (a scenario on the same mesh says what it runs).
+    HEADLINE = f"meshd demo: three daemons and three agents on {LOOPBACK} (nothing leaves this host)"
+
     def __init__(self, out: TextIO, keep_logs: bool) -> None:
         self.out = out
         self.keep_logs = keep_logs
@@ -192,7 +195,7 @@ class Demo:
 
     def start_daemons(self) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="meshd-demo-", dir="/tmp"))
-        self.say(f"meshd demo: three daemons and three agents on {LOOPBACK} (nothing leaves this host)")
+        self.say(self.HEADLINE)
         self.say()
         self.say(f"  mesh      {self.mesh}")
         self.say(f"  temp dir  {self.workdir}")

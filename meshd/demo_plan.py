@@ -20,23 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, TextIO
 
 from .client import Agent
 from .config import Settings, TaskSettings
 from .demo import (
     LOOPBACK,
-    NODE_NAMES,
-    Daemon,
     Demo,
     DemoFailed,
     _quiet_client_logs,
     _sigterm_as_interrupt,
     summarize,
-    wait_for_sockets,
 )
 from .errors import MeshError
 from .tasks import TaskCall, TaskService, TaskWorker
@@ -62,27 +57,14 @@ PLAN: list[dict[str, Any]] = [
 class PlanDemo(Demo):
     """The plan scenario on the three-daemon mesh of :class:`meshd.demo.Demo`."""
 
+    HEADLINE = (f"meshd demo --plan: three daemons, four workers and a planner on {LOOPBACK} "
+                "(nothing leaves this host)")
+
     def __init__(self, out: TextIO, keep_logs: bool) -> None:
         super().__init__(out, keep_logs)
         self.service: TaskService | None = None
         self.t0 = time.perf_counter()
         self.plan_state = "not run"
-
-    def start_daemons(self) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix="meshd-demo-", dir="/tmp"))
-        self.say(f"meshd demo --plan: three daemons, four workers and a planner on {LOOPBACK} "
-                 "(nothing leaves this host)")
-        self.say()
-        self.say(f"  mesh      {self.mesh}")
-        self.say(f"  temp dir  {self.workdir}")
-        self.current = "starting the daemons"
-        self.launched = time.perf_counter()
-        for i, name in enumerate(NODE_NAMES, 1):
-            daemon = Daemon(name, self.mesh, self.workdir / f"n{i}",
-                            log_level="info" if self.keep_logs else "warning")
-            self.daemons.append(daemon)
-            daemon.start()
-        wait_for_sockets(self.daemons)
 
     def _line(self, text: str) -> None:
         self.say(f"  +{(time.perf_counter() - self.t0) * 1000:6.0f} ms  {text}")

@@ -278,7 +278,7 @@ class Dispatcher:
         self._ack_scheduled = False
         acks, self._acks = self._acks, []
         if acks and not self._closed():
-            self._push([P.SIGNATURE, P.pack({P.KIND: Kind.ACK, P.IDS: acks}), b""])
+            self._push(P.frames({P.KIND: Kind.ACK, P.IDS: acks}))
 
     # ------------------------------------------------------------------------ answers
 
@@ -316,14 +316,13 @@ class Dispatcher:
             header[P.STATUS] = status
         self._enqueue(to_agent(msg.reply_to or msg.sender), header, data)
 
-    def reply_error(self, msg: Message, code: str, message: str, remote_type: str | None = None) -> None:
+    def reply_error(self, msg: Message, code: str, message: str, remote_type: str | None = None, *,
+                    retry: bool = False, retry_after: float | None = None) -> None:
         """An error envelope for ``msg`` to its original requester (once per message)."""
         if self._closed() or not msg.sender or msg._answered:
             return
         msg._answered = True
-        err: dict[str, Any] = {"code": code, "message": message, "retry": False}
-        if remote_type:
-            err["type"] = remote_type
+        err = P.error_body(code, message, retry=retry, retry_after=retry_after, remote_type=remote_type)
         header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id, P.ERROR: err}
         self._enqueue(to_agent(msg.reply_to or msg.sender), header, b"")
 

@@ -326,6 +326,9 @@ def meshd_authorize(action: str, subject: str, target: str, topic: str | None) -
     Returns None or True (allowed), False (refused) or a string (refused, the string says why).
     A refusal reaches the caller as ``FORBIDDEN`` and observers as a ``forbidden`` tool event.
     Answers are cached for a few seconds; keep it a quick, pure function (it must not block).
+    ``"message"`` is asked by tools and by the sender's daemon on the routing path, for every
+    ``send``, ``request`` and ``publish`` of its local agents (not replies); a daemon where no
+    plugin implements this hook never asks.
 
     Called synchronously in the node's event loop; stops at the first non-None result. An
     exception refuses.
@@ -340,6 +343,8 @@ def meshd_tool_event(event: dict[str, Any]) -> Awaitable[None] | None:
         ``"quota_exceeded"``, ``"held"``, ``"allowed"``, ``"denied"``), ``tool``, ``caller``,
         ``node`` (node id), ``at`` (unix time), and ``error`` (code) or ``reason`` where one
         applies, ``approval_id`` for held calls, ``ms`` (handler time) for ``called``/``failed``.
+        An agent's own message refused on the routing path: ``event`` ``"forbidden"``,
+        ``action`` ``"message"``, ``tool`` None, ``target`` (or ``"*"``) and ``topic``.
 
     Returns None, or an awaitable (awaited with the hook timeout); the result is ignored.
 

@@ -43,7 +43,7 @@ import zmq
 from . import protocol as P
 from . import transport
 from .addrwatch import AddressWatcher
-from .admin import Admin
+from .admin import Admin, letter_summary
 from .agents import AgentLink, LocalAgents
 from .builtin_plugins import JsonlDeadLetterSink
 from .config import Settings
@@ -160,11 +160,12 @@ class Node:
             self.plugins.register(JsonlDeadLetterSink(settings.state_dir / "deadletters.jsonl"),
                                   name="meshd.jsonl_dead_letters")
         self.outcomes = Outcomes(self.plugins)
-        # Known once plugins are loaded, and set before the agent socket is bound: agents may send
-        # while the later start steps run, and their outcomes must be tracked from the first one
-        # (plugins' events wait in their queues until meshd_startup has run).
-        self.outcomes.enabled = self.plugins.wants("meshd_collaboration")
-        self.dead_letters = DeadLetters(settings.dead_letter_capacity)
+        self.plugins.on_change = self._track_outcomes
+        # On from the start: agents may attach (and be observed) before the plugins step runs;
+        # their outcomes wait in the plugins' queues until the workers start after meshd_startup.
+        self._track_outcomes()
+        # the FIFO; ``dead_letters(limit)`` is the NodeView's read of it
+        self.dead_letter_fifo = DeadLetters(settings.dead_letter_capacity)
         self.directory = Directory()
         self.security = Security(settings)
         self.peer_table = PeerTable(
@@ -200,6 +201,21 @@ class Node:
     def peers(self) -> list[dict[str, Any]]:
         return self.admin.peer_list()
 
+    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest ``limit`` dead letters kept, oldest first, as ``meshctl deadletters list``
+        shows them (NodeView)."""
+        kept = self.dead_letter_fifo.list()
+        return [letter_summary(d) for d in kept[max(len(kept) - limit, 0):]] if limit > 0 else []
+
+    def _track_outcomes(self) -> None:
+        """Outcome tracking costs the routing path: on only while a plugin observes outcomes."""
+        self.outcomes.enabled = self.plugins.wants("meshd_collaboration")
+
+    def record_dead_letter(self, reason: str, detail: str, fields: dict[str, Any]) -> None:
+        """A dead letter that is no message (a failed task, from the system agent): kept in the
+        FIFO (``meshctl deadletters list``) and handed to the dead-letter hook."""
+        self.plugins.dead_letter(self.dead_letter_fifo.add(reason, detail, [], dict(fields)))
+
     def is_local_agent(self, name: str) -> bool:
         """Whether ``name`` is registered on this daemon (the system agent serves only those)."""
         return name in self.directory.local
@@ -226,7 +242,7 @@ class Node:
             agent_telemetry={a.name: dict(a.telemetry) for a in self.directory.local.values()},
             qos1_pending=qos.pending if qos is not None else 0,
             qos1_in_flight=qos.in_flight if qos is not None else 0,
-            dead_letters_total=self.dead_letters.total,
+            dead_letters_total=self.dead_letter_fifo.total,
             events=dict(self.stats),
             plugin_queue=self.plugins.queued,
             plugin_stats=dict(self.plugins.stats),
@@ -297,10 +313,10 @@ class Node:
         self.routing = Router(
             self.settings, node_id=self.node_id, name=self.name, directory=self.directory,
             peer_table=self.peer_table, security=self.security, agents=self.local_agents, link=link,
-            xpub=self.xpub, reactor=reactor, outcomes=self.outcomes, dead_letters=self.dead_letters,
+            xpub=self.xpub, reactor=reactor, outcomes=self.outcomes, dead_letters=self.dead_letter_fifo,
             plugins=self.plugins, stats=self.stats, quiet=self._quiet, after_flush=self.qos.after_flush)
         self.admin = Admin(node_id=self.node_id, name=self.name, directory=self.directory,
-                           peer_table=self.peer_table, dead_letters=self.dead_letters, link=link)
+                           peer_table=self.peer_table, dead_letters=self.dead_letter_fifo, link=link)
         self.local_agents.qos = self.routing.qos = self.admin.qos = self.qos
         self.qos.router, self.qos.link = self.routing, link
         self.qos.peer_table, self.qos.directory = self.peer_table, self.directory
@@ -344,6 +360,7 @@ class Node:
             self.router_endpoints(), self.pub_endpoints(), self.socket_path,
             " INSECURE (plaintext mesh)" if s.insecure else "",
         )
+        self._track_outcomes()
         await self.plugins.startup(self)
         self.plugins.start()
 
@@ -601,7 +618,7 @@ class Node:
             "agents": self.directory.own_count(),
             "peers": self.peer_table.online_count(),
             "stats": dict(self.stats),
-            "dead_letters": self.dead_letters.total,
+            "dead_letters": self.dead_letter_fifo.total,
             "plugins": {"stats": dict(self.plugins.stats), "queued": self.plugins.queued,
                         "queues": self.plugins.queue_depths(),
                         "loaded": [p["name"] for p in self.plugins.list_plugins()

@@ -60,6 +60,7 @@ class NodeSnapshot:
     info_at_start: dict[str, Any] = field(default_factory=dict)
     agents_at_start: list[dict[str, Any]] = field(default_factory=list)
     peers_at_start: list[dict[str, Any]] = field(default_factory=list)
+    dead_letters_at_start: list[dict[str, Any]] = field(default_factory=list)
     metrics_at_start: MetricsSnapshot | None = None
 
     def metrics_snapshot(self) -> MetricsSnapshot:
@@ -73,6 +74,10 @@ class NodeSnapshot:
 
     def peers(self) -> list[dict[str, Any]]:
         return [dict(p) for p in self.peers_at_start]
+
+    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        kept = self.dead_letters_at_start
+        return [dict(d) for d in kept[max(len(kept) - limit, 0):]] if limit > 0 else []
 
 
 class ProcessWorker:

@@ -5,7 +5,8 @@ them hurt routing.
 :mod:`meshd.hookspecs`), with one method per hook, so the core never calls ``pm.hook.*`` itself.
 It owns loading, configuration and the lifecycle calls; the per-plugin queues live in
 :mod:`meshd.plugin_workers` (thread mode) and :mod:`meshd.plugin_process` (process mode), the
-``[plugins.NAME]`` section rules in :mod:`meshd.plugin_config`. It must not touch the node's
+``[plugins.NAME]`` section rules in :mod:`meshd.plugin_config`, the syscall-tool hooks in
+:mod:`meshd.plugin_tools`. It must not touch the node's
 internals: plugins get the node only as the :class:`meshd.view.NodeView` the node passes in.
 
 Loading (:meth:`PluginHost.load`): every entry point of the ``meshd`` group, then each module named
@@ -54,6 +55,7 @@ from . import hookspecs
 from .errors import ConfigError
 from .plugin_config import PluginOptions, split_section, validate_settings
 from .plugin_process import NodeSnapshot, ProcessWorker
+from .plugin_tools import ToolHooks
 from .plugin_workers import ThreadWorker, call_impl, close_loop, plain
 
 __all__ = ["BLOCKED_ENV", "ENTRYPOINT_GROUP", "OBSERVER_HOOKS", "PluginHost"]
@@ -81,7 +83,7 @@ def _describe(plugin: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-class PluginHost:
+class PluginHost(ToolHooks):
     """Loads plugins and calls their hooks, one typed method per hook.
 
     Lifecycle, as the node drives it: ``load()`` (and ``register()`` for built-ins; both
@@ -132,6 +134,9 @@ class PluginHost:
         self._started = False
         self._closed = False
         self._node: NodeSnapshot | None = None
+        #: Called after :meth:`register` or :meth:`unregister` changed the hooks at run time (the
+        #: node turns its outcome tracking on or off with it).
+        self.on_change: Callable[[], None] | None = None
         env = os.environ if environ is None else environ
         self.blocked: tuple[str, ...] = tuple(
             name.strip() for name in env.get(BLOCKED_ENV, "").split(",") if name.strip()
@@ -182,8 +187,35 @@ class PluginHost:
             raise
         finally:
             self._refresh()
+            self._changed()
         if registered is None:
             log.info("plugin %s is blocked by %s; not registered", name or _describe(plugin), BLOCKED_ENV)
+
+    def unregister(self, name: str) -> bool:
+        """Unregister plugin ``name`` (registered with :meth:`register`, e.g. the gateway's
+        dashboard observer): its hooks are no longer called, its worker takes no more events and
+        ends in the background (what it holds is delivered within the hook timeout), the hook
+        routes are rebuilt and :attr:`on_change` is told. Returns whether it was registered."""
+        plugin = self.pm.get_plugin(name)
+        if plugin is None:
+            return False
+        self.pm.unregister(plugin, name)
+        worker = self._workers.pop(name, None)
+        self._refresh()
+        self._changed()
+        if worker is not None:
+            worker.close()
+            deadline = time.monotonic() + self.hook_timeout
+            threading.Thread(target=worker.stop, args=(deadline,), name=f"meshd-plugin-stop-{name}",
+                             daemon=True).start()
+        return True
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:
+                log.exception("plugin change listener failed")
 
     def _load_entrypoints(self) -> None:
         try:
@@ -527,87 +559,6 @@ class PluginHost:
             log.warning("plugin %s timed out in %s after %.1f s (%d timeouts so far)",
                         impl.plugin_name, hook, self.hook_timeout, count)
 
-    # -- syscall tools (issue 9, "tools" block) -------------------------------------------------
-
-    def contributed_tools(self) -> list[tuple[str, Any]]:
-        """``(plugin name, tool)`` for every tool each plugin's ``meshd_tools()`` returns, in
-        registration order. A plugin that raises or returns a non-list is logged, counted and
-        skipped; checking the tools themselves (types, duplicate names) is the registry's job."""
-        out: list[tuple[str, Any]] = []
-        for impl in reversed(self.pm.hook.meshd_tools.get_hookimpls()):
-            if impl.wrapper or impl.hookwrapper:
-                continue
-            self._count("called")
-            try:
-                result = impl.function()
-            except Exception:
-                self._failed(impl, "meshd_tools")
-                continue
-            if result is None:
-                continue
-            if not isinstance(result, list | tuple):
-                self._count(f"failed:{impl.plugin_name}")
-                log.error("plugin %s: meshd_tools returned %r, not a list of tools; ignored",
-                          impl.plugin_name, type(result).__name__)
-                continue
-            out.extend((impl.plugin_name, tool) for tool in result)
-        return out
-
-    async def approve_tool(self, call: Mapping[str, Any]) -> Any:
-        """The first non-None ``meshd_approve_tool(call)`` answer (awaited with the hook timeout),
-        or None. A plugin that raises or times out answers ``"deny: ..."``: fail closed."""
-        for impl in reversed(self.pm.hook.meshd_approve_tool.get_hookimpls()):
-            if impl.wrapper or impl.hookwrapper:
-                continue
-            self._count("called")
-            try:
-                result = impl.function(*[plain(call) for _ in impl.argnames])
-                if inspect.isawaitable(result):
-                    result = await asyncio.wait_for(result, self.hook_timeout)
-            except TimeoutError:
-                self._timed_out(impl, "meshd_approve_tool")
-                return f"deny: approval plugin {impl.plugin_name} timed out"
-            except Exception:
-                self._failed(impl, "meshd_approve_tool")
-                return f"deny: approval plugin {impl.plugin_name} failed"
-            if result is not None:
-                return result
-        return None
-
-    def wants_authorize(self) -> bool:
-        """Whether any plugin implements ``meshd_authorize`` (if not, everything is allowed)."""
-        return bool(self.pm.hook.meshd_authorize.get_hookimpls())
-
-    def authorize(self, action: str, subject: str, target: str, topic: str | None) -> Any:
-        """The first non-None ``meshd_authorize`` answer, or None. Synchronous (an awaitable answer
-        is refused, since callers may be on the routing path); an exception refuses."""
-        kwargs = {"action": action, "subject": subject, "target": target, "topic": topic}
-        for impl in reversed(self.pm.hook.meshd_authorize.get_hookimpls()):
-            if impl.wrapper or impl.hookwrapper:
-                continue
-            self._count("called")
-            try:
-                result = impl.function(*[kwargs[arg] for arg in impl.argnames])
-            except Exception:
-                self._failed(impl, "meshd_authorize")
-                return f"authorization plugin {impl.plugin_name} failed"
-            if inspect.isawaitable(result):
-                close = getattr(result, "close", None)
-                if callable(close):
-                    close()
-                return (f"authorization plugin {impl.plugin_name} returned an awaitable; "
-                        "it must answer at once")
-            if result is not None:
-                return result
-        return None
-
-    def tool_event(self, event: Mapping[str, Any]) -> None:
-        """Queue ``meshd_tool_event(event)`` for the worker thread."""
-        if "meshd_tool_event" in self._routes:
-            self._offer("meshd_tool_event", {"event": event})
-
-
-
 
 def _snapshot(node: Any) -> NodeSnapshot:
     """A picklable copy of what a :class:`meshd.view.NodeView` shows now (for process mode)."""
@@ -624,4 +575,4 @@ def _snapshot(node: Any) -> NodeSnapshot:
     return NodeSnapshot(node_id=str(getattr(node, "node_id", "")), name=str(getattr(node, "name", "")),
                         mesh=str(getattr(node, "mesh", "")), info_at_start=read("info", {}),
                         agents_at_start=read("agents", []), peers_at_start=read("peers", []),
-                        metrics_at_start=metrics)
+                        dead_letters_at_start=read("dead_letters", []), metrics_at_start=metrics)

@@ -126,6 +126,7 @@ class ErrorCode:
     NOT_REGISTERED: Final = "NOT_REGISTERED"
     CANCELLED: Final = "CANCELLED"
     UNDELIVERABLE: Final = "UNDELIVERABLE"
+    FORBIDDEN: Final = "FORBIDDEN"
 
 
 HANDOFF_TOPIC: Final = "handoff-task"

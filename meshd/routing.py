@@ -36,6 +36,8 @@ from .peers import PeerTable
 from .plugins import PluginHost
 from .protocol import FrameError, Kind
 from .security import Security
+from .tools.names import system_agent_name
+from .tools.policy import Authorizer
 
 if TYPE_CHECKING:
     from .qos1_driver import Qos1Driver
@@ -46,6 +48,7 @@ log = logging.getLogger("meshd.node")
 
 AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
 _AGENT_DATA_KINDS = AGENT_DATA_KINDS
+_AUTHORIZED_KINDS = frozenset({Kind.SEND, Kind.REQUEST, Kind.PUBLISH})
 
 
 class Router:
@@ -74,6 +77,9 @@ class Router:
         self.quiet = quiet
         self.after_flush = after_flush
         self.qos: Qos1Driver
+        # meshd_authorize on agents' own send/request/publish: None (no cost) unless a plugin has it
+        self.authorizer = Authorizer(plugins.authorize) if plugins.wants_authorize() else None
+        self._system_agent = system_agent_name(node_id)
 
     def on_mesh_checked(self, frames: list[Any]) -> None:
         """Keys mode: the ZAP User-Id (the authenticated key) must be the key the sender claims."""
@@ -164,6 +170,8 @@ class Router:
             self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
                          f"'from' must be your registered name {agent.name!r}")
             return
+        if self.authorizer is not None and kind != Kind.REPLY and self.forbidden(rid, header, frames):
+            return
         if len(frames) != 4:
             self.link.send_error(rid, header.id, P.ErrorCode.VALIDATION_FAILED,
                                    f"a {kind} message has exactly 3 frames")
@@ -210,6 +218,38 @@ class Router:
             return
         sends = self.outcomes.outgoing(header, frames[1:])
         self.outcomes.sends_routed(sends, self.route(to, header, frames[1:]))
+
+    def forbidden(self, rid: bytes, header: P.Header, frames: list[bytes]) -> bool:
+        """Ask ``meshd_authorize`` (cached) about an agent's own send, request or publish, each
+        message of a batch included; refuse the whole frame set with FORBIDDEN when any is refused.
+        The system agent is not asked about: its tools asked about their caller already."""
+        assert self.authorizer is not None
+        sender = str(header.sender)
+        if sender == self._system_agent:
+            return False
+        if header.kind == Kind.BATCH:
+            try:
+                inner = [(h.get(P.KIND), h.get(P.TOPIC, header.topic)) for h, _ in P.split_batch(frames[1:])]
+            except FrameError:
+                inner = [(Kind.SEND, "?")]  # a batch that cannot be read cannot be authorized
+        else:
+            inner = [(header.kind, header.topic)]
+        target = header.to if isinstance(header.to, str) else "*"
+        for kind, topic in dict.fromkeys(inner):
+            if kind not in _AUTHORIZED_KINDS:
+                continue
+            where = "*" if kind == Kind.PUBLISH else target
+            reason = self.authorizer.check("message", sender, where, None if topic is None else str(topic))
+            if reason is None:
+                continue
+            what = f"publish on {topic!r}" if where == "*" else f"message {where!r} on {topic!r}"
+            self.refuse(rid, header, frames, P.ErrorCode.FORBIDDEN,
+                        f"agent {sender!r} may not {what}: {reason}")
+            self.plugins.tool_event({"event": "forbidden", "action": "message", "tool": None,
+                                     "caller": sender, "target": where, "topic": topic, "node": self.node_id,
+                                     "at": time.time(), "reason": reason})
+            return True
+        return False
 
     def refuse(self, rid: bytes, header: P.Header, frames: list[bytes], code: str,
                 message: str) -> None:
@@ -333,7 +373,7 @@ class Router:
                 unit_header[P.TO] = name
                 unit_header[P.ID] = f"{unit_id}>{name}"
                 self.qos.accept(None, agent.name, unit_header[P.ID], name,
-                                [P.SIGNATURE, P.pack(unit_header), *msg[2:]])
+                                P.frames(unit_header, msg[2]))
             reached += len(durable)
         skip = set(durable)
         for sub in self.directory.local_topics.get(topic, ()):

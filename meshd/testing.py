@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import glob
 import inspect
 import os
@@ -32,6 +33,8 @@ from typing import Any
 import pytest
 
 from .client import Agent
+from .errors import MeshError
+from .gateway.auth import GatewayAddress, find_gateway
 from .keys import load_or_create_node_keys, trust_key, untrust_key
 from .process import DaemonExited, DaemonProcess
 
@@ -105,6 +108,36 @@ def faketime_env(offset: str | None = None, *, offset_file: Path | None = None) 
     else:
         raise ValueError("give an offset or an offset_file")
     return env
+async def connect_until(make: Callable[[], Agent], deadline: float, retry_every: float = 0.2) -> Agent:
+    """Connect a fresh agent from ``make()`` until one registers, retrying while its daemon is not
+    there yet; past ``deadline`` (``time.monotonic()``) raise SystemExit naming the last error (for
+    agent processes that tests start beside a daemon)."""
+    last: BaseException | None = None
+    while True:
+        agent = make()
+        try:
+            await agent.connect()
+            return agent
+        except (MeshError, OSError) as exc:
+            last = exc
+            with contextlib.suppress(Exception):
+                await agent.close()
+        if time.monotonic() + retry_every > deadline:
+            raise SystemExit(f"{agent.name}: could not connect to {agent.socket_path}: {last!r}")
+        await asyncio.sleep(retry_every)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def pip_install(source: Path, target: Path) -> None:
@@ -191,6 +224,16 @@ class MeshdProcess(DaemonProcess):
                 return await me.admin("deadletters.list")
         return list(self._run(ask))
 
+    def gateway(self, timeout: float = 10.0) -> GatewayAddress:
+        """The daemon's HTTP gateway (URL and token), once it has written ``http.json``."""
+        def found() -> GatewayAddress | None:
+            try:
+                return find_gateway(self.socket)
+            except Exception:
+                return None
+        address: GatewayAddress = wait_until(found, timeout, what=f"{self.name}'s http.json")
+        return address
+
     def peer_states(self) -> dict[str, str]:
         return {p["node"]: p["state"] for p in self.query("peers")}
 
@@ -259,5 +302,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return rep
 
 
-__all__ = ["DaemonExited", "MeshdFactory", "MeshdProcess", "async_wait_until", "faketime_env", "libfaketime",
-           "meshd_factory", "pip_install", "short_tempdir", "wait_listed", "wait_until"]
+__all__ = ["DaemonExited", "MeshdFactory", "MeshdProcess", "async_wait_until", "connect_until",
+           "faketime_env", "libfaketime", "meshd_factory", "pid_alive", "pip_install", "short_tempdir",
+           "wait_listed", "wait_until"]

@@ -81,3 +81,10 @@ class NodeView(Protocol):
     def peers(self) -> list[dict[str, Any]]:
         """Every known peer as ``meshctl peers`` lists it. Call on the node's loop."""
         ...
+
+    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest ``limit`` dead letters the node keeps, oldest first, as
+        ``meshctl deadletters list`` shows them: ``seq``, ``at``, ``reason``, ``detail``,
+        ``attempts``, ``kind``, ``from``, ``to``, ``topic``, ``header``, ``bytes``. Call on the
+        node's loop."""
+        ...

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from meshd import protocol as P
 from meshd.errors import MeshError, NoSuchAgent, ValidationFailed
+from meshd.tools.registry import SCHEMA_FORMATS
 
 from .dashboard import page_html
 from .errors import BadRequest, TooManyStreams, http_status
@@ -45,8 +46,11 @@ _CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inlin
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+def _error(status: int, code: str, message: str, retry_after: float | None = None) -> web.Response:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if retry_after is not None:
+        err["retry_after"] = retry_after
+    return web.json_response({"error": err}, status=status)
 
 
 class Routes:
@@ -71,7 +75,7 @@ class Routes:
             return _error(413, "TOO_LARGE", f"body larger than {self.gw.settings.http_max_body_bytes} bytes "
                           "(http_max_body_bytes)")
         except MeshError as exc:
-            return _error(http_status(exc.code), exc.code, exc.message)
+            return _error(http_status(exc.code), exc.code, exc.message, exc.retry_after)
 
     # ------------------------------------------------------------------ parsing
 
@@ -291,6 +295,30 @@ class Routes:
             await session.agent.subscribe(topic, durable=durable)
         return web.json_response({"ok": True, "topic": topic})
 
+    # ------------------------------------------------------------------ syscall tools
+
+    async def tools(self, request: web.Request) -> web.Response:
+        """The daemon's tools, listed for (and as) the HTTP agent named by ``?session_id=``."""
+        session = self.session_of(dict(request.query), "session_id")
+        fmt = request.query.get("format")
+        if fmt is not None and fmt not in SCHEMA_FORMATS:
+            raise BadRequest(f"'format' must be one of {', '.join(SCHEMA_FORMATS)}")
+        return web.json_response({"tools": await session.agent.tools(format=fmt)}, dumps=_dumps)
+
+    async def call_tool(self, request: web.Request) -> web.Response:
+        """Call a tool as the HTTP agent: approvals, quotas and authorization apply to it."""
+        data = await self.body(request)
+        session = self.session_of(data, "session_id")
+        args = data.get("args", {})
+        if not isinstance(args, dict):
+            raise BadRequest("'args' must be a JSON object (the tool's arguments)")
+        timeout = self.number(data, "timeout", self.gw.settings.tools.approval_timeout + 5, 0, MAX_TIMEOUT_S)
+        started = time.monotonic()
+        result = await session.agent.call_tool(request.match_info["name"], args, timeout=timeout)
+        return web.json_response({"ok": True, "result": result,
+                                  "latency_ms": round((time.monotonic() - started) * 1000, 3)},
+                                 dumps=_dumps)
+
     async def rotate(self, request: web.Request) -> web.Response:
         self.gw.rotate_token()
         return web.json_response({"ok": True, "token_file": str(self.gw.token_path)})
@@ -391,6 +419,8 @@ def build_app(gateway: Gateway) -> tuple[web.Application, Routes]:
     r.add_post("/v1/publish", routes.publish)
     r.add_post("/v1/subscribe", routes.subscribe)
     r.add_post("/v1/unsubscribe", routes.subscribe)
+    r.add_get("/v1/tools", routes.tools)
+    r.add_post("/v1/tools/{name}", routes.call_tool)
     r.add_post("/v1/token/rotate", routes.rotate)
     r.add_get("/v1/dashboard/events", routes.dashboard_events)
     return app, routes

@@ -15,7 +15,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshd.config import default_socket_path
+from meshd.config import find_agent_socket
 from meshd.errors import DaemonUnreachable
 
 __all__ = ["TOKEN_FILE", "URL_FILE", "GatewayAddress", "TokenGuard", "find_gateway", "new_token",
@@ -95,11 +95,12 @@ class GatewayAddress:
 
 
 def find_gateway(socket: Path | None = None) -> GatewayAddress:
-    """Read ``http.json`` and ``http.token`` beside the agent socket (default: the daemon's).
+    """Read ``http.json`` and ``http.token`` beside the agent socket (default: the one
+    :func:`meshd.config.find_agent_socket` finds, as for ``Agent()``).
 
     Raises :class:`DaemonUnreachable` when the daemon runs without a gateway or is not running.
     """
-    runtime_dir = (socket or default_socket_path()).parent
+    runtime_dir = (socket or find_agent_socket()).parent
     try:
         info = json.loads((runtime_dir / URL_FILE).read_text())
         token = (runtime_dir / TOKEN_FILE).read_text().strip()

@@ -1,11 +1,12 @@
 """What the live page and the SSE streams show of the mesh, and where it comes from.
 
 Owns: :class:`MeshInfo` (the read-only questions the gateway asks the node: directory, peers,
-node info, dead letters; answered through ``meshd.view.NodeView`` when the node implements it,
-else through the node's current methods), :class:`OutcomeObserver` (a plugin on the node's
-plugin host, registered by :class:`OutcomeFeed` only while a dashboard is open; its hook runs on
-the plugin worker thread and hands each outcome to the loop), :class:`MeshWatch` (snapshots for the dashboard
-and the agent/peer state changes sent to every stream) and the page itself (static/index.html).
+node info, dead letters; answered through the node's ``meshd.view.NodeView``),
+:class:`OutcomeObserver` (a plugin on the node's plugin host, registered by :class:`OutcomeFeed`
+only while a dashboard is open, through ``PluginHost.register`` / ``unregister``; its hook runs on
+the plugin worker thread and hands each outcome to the loop), :class:`MeshWatch` (snapshots for
+the dashboard and the agent/peer state changes sent to every stream) and the page itself
+(static/index.html).
 Must not touch: routing, sessions' requests, the token.
 """
 
@@ -19,47 +20,35 @@ from importlib import resources
 from typing import Any
 
 from meshd.hookspecs import hookimpl
+from meshd.plugins import PluginHost
 from meshd.view import NodeView
 
 __all__ = ["MeshInfo", "MeshWatch", "OutcomeFeed", "OutcomeObserver", "page_html"]
 
 RECENT_OUTCOMES = 50
 RECENT_DEAD_LETTERS = 20
+DEAD_LETTERS_SHOWN = 1024  # GET /v1/deadletters: at most the default dead_letter_capacity
+_LETTER_KEYS = ("seq", "at", "reason", "detail", "attempts", "kind", "from", "to", "topic")
 
 
 class MeshInfo:
-    """The node's read-only answers, called on the node's loop."""
+    """The node's read-only answers (its :class:`~meshd.view.NodeView`), called on its loop."""
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: NodeView) -> None:
         self.node = node
 
     def agents(self) -> list[dict[str, Any]]:
-        if isinstance(self.node, NodeView):
-            return self.node.agents()
-        return list(self.node.agent_list())
+        return self.node.agents()
 
     def peers(self) -> list[dict[str, Any]]:
-        if isinstance(self.node, NodeView):
-            return self.node.peers()
-        return list(self.node.peer_list())
+        return self.node.peers()
 
     def info(self) -> dict[str, Any]:
-        if isinstance(self.node, NodeView):
-            return self.node.info()
-        return dict(self.node.node_info())
+        return self.node.info()
 
-    def dead_letters(self) -> list[dict[str, Any]]:
-        letters = getattr(self.node, "dead_letters", None)
-        if letters is None:
-            return []
-        out = []
-        for d in letters.list():
-            header = d.get("header") or {}
-            out.append({"seq": d.get("seq"), "at": d.get("at"), "reason": d.get("reason"),
-                        "detail": d.get("detail"), "attempts": d.get("attempts", 0),
-                        "kind": header.get("kind"), "from": header.get("from"), "to": header.get("to"),
-                        "topic": header.get("topic")})
-        return out
+    def dead_letters(self, limit: int = DEAD_LETTERS_SHOWN) -> list[dict[str, Any]]:
+        """The newest ``limit`` dead letters, oldest first."""
+        return [{key: d.get(key) for key in _LETTER_KEYS} for d in self.node.dead_letters(limit)]
 
 
 class OutcomeObserver:
@@ -80,40 +69,27 @@ class OutcomeFeed:
 
     Outcome tracking costs the routing path something per message (the node builds each outcome
     and queues it for the plugin thread); a daemon nobody watches should not pay it. So the
-    observer is registered when the first dashboard stream opens and unregistered when the last
-    one closes, and the node's outcome tracking follows whether any observer remains.
+    observer is registered on the node's plugin host (``PluginHost.register``) when the first
+    dashboard stream opens and unregistered (``PluginHost.unregister``) when the last one closes;
+    the host tells the node, whose outcome tracking follows whether any observer remains.
     """
 
     NAME = "meshd.gateway"
 
-    def __init__(self, node: Any, observer: OutcomeObserver) -> None:
-        self.node = node
+    def __init__(self, plugins: PluginHost | None, observer: OutcomeObserver) -> None:
+        self.plugins = plugins
         self.observer = observer
         self.watchers = 0
 
-    def _sync_tracking(self, plugins: Any) -> None:
-        outcomes = getattr(self.node, "outcomes", None)
-        if outcomes is not None:
-            outcomes.enabled = plugins.wants("meshd_collaboration")
-
     def opened(self) -> None:
         self.watchers += 1
-        plugins = getattr(self.node, "plugins", None)
-        if self.watchers == 1 and plugins is not None:
-            plugins.register(self.observer, name=self.NAME)
-            self._sync_tracking(plugins)
+        if self.watchers == 1 and self.plugins is not None:
+            self.plugins.register(self.observer, name=self.NAME)
 
     def closed(self) -> None:
         self.watchers -= 1
-        plugins = getattr(self.node, "plugins", None)
-        if self.watchers == 0 and plugins is not None:
-            # PluginHost has no public unregister yet: pluggy's, then its hook-set refresh.
-            if plugins.pm.is_registered(self.observer):
-                plugins.pm.unregister(self.observer)
-            refresh = getattr(plugins, "_refresh", None)
-            if callable(refresh):
-                refresh()
-            self._sync_tracking(plugins)
+        if self.watchers == 0 and self.plugins is not None:
+            self.plugins.unregister(self.NAME)
 
 
 def _agent_key(rec: dict[str, Any]) -> str:
@@ -182,7 +158,7 @@ class MeshWatch:
             "at": time.time(), "node": {"node": info.get("node"), "name": info.get("name"),
                                         "mesh": info.get("mesh")},
             "nodes": nodes, "agents": rows, "outcomes": list(self.outcomes)[::-1],
-            "dead_letters": self.mesh.dead_letters()[-RECENT_DEAD_LETTERS:][::-1],
+            "dead_letters": self.mesh.dead_letters(RECENT_DEAD_LETTERS)[::-1],
             "dead_letters_total": info.get("dead_letters", 0),
             "qos1": info.get("qos1", {}), "gateway": gateway_stats,
         }

@@ -74,6 +74,20 @@ _STATUS = {
     "CANCELLED": 409,
     "DAEMON_UNREACHABLE": 503,
     "NOT_REGISTERED": 503,
+    # syscall tools (POST /v1/tools/{name}) and the services behind them
+    "NO_SUCH_TOOL": 404,
+    "NO_SUCH_TASK": 404,
+    "NO_SUCH_TEMPLATE": 404,
+    "NO_SUCH_APPROVAL": 404,
+    "FORBIDDEN": 403,
+    "APPROVAL_DENIED": 403,
+    "QUOTA_EXCEEDED": 429,
+    "QUEUE_FULL": 429,
+    "SPAWN_QUOTA": 429,
+    "TASK_STORE_FULL": 429,
+    "TASK_FAILED": 502,
+    "SPAWN_FAILED": 502,
+    "NOT_WIRED": 501,
 }
 
 

@@ -53,6 +53,13 @@ ROUTES: list[tuple[str, str, str, list[str], list[str]]] = [
      ["session_id", "topic"],
      ["durable"]),
     ("post", "/v1/unsubscribe", "Stop receiving a topic.", ["session_id", "topic"], []),
+    ("get", "/v1/tools",
+     "The daemon's syscall tools (name, description, input_schema, side_effects, plugin), listed as the "
+     "HTTP agent of query parameter session_id; ?format=openai|anthropic|mcp gives that API's shape.",
+     [], []),
+    ("post", "/v1/tools/{name}",
+     "Call a syscall tool as the HTTP agent session_id (authorization, quota, validation and approval "
+     "apply as to any agent); returns ok, result, latency_ms.", ["session_id"], ["args", "timeout"]),
     ("post", "/v1/token/rotate", "Make a new token (written to http.token); the old one stops working.",
      [], []),
     ("get", "/v1/dashboard/events", "The dashboard's SSE stream of snapshot events.", [], []),
@@ -67,7 +74,8 @@ def openapi_spec(url: str) -> dict[str, Any]:
             "400": {"description": "Malformed JSON or a bad field (the reason is in the body)",
                     "content": {"application/json": {"schema": _ERR}}},
             "401": {"description": "Missing or wrong bearer token (empty body)"},
-            "404": {"description": "NO_SUCH_AGENT or NO_SUCH_REQUEST", "content": _JSON_ERR},
+            "403": {"description": "FORBIDDEN or APPROVAL_DENIED (tools)", "content": _JSON_ERR},
+            "404": {"description": "NO_SUCH_AGENT, NO_SUCH_REQUEST or NO_SUCH_TOOL", "content": _JSON_ERR},
             "413": {"description": "Body over http_max_body_bytes", "content": _JSON_ERR},
             "429": {"description": "A bound reached (sessions, streams, in-flight messages, inbox)",
                     "content": {"application/json": {"schema": _ERR}}},
@@ -77,6 +85,11 @@ def openapi_spec(url: str) -> dict[str, Any]:
         if "{" in path:
             name = path.split("{", 1)[1].split("}", 1)[0]
             op["parameters"] = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}]
+        if path == "/v1/tools":
+            op["parameters"] = [
+                {"name": "session_id", "in": "query", "required": True, "schema": {"type": "string"}},
+                {"name": "format", "in": "query", "required": False,
+                 "schema": {"type": "string", "enum": ["openai", "anthropic", "mcp"]}}]
         if method == "post" and (required or optional):
             props: dict[str, Any] = {f: {} for f in required + optional}
             op["requestBody"] = {"required": True, "content": {"application/json": {"schema": {
@@ -92,7 +105,8 @@ def openapi_spec(url: str) -> dict[str, Any]:
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {"Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
-                "code": {"type": "string"}, "message": {"type": "string"}}}}}},
+                "code": {"type": "string"}, "message": {"type": "string"},
+                "retry_after": {"type": "number"}}}}}},
         },
         "paths": paths,
     }

@@ -90,7 +90,8 @@ class Gateway:
         self._loop = asyncio.get_running_loop()
         token = auth.new_token()
         self.guard.replace(token)
-        self.outcome_feed = OutcomeFeed(self.node, OutcomeObserver(self._loop, self.watch.add_outcome))
+        self.outcome_feed = OutcomeFeed(getattr(self.node, "plugins", None),
+                                        OutcomeObserver(self._loop, self.watch.add_outcome))
         app, self.routes = build_app(self)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                      shutdown_timeout=SHUTDOWN_TIMEOUT_S)

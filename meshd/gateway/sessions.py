@@ -1,9 +1,9 @@
 """HTTP agents: each registered HTTP session is a real mesh agent attached to this daemon.
 
-Owns: :class:`HttpAgent` (a ``meshd.Agent`` whose heartbeats come from its HTTP client, so missed
-HTTP heartbeats make it stale, then offline, as for any agent), :class:`HttpSession` (one agent,
-its event buffer, the requests it has not answered yet, the messages it sent that await an
-answer) and :class:`SessionTable` (every session, bounded by ``http_max_sessions``).
+Owns: :class:`HttpSession` (one agent: a ``meshd.Agent`` with ``auto_heartbeat=False`` whose
+heartbeats come from its HTTP client, so missed HTTP heartbeats make it stale, then offline, as
+for any agent; its event buffer, the requests it has not answered yet, the messages it sent that
+await an answer) and :class:`SessionTable` (every session, bounded by ``http_max_sessions``).
 Must not touch: HTTP parsing or status codes (meshd.gateway.app), the node's internals, routing:
 the daemon routes an HTTP agent's traffic exactly as any other agent's.
 """
@@ -25,40 +25,18 @@ from meshd.errors import InboxFull, MeshError
 from .errors import NoSuchRequest, NoSuchSession, TooManyInFlight, TooManySessions
 from .events import EventBuffer
 
-__all__ = ["HttpAgent", "HttpSession", "SessionTable"]
+__all__ = ["HttpSession", "SessionTable"]
 
 log = logging.getLogger("meshd.gateway")
 
 TELEMETRY_KEYS = ("context_used_pct", "queue_depth", "tasks_summary")
 
 
-class HttpAgent(Agent):
-    """An ``Agent`` that heartbeats only when its HTTP client does.
-
-    The base class beats on a timer; here the timer only expires stale control calls, and
-    :meth:`beat` sends the heartbeat (with telemetry) when the HTTP client posts one.
-    """
-
-    def beat(self) -> None:
-        if self._closed or self._sock is None:
-            return
-        telemetry = dict(self.telemetry)
-        self._push([P.SIGNATURE, P.pack({P.KIND: P.Kind.AGENT_HEARTBEAT}), P.pack(telemetry)])
-
-    async def _heartbeat_loop(self) -> None:  # overrides the timer-driven beat of Agent
-        while not self._closed and self.evicted is None:
-            await asyncio.sleep(self.heartbeat_interval)
-            now = time.monotonic()
-            for msg_id, deadline in list(self._expiring.items()):
-                if deadline < now:
-                    self._expire_control(msg_id)
-
-
 class HttpSession:
     """One HTTP agent: its mesh agent, its SSE buffer, its open requests and messages."""
 
     def __init__(self, table: SessionTable, session_id: str, name: str, info: dict[str, Any],
-                 agent: HttpAgent, buffer_size: int, cap: int) -> None:
+                 agent: Agent, buffer_size: int, cap: int) -> None:
         self.table = table
         self.session_id = session_id
         self.name = name
@@ -144,7 +122,7 @@ class HttpSession:
     def heartbeat(self, telemetry: dict[str, Any]) -> None:
         self.agent.set_telemetry(**{k: telemetry[k] for k in TELEMETRY_KEYS if k in telemetry})
         self.last_heartbeat = time.monotonic()
-        self.agent.beat()
+        self.agent.heartbeat()
 
     def start_message(self, target: str, topic: str, payload: Any, *, expects_response: bool,
                       timeout: float, qos: int) -> str:
@@ -226,8 +204,8 @@ class SessionTable:
                 raise TooManySessions(f"{self.max_sessions} HTTP agents are registered already "
                                       "(http_max_sessions)")
             metadata = {"via": "http", **{k: v for k, v in info.items() if v is not None}}
-            agent = HttpAgent(name, socket=self.socket, capabilities=capabilities, metadata=metadata,
-                              max_payload_bytes=self.max_payload_bytes)
+            agent = Agent(name, socket=self.socket, capabilities=capabilities, metadata=metadata,
+                          max_payload_bytes=self.max_payload_bytes, auto_heartbeat=False)
             session = HttpSession(self, session_id or secrets.token_urlsafe(12), name, info, agent,
                                   self.buffer_size, self.cap)
             try:
@@ -235,7 +213,7 @@ class SessionTable:
             except BaseException:
                 await agent.close()  # nothing kept: its socket is released at once
                 raise
-            agent.beat()
+            agent.heartbeat()
             self.by_id[session.session_id] = session
             log.info("HTTP agent %r registered (session %s)", name, session.session_id)
             return session

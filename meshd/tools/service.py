@@ -53,6 +53,10 @@ class SystemHost(Protocol):
         """Whether ``name`` is registered on this daemon (tool calls come from local agents only)."""
         ...
 
+    def record_dead_letter(self, reason: str, detail: str, fields: dict[str, Any]) -> None:
+        """Keep a dead letter that is not a message (a failed task): the FIFO and the hook."""
+        ...
+
 
 class SystemAgent:
     """Start with ``await start()`` once the node routes; ``await stop()`` before it closes sockets."""
@@ -150,7 +154,10 @@ class SystemAgent:
 
     def emit(self, event: str, data: dict[str, Any]) -> None:
         """Task and spawn events: to observers (``meshd_task_event``, if a plugin host offers it)
-        and published on topic ``meshd.tasks``. Never raises, never blocks."""
+        and published on topic ``meshd.tasks``; a ``task.failed`` marked ``dead_letter`` is also
+        kept as a dead letter (reason TASK_FAILED). Never raises, never blocks."""
+        if event == "task.failed" and data.get("dead_letter") is True:
+            self._task_dead_letter(data)
         observe = getattr(self.node.plugins, "task_event", None)
         if callable(observe):
             try:
@@ -163,6 +170,17 @@ class SystemAgent:
         task = asyncio.ensure_future(self._publish_event({"event": event, **data}))
         self._publishing.add(task)
         task.add_done_callback(self._publishing.discard)
+
+    def _task_dead_letter(self, data: dict[str, Any]) -> None:
+        fields = {"kind": "task", "task_id": data.get("id"), "title": data.get("title"),
+                  "capability": data.get("capability"), "error": data.get("error"),
+                  "from": data.get("creator"), "to": data.get("assignee")}
+        detail = (f"task {data.get('id')} {data.get('title')!r} (capability {data.get('capability')!r}) "
+                  f"failed: {data.get('error')}")
+        try:
+            self.node.record_dead_letter("TASK_FAILED", detail, fields)
+        except Exception:
+            log.exception("recording the dead letter of task %s failed", data.get("id"))
 
     async def _publish_event(self, body: dict[str, Any]) -> None:
         assert self.agent is not None
@@ -292,7 +310,7 @@ class SystemAgent:
 
     async def _fail(self, msg: Message, exc: MeshError) -> Any:
         assert self.agent is not None
-        await self.agent.fail(msg, exc.message, code=exc.code)
+        await self.agent.fail(msg, exc, code=exc.code)
         return DEFER
 
     def _agent(self) -> Agent:

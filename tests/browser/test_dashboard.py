@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from meshd.gateway.auth import GatewayAddress, find_gateway
-from meshd.testing import MeshdFactory, wait_until
+from meshd.gateway.auth import GatewayAddress
+from meshd.testing import MeshdFactory
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -43,12 +43,7 @@ def test_dashboard_shows_agents_live(meshd_factory: MeshdFactory, tmp_path: Path
     b = meshd_factory.spawn("b")
     meshd_factory.wait_mesh([a, b])
 
-    def found() -> GatewayAddress | None:
-        try:
-            return find_gateway(a.socket)
-        except Exception:
-            return None
-    gw = wait_until(found, 10, what="a's http.json")
+    gw = a.gateway()
     meshctl = str(Path(sys.executable).parent / "meshctl")
     agent: subprocess.Popen[bytes] | None = None
     # an HTTP agent on a, heartbeating with telemetry from a thread

@@ -40,25 +40,13 @@ from typing import Any
 
 from meshd import Agent
 from meshd.errors import MeshError
-from meshd.testing import wait_until
+from meshd.testing import connect_until, wait_until
 
 
 async def _connect(args: argparse.Namespace, deadline: float) -> Agent:
     """Connect, retrying while the daemon is not there yet (bounded by ``deadline``)."""
-    last: BaseException | None = None
-    for _ in range(1000):
-        if time.monotonic() > deadline:
-            break
-        agent = Agent(args.name, socket=args.socket, heartbeat_interval=args.heartbeat)
-        try:
-            await agent.connect()
-            return agent
-        except (MeshError, OSError) as exc:
-            last = exc
-            with contextlib.suppress(Exception):
-                await agent.close()
-            await asyncio.sleep(0.2)
-    raise SystemExit(f"{args.name}: could not connect to {args.socket}: {last!r}")
+    return await connect_until(
+        lambda: Agent(args.name, socket=args.socket, heartbeat_interval=args.heartbeat), deadline)
 
 
 async def receiver(args: argparse.Namespace) -> int:

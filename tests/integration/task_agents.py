@@ -29,23 +29,13 @@ from typing import Any
 
 from meshd import Agent
 from meshd.config import Settings
-from meshd.errors import MeshError
 from meshd.tasks import TaskCall, TaskService, TaskWorker
+from meshd.testing import connect_until
 
 
 async def _connect(name: str, socket: str, capabilities: list[str], deadline: float) -> Agent:
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        agent = Agent(name, socket=socket, capabilities=capabilities, heartbeat_interval=0.2)
-        try:
-            await agent.connect()
-            return agent
-        except (MeshError, OSError) as exc:
-            last = exc
-            with contextlib.suppress(Exception):
-                await agent.close()
-            await asyncio.sleep(0.2)
-    raise SystemExit(f"{name}: could not connect to {socket}: {last!r}")
+    return await connect_until(lambda: Agent(name, socket=socket, capabilities=capabilities,
+                                             heartbeat_interval=0.2), deadline)
 
 
 def _stop_event() -> asyncio.Event:

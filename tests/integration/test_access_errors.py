@@ -8,6 +8,7 @@ otherwise, saying why.
 
 from __future__ import annotations
 
+import asyncio
 import grp
 import os
 import pwd
@@ -21,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from meshd.config import find_agent_socket
-from meshd.testing import short_tempdir, wait_until
+from meshd import Agent, config
+from meshd.config import Settings, default_socket_path, find_agent_socket
+from meshd.gateway.auth import find_gateway
+from meshd.testing import MeshdFactory, short_tempdir, wait_until
 
 SETPRIV = shutil.which("setpriv")
 needs_root = pytest.mark.skipif(
@@ -120,3 +123,32 @@ def test_socket_search_order(tmp_path: Path) -> None:
     runtime_env = {**env, "RUNTIME_DIRECTORY": "/srv/rt"}
     assert find_agent_socket(runtime_env, systemd_sock) == Path("/srv/rt/meshd.sock")
     assert find_agent_socket({**env, "MESHD_SOCKET": "/x/y.sock"}, systemd_sock) == Path("/x/y.sock")
+
+
+def test_agent_without_socket_finds_the_systemd_socket(meshd_factory: MeshdFactory, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Agent()`` with no socket searches as meshctl does: here the "systemd" socket is a real
+    daemon's, pointed at through ``meshd.config.SYSTEMD_SOCKET`` (never the real /run)."""
+    a = meshd_factory.spawn("a")
+    for name in ("MESHD_SOCKET", "RUNTIME_DIRECTORY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # the plain default: nothing there
+    monkeypatch.setattr(config, "SYSTEMD_SOCKET", a.socket)
+    assert find_agent_socket() == a.socket
+    assert Settings().resolved_socket() == default_socket_path() == tmp_path / "meshd" / "meshd.sock"
+
+    async def scenario() -> str:
+        async with Agent("finder") as me:
+            assert me.socket_path == a.socket
+            return str((await me.node_info())["node"])
+
+    assert asyncio.run(scenario()) == a.node_id
+    gateway = wait_until(lambda: _gateway_or_none(), 10, what="find_gateway() via the systemd socket")
+    assert gateway.url.startswith("http://127.0.0.1:")
+
+
+def _gateway_or_none() -> object:
+    try:
+        return find_gateway()
+    except Exception:
+        return None

@@ -22,21 +22,13 @@ import aiohttp
 import pytest
 
 from meshd import Agent, HopLimit
-from meshd.gateway.auth import find_gateway
 from meshd.gateway.openapi import ROUTES
-from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed, wait_until
+from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed
 
 
 def gateway_of(proc: MeshdProcess) -> tuple[str, str]:
-    gw = wait_until(lambda: _try_find(proc.socket), 10, what=f"{proc.name}'s http.json")
+    gw = proc.gateway()
     return gw.url, gw.token
-
-
-def _try_find(socket: Path) -> Any:
-    try:
-        return find_gateway(socket)
-    except Exception:
-        return None
 
 
 class Http:
@@ -152,7 +144,7 @@ def test_files_and_auth_on_every_endpoint(meshd_factory: MeshdFactory) -> None:
             for method, path, _summary, _req, _opt in ROUTES:
                 if path == "/":
                     continue
-                concrete = path.replace("{session_id}", "x").replace("{msg_id}", "y")
+                concrete = path.replace("{session_id}", "x").replace("{msg_id}", "y").replace("{name}", "z")
                 for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token},
                                 {"Authorization": f"Bearer {token}x"}):
                     async with s.request(method.upper(), url + concrete, headers=headers, data=b"{}") as r:
@@ -292,6 +284,105 @@ def test_bad_input_gets_clear_answers(meshd_factory: MeshdFactory) -> None:
             # the daemon is undisturbed
             status, body = await http.get("v1/node")
             assert status == 200 and body["gateway"]["auth_refused"] == 0
+
+    asyncio.run(scenario())
+    assert a.alive()
+
+
+# --------------------------------------------------------------------------- the dashboard's outcomes
+
+
+def test_dashboard_outcomes_while_a_dashboard_is_open(meshd_factory: MeshdFactory) -> None:
+    """The dashboard's observer is registered while a stream is open and unregistered after:
+    a second dashboard, opened later, gets outcomes again."""
+    a = meshd_factory.spawn("a")
+
+    async def outcome_seen(reader: SseReader, topic: str) -> None:
+        while True:
+            snap = await reader.next("snapshot")
+            if any(o.get("topic") == topic and o.get("kind") == "request" for o in snap["outcomes"]):
+                return
+
+    async def scenario() -> None:
+        async with client(a) as http, Agent("asker", socket=a.socket) as asker, \
+                Agent("answerer", socket=a.socket) as answerer:
+            answerer.on("*")(lambda msg: msg.topic)
+            await wait_listed(asker, "answerer")
+            for topic in ("first-look", "second-look"):
+                reader = await SseReader(http, "v1/dashboard/events").start()
+                await reader.next("snapshot")  # open: the observer is registered
+                assert await asker.request("answerer", topic, None) == topic
+                await asyncio.wait_for(outcome_seen(reader, topic), 15)
+                await reader.stop()
+
+                async def closed() -> bool:
+                    return (await http.get("v1/node"))[1]["gateway"]["streams"] == 0
+                await async_wait_until(closed, 10, what="the dashboard stream to close")
+
+    asyncio.run(scenario())
+
+
+# --------------------------------------------------------------------------- syscall tools over HTTP
+
+
+def test_tools_listed_and_called_as_the_http_agent(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    conf = tmp_path / "meshd.toml"
+    conf.write_text('[tools]\ncalls_per_minute = 6\napproval = {send_message = "deny"}\n')
+    a = meshd_factory.spawn("a", "--config", str(conf))
+
+    async def scenario() -> None:
+        async with client(a) as http, Agent("answerer", socket=a.socket) as py:
+            @py.on("question")
+            async def answer(msg: Any) -> Any:
+                return {"answer": 4, "via_system_agent": msg.sender.startswith("meshd.sys.")}
+
+            sid = (await http.register("tool-http"))["session_id"]
+            # 1. list (plain and in an LLM API's shape); a bad format or no session is a 400
+            status, body = await http.get(f"v1/tools?session_id={sid}")
+            assert status == 200, body
+            tools = {t["name"]: t for t in body["tools"]}
+            assert {"ask_agent", "list_agents", "send_message"} <= set(tools)
+            assert tools["ask_agent"]["input_schema"]["required"] == ["agent", "question"]
+            status, body = await http.get(f"v1/tools?session_id={sid}&format=openai")
+            assert status == 200 and body["tools"][0]["type"] == "function"
+            status, body = await http.get(f"v1/tools?session_id={sid}&format=mcp")
+            assert status == 200 and all("inputSchema" in t for t in body["tools"])
+            status, body = await http.get(f"v1/tools?session_id={sid}&format=yaml")
+            assert status == 400 and body["error"]["code"] == "BAD_REQUEST"
+            status, body = await http.get("v1/tools")
+            assert status == 400 and "session_id" in body["error"]["message"]
+            # 2. calls (1, 2); the tool acts through the system agent, on the HTTP agent's behalf
+            status, body = await http.post("v1/tools/request_agent", {
+                "session_id": sid, "args": {"agent": "answerer", "topic": "question", "payload": "2+2",
+                                            "timeout_s": 10}})
+            assert status == 200, body
+            assert body["ok"] is True and body["result"] == {"answer": 4, "via_system_agent": True}
+            status, body = await http.post("v1/tools/list_agents", {"session_id": sid, "args": {}})
+            assert status == 200 and "tool-http" in {r["name"] for r in body["result"]}
+            # 3. typed errors with their codes (calls 3, 4, 5); nothing unknown runs
+            status, body = await http.post("v1/tools/request_agent", {"session_id": sid,
+                                                                      "args": {"topic": "no agent"}})
+            assert status == 400 and body["error"]["code"] == "VALIDATION_FAILED"
+            assert "'agent'" in body["error"]["message"]
+            status, body = await http.post("v1/tools/no_such_tool", {"session_id": sid, "args": {}})
+            assert status == 404 and body["error"]["code"] == "NO_SUCH_TOOL"
+            status, body = await http.post("v1/tools/send_message", {
+                "session_id": sid, "args": {"agent": "answerer", "topic": "t", "payload": 1}})
+            assert status == 403 and body["error"]["code"] == "APPROVAL_DENIED"
+            status, body = await http.post("v1/tools/list_agents", {"session_id": sid, "args": [1]})
+            assert status == 400 and body["error"]["code"] == "BAD_REQUEST"
+            status, body = await http.post("v1/tools/list_agents", {"session_id": "ghost", "args": {}})
+            assert status == 404 and body["error"]["code"] == "NO_SUCH_AGENT"
+            # 4. the quota counts the HTTP agent's calls (unknown tools and 400s are not calls):
+            # 6 per minute, so the 7th is refused
+            for _ in range(2):
+                status, body = await http.post("v1/tools/list_agents", {"session_id": sid})
+                assert status == 200, body
+            status, body = await http.post("v1/tools/list_agents", {"session_id": sid})
+            assert status == 429 and body["error"]["code"] == "QUOTA_EXCEEDED"
+            assert "calls_per_minute" in body["error"]["message"] and body["error"]["retry_after"] > 0
+            # ... and it is per agent: the Python agent on the same daemon still may call
+            assert isinstance(await py.call_tool("list_agents", {}), list)
 
     asyncio.run(scenario())
     assert a.alive()

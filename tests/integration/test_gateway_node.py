@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from meshd import Agent
-from meshd.gateway.auth import GatewayAddress, find_gateway
-from meshd.testing import MeshdFactory, async_wait_until, wait_listed, wait_until
+from meshd.testing import MeshdFactory, async_wait_until, wait_listed
 
 NODE = shutil.which("node")
 SCRIPT = Path(__file__).with_name("gateway_client.mjs")
@@ -29,12 +28,7 @@ def test_node_client_joins_the_mesh(meshd_factory: MeshdFactory) -> None:
     a = meshd_factory.spawn("a")
     b = meshd_factory.spawn("b")
     meshd_factory.wait_mesh([a, b])
-    def found() -> GatewayAddress | None:
-        try:
-            return find_gateway(a.socket)
-        except Exception:
-            return None
-    gw = wait_until(found, 10, what="a's http.json")
+    gw = a.gateway()
     url, token = gw.url, gw.token
     assert NODE is not None
     proc = subprocess.Popen([NODE, str(SCRIPT), url, token, "node-agent", "py-b"], stdin=subprocess.PIPE,

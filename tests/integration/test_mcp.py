@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -123,13 +122,8 @@ def test_mcp_without_the_extra_is_a_one_line_error(tmp_path: Any) -> None:
         "meshd: the MCP server needs the 'mcp' extra: pip install 'meshd-daemon[mcp]'"]
 
 
-TASKS_MISSING = importlib.util.find_spec("meshd.tasks") is None
-
-
-@pytest.mark.skipif(TASKS_MISSING, reason="the task service (meshd.tasks) is not in this tree yet; "
-                    "remove this skip when it lands")
 def test_mcp_create_plan_across_daemons(meshd_factory: MeshdFactory) -> None:
-    from meshd.tasks.worker import TaskWorker  # type: ignore[import-not-found,unused-ignore]
+    from meshd.tasks.worker import TaskWorker
 
     a = meshd_factory.spawn("a")
     b = meshd_factory.spawn("b")

@@ -212,6 +212,9 @@ def test_exporter_serves_only_metrics_and_frees_its_port(monkeypatch: pytest.Mon
         def peers(self) -> list[dict[str, object]]:
             return []
 
+        def dead_letters(self, limit: int = 100) -> list[dict[str, object]]:
+            return []
+
     port_file = tmp_path / "port"
     monkeypatch.setenv(mp.ADDR_ENV, "127.0.0.1")
     monkeypatch.setenv(mp.PORT_ENV, "0")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,22 +18,9 @@ from meshd import Agent
 from meshd.config import Settings
 from meshd.errors import NoSuchTemplate, SpawnFailed, SpawnQuota
 from meshd.spawn import Spawner
-from meshd.testing import MeshdFactory, async_wait_until, wait_listed, wait_until
+from meshd.testing import MeshdFactory, async_wait_until, pid_alive, wait_listed, wait_until
 
 CHILD = str(Path(__file__).with_name("spawn_child.py"))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (exited, not yet reaped by a dead parent's init) counts as gone
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def spawn_settings(tmp_path: Path, **spawn: Any) -> Settings:
@@ -81,7 +67,7 @@ def test_spawn_templates_quota_log_and_stop(meshd_factory: MeshdFactory, tmp_pat
                 pids = [first["pid"], second["pid"]]
             finally:
                 await spawner.stop_all()
-            assert not any(alive(pid) for pid in pids)
+            assert not any(pid_alive(pid) for pid in pids)
             await wait_listed(watcher, first["name"], "helper-b", present=False)
             assert {c["state"] for c in spawner.list() if c["template"] == "helper"} == {"stopped"}
             assert [e for e, _ in events].count("spawn.started") == 2
@@ -139,7 +125,7 @@ def test_children_die_with_a_killed_owner(meshd_factory: MeshdFactory, tmp_path:
         wait_until(lambda: "helper-1" in {x["name"] for x in a.query("agents")}, what="the child to register")
         owner.kill()  # SIGKILL: no stop_all runs; the kernel's parent-death signal must end the child
         owner.wait(10)
-        wait_until(lambda: not alive(pid), 10, what=f"child {pid} to die with its owner")
+        wait_until(lambda: not pid_alive(pid), 10, what=f"child {pid} to die with its owner")
     finally:
         if owner.poll() is None:
             owner.kill()

@@ -1,13 +1,10 @@
 """The task and spawn tools over the daemon's own services, with real daemons: the per-agent
 max_concurrent_tasks quota; spawn_agent with an unknown template (typed error), the max_spawned
-quota, and children gone once the daemon stops. Each test is skipped, with the reason, only while
-this tree lacks the service it needs (meshd.tasks, meshd.spawn: the parallel "tasks" work)."""
+quota, and children gone once the daemon stops."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -16,30 +13,11 @@ import pytest
 
 from meshd import Agent
 from meshd.errors import MeshError, QuotaExceeded
-from meshd.testing import MeshdFactory, wait_listed, wait_until
+from meshd.testing import MeshdFactory, pid_alive, wait_listed, wait_until
 
 CHILD = Path(__file__).with_name("spawn_child.py")
-needs_spawner = pytest.mark.skipif(
-    importlib.util.find_spec("meshd.spawn") is None or not CHILD.exists(),
-    reason="meshd.spawn (the spawner) is not in this tree yet; remove this skip when it lands")
-needs_tasks = pytest.mark.skipif(
-    importlib.util.find_spec("meshd.tasks") is None,
-    reason="meshd.tasks (the task service) is not in this tree yet; remove this skip when it lands")
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-@needs_tasks
 def test_concurrent_tasks_quota(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
     conf = tmp_path / "meshd.toml"
     conf.write_text("[tools]\nmax_concurrent_tasks = 2\n")
@@ -63,7 +41,6 @@ def test_concurrent_tasks_quota(meshd_factory: MeshdFactory, tmp_path: Path) -> 
     asyncio.run(scenario())
 
 
-@needs_spawner
 def test_spawn_agent_tool(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
     conf = tmp_path / "meshd.toml"
     conf.write_text(textwrap.dedent(f"""
@@ -92,6 +69,6 @@ def test_spawn_agent_tool(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
                 await boss.call_tool("spawn_agent", {"template": "helper"})
 
     asyncio.run(scenario())
-    assert pids and alive(pids[0])
+    assert pids and pid_alive(pids[0])
     assert a.stop() == 0
-    wait_until(lambda: not alive(pids[0]), 10, what="the spawned child to be gone")
+    wait_until(lambda: not pid_alive(pids[0]), 10, what="the spawned child to be gone")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 from meshd.config import Settings
+from meshd.hookspecs import hookimpl
 from meshd.node import START_STEPS, STOP_STEPS, Node
 from meshd.view import MetricsSnapshot, NodeView
 
@@ -34,3 +36,38 @@ def test_every_step_has_its_methods() -> None:
         assert callable(getattr(Node, f"_start_{step}", None)), step
     for step in STOP_STEPS:
         assert callable(getattr(Node, f"_stop_{step}", None)), step
+
+
+class _Observer:
+    @hookimpl
+    def meshd_collaboration(self, outcome: dict[str, Any]) -> None:
+        pass
+
+
+def test_outcome_tracking_follows_plugins_registered_at_run_time(tmp_path: Path) -> None:
+    node = Node(Settings(state_dir=tmp_path, insecure=True, interfaces=["127.0.0.1"]))
+    try:
+        assert node.outcomes.enabled is False
+        node.plugins.register(_Observer(), "dashboard")
+        assert node.outcomes.enabled is True
+        assert node.plugins.unregister("dashboard") is True
+        assert node.outcomes.enabled is False
+    finally:
+        node.plugins.stop(timeout=2)
+
+
+def test_dead_letters_newest_first_bounded_by_limit(tmp_path: Path) -> None:
+    node = Node(Settings(state_dir=tmp_path, insecure=True, interfaces=["127.0.0.1"]))
+    try:
+        assert node.dead_letters() == []
+        for i in range(3):
+            node.record_dead_letter("TASK_FAILED", f"task {i} failed", {"kind": "task", "from": "boss"})
+        letters = node.dead_letters(2)
+        assert [d["detail"] for d in letters] == ["task 1 failed", "task 2 failed"]  # oldest first
+        assert letters[0]["reason"] == "TASK_FAILED" and letters[0]["from"] == "boss"
+        assert letters[0]["kind"] == "task" and letters[0]["bytes"] == 0
+        assert len(node.dead_letters()) == 3 and node.dead_letters(0) == []
+        node._take_snapshot()
+        assert node.metrics_snapshot().dead_letters_total == 3
+    finally:
+        node.plugins.stop(timeout=2)

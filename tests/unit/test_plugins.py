@@ -293,6 +293,29 @@ def test_all_observer_hooks_reach_the_worker_thread(make_host: Callable[..., Plu
     assert recorder.threads == {"meshd-plugin-recorder"}  # its own worker thread
 
 
+def test_unregister_stops_the_hooks_and_tells_the_listener(make_host: Callable[..., PluginHost]) -> None:
+    host = make_host()
+    changes: list[bool] = []
+    host.on_change = lambda: changes.append(host.wants("meshd_collaboration"))
+    first = Recorder()
+    host.register(first, "watcher")
+    host.start()
+    assert changes == [True] and host.wants("meshd_collaboration")
+    host.collaboration(_outcome(1))
+    assert _wait_for(lambda: len(first.calls) == 1)
+    assert host.unregister("watcher") is True
+    assert changes == [True, False] and not host.wants("meshd_collaboration")
+    host.collaboration(_outcome(2))  # nobody observes: not offered at all
+    assert host.unregister("watcher") is False  # not registered (any more)
+    # the same name again, another object: its own worker, never the old object's hooks
+    second = Recorder()
+    host.register(second, "watcher")
+    host.collaboration(_outcome(3))
+    assert _wait_for(lambda: len(second.calls) == 1)
+    assert [c[1]["id"] for c in first.calls] == [_outcome(1)["id"]]
+    assert [c[1]["id"] for c in second.calls] == [_outcome(3)["id"]]
+
+
 def test_async_hook_impls_are_awaited_in_the_worker_loop(make_host: Callable[..., PluginHost]) -> None:
     done: list[tuple[str, str, str]] = []
     loops: set[int] = set()

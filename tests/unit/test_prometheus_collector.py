@@ -56,6 +56,9 @@ class FakeView:
     def peers(self) -> list[dict[str, Any]]:
         return []
 
+    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        return []
+
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
