@@ -56,6 +56,10 @@ SEND_QUEUE_LIMIT = 10_000
 REREGISTER_ATTEMPTS = 5
 """Tries to register again after the daemon forgot this agent (it restarted), with jittered backoff."""
 ERROR_LOG_EVERY = 1000
+PUBLISH_WINDOW = 4096
+"""Publishes sent without ``reach=True`` that may await the daemon's confirmation at once; past
+it, ``publish`` waits until half are confirmed (at most CONTROL_TIMEOUT), so a fast loop is paced
+by its daemon and the table of unconfirmed ids stays bounded."""
 """Errors nobody handles (no ``on_error``) are logged once per code, then every this many."""
 
 
@@ -113,6 +117,8 @@ class Agent:
         self._batch_members: dict[str, list[str]] = {}
         self._progress_cbs: dict[str, Callable[[str], Any]] = {}
         self._expiring: dict[str, float] = {}  # msg id -> monotonic deadline (swept, no timer each)
+        self._unconfirmed: set[str] = set()  # ids of publishes nobody awaits (PUBLISH_WINDOW)
+        self._publish_room = asyncio.Event()
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
                                 push=self._push, schedule=self._call_soon, busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
@@ -175,6 +181,7 @@ class Agent:
             if not fut.done():
                 fut.set_exception(DaemonUnreachable("agent closed"))
         self._pending.clear()
+        self._unconfirmed.clear()
         if self._reactor is not None:
             self._reactor.close()
         if self._sendq is not None:
@@ -331,12 +338,19 @@ class Agent:
         return HandoffResult(bool(reply))
 
     async def publish(self, topic: str, payload: Any = None, *, qos: int = 0,
-                      headers: dict[str, Any] | None = None) -> int:
-        """Publish on ``topic``; returns how many subscribers (in the whole mesh) it reached.
+                      headers: dict[str, Any] | None = None, reach: bool = False) -> int | None:
+        """Publish on ``topic``.
 
-        With ``qos=1``, durable subscribers (``subscribe(topic, durable=True)``) get it at least
-        once and handle it once, through the publisher daemon's outbox; it returns once those
-        copies are on disk.
+        By default (qos 0) it returns as soon as the message is queued, like ``send``, and
+        returns None: a loop of publishes pays no round trip each, and they leave in batches.
+        Failures arrive through ``on_error`` (with the publish id). The daemon still confirms each
+        publish (or batch) in the background; more than ``PUBLISH_WINDOW`` unconfirmed, and
+        ``publish`` waits for half of them (DaemonUnreachable if none come within 5 s).
+
+        ``reach=True``: wait for the daemon and return how many subscribers (in the whole mesh)
+        it reached. With ``qos=1``, durable subscribers (``subscribe(topic, durable=True)``) get
+        it at least once and handle it once, through the publisher daemon's outbox; it returns
+        (the reach count) once those copies are on disk.
         """
         if not P.valid_topic(topic):
             raise ValidationFailed(f"invalid topic {topic!r}")
@@ -348,6 +362,14 @@ class Agent:
         if headers:
             header[P.HEADERS] = headers
         data = self._payload(payload)
+        if qos == 0 and not reach:
+            self._unconfirmed.add(msg_id)
+            self._enqueue((P.TOPIC, topic, 0), header, data)
+            if len(self._unconfirmed) > PUBLISH_WINDOW:
+                await self._wait_publish_room()
+            else:
+                await self._backpressure()
+            return None
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
         # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
@@ -358,6 +380,21 @@ class Agent:
         finally:
             self._pending.pop(msg_id, None)
             self._expiring.pop(msg_id, None)
+
+    async def _wait_publish_room(self) -> None:
+        self._publish_room.clear()
+        try:
+            await asyncio.wait_for(self._publish_room.wait(), CONTROL_TIMEOUT)
+        except TimeoutError:
+            self._unconfirmed.clear()  # they will not be confirmed now: do not wait for them again
+            raise DaemonUnreachable(f"meshd at {self.socket_path} did not confirm "
+                                    f"{PUBLISH_WINDOW} publishes within {CONTROL_TIMEOUT:g} s") from None
+
+    def _publish_confirmed(self, msg_id: str) -> None:
+        unconfirmed = self._unconfirmed
+        unconfirmed.discard(msg_id)
+        if len(unconfirmed) <= PUBLISH_WINDOW // 2:
+            self._publish_room.set()
 
     async def subscribe(self, topic: str, *, durable: bool = False) -> None:
         """Receive publications on ``topic`` (idempotent).
@@ -549,7 +586,11 @@ class Agent:
                 self._resolve(member, header, payload)
             return
         fut = self._pending.get(str(corr))
-        if fut is None or fut.done():
+        if fut is None:
+            if self._unconfirmed:
+                self._publish_confirmed(str(corr))
+            return
+        if fut.done():
             return
         if P.COUNT in header:
             fut.set_result(header[P.COUNT])
@@ -572,6 +613,8 @@ class Agent:
                 fut.set_exception(err)
             else:
                 unmatched.append(target)
+                if self._unconfirmed:
+                    self._publish_confirmed(str(target))
         if err.code == P.ErrorCode.NAME_TAKEN and unmatched and not self._reregistering:
             # Evicted: the same name was registered elsewhere during a partition and that
             # registration was earlier. This agent no longer owns its name; calls now raise.
