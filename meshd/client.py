@@ -33,7 +33,6 @@ import zmq
 from . import protocol as P
 from .backoff import backoff_delay
 from .batching import Batcher, BatchKey, split_incoming
-from .config import default_socket_path
 from .dispatch import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from .errors import (
     DaemonUnreachable,
@@ -44,6 +43,7 @@ from .errors import (
     error_from_wire,
 )
 from .logonce import LogOnce
+from .paths import default_socket_path
 from .payloads import decode_payload, encode_payload
 from .protocol import FrameError, Kind
 from .transport import Reactor, SendQueue, agent_dealer
