@@ -119,6 +119,7 @@ class Agent:
         self._expiring: dict[str, float] = {}  # msg id -> monotonic deadline (swept, no timer each)
         self._unconfirmed: set[str] = set()  # ids of publishes nobody awaits (PUBLISH_WINDOW)
         self._publish_room = asyncio.Event()
+        self._publish_paused_until = 0.0  # loop time: a subscriber's inbox dropped our publications
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
                                 push=self._push, schedule=self._call_soon, busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
@@ -363,6 +364,8 @@ class Agent:
             header[P.HEADERS] = headers
         data = self._payload(payload)
         if qos == 0 and not reach:
+            if self._publish_paused_until:
+                await self._publish_pause(loop)
             self._unconfirmed.add(msg_id)
             self._enqueue((P.TOPIC, topic, 0), header, data)
             if len(self._unconfirmed) > PUBLISH_WINDOW:
@@ -389,6 +392,13 @@ class Agent:
             self._unconfirmed.clear()  # they will not be confirmed now: do not wait for them again
             raise DaemonUnreachable(f"meshd at {self.socket_path} did not confirm "
                                     f"{PUBLISH_WINDOW} publishes within {CONTROL_TIMEOUT:g} s") from None
+
+    async def _publish_pause(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A subscriber's daemon said INBOX_FULL for our publications: let it catch up."""
+        wait = self._publish_paused_until - loop.time()
+        self._publish_paused_until = 0.0
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     def _publish_confirmed(self, msg_id: str) -> None:
         unconfirmed = self._unconfirmed
@@ -600,6 +610,9 @@ class Agent:
     def _on_error(self, header: dict[str, Any]) -> None:
         err = error_from_wire(header.get(P.ERROR))
         corr = header.get(P.CORR)
+        if err.code == P.ErrorCode.INBOX_FULL and P.TOPIC in header and self._loop is not None:
+            # A subscriber's inbox dropped our publications: the next publish waits retry_after.
+            self._publish_paused_until = self._loop.time() + min(err.retry_after or 0.1, 1.0)
         ids = header.get(P.IDS)
         if isinstance(ids, list):
             targets: list[Any] = ids  # one envelope for a refused batch: one id per message

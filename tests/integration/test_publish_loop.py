@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from typing import Any
 
-from meshd import Agent, MeshError
+from meshd import Agent, BlockingAgent, MeshError
 from meshd.testing import MeshdFactory, async_wait_until, wait_listed
 
 
@@ -63,3 +64,45 @@ def test_a_publish_the_daemon_refuses_reaches_on_error(meshd_factory: MeshdFacto
             assert not pub._unconfirmed, "a refused publish is not waited for"
 
     asyncio.run(scenario())
+
+
+def test_a_full_subscriber_inbox_tells_the_publisher_inbox_full(meshd_factory: MeshdFactory) -> None:
+    """qos-0 publications a full inbox refuses are lost for that subscriber, but not in silence:
+    the publisher hears INBOX_FULL (with the topic) through on_error, and its publish loop pauses."""
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    release = threading.Event()
+    got: list[int] = []
+
+    def stuck(msg: Any) -> None:  # blocks the subscriber's loop: its socket is not read
+        release.wait(30)
+        got.append(msg.payload)
+
+    sub = BlockingAgent("stuck", socket=b.socket)
+    try:
+        sub.on("feed")(stuck)
+        sub.subscribe("feed")
+
+        async def scenario() -> list[MeshError]:
+            # batch_max=1: every publication is one ZeroMQ message, so the inbox fills quickly.
+            async with Agent("pub", socket=a.socket, batch_max=1) as pub:
+                errors: list[MeshError] = []
+                pub.on_error = lambda err, _id: errors.append(err)
+
+                async def counted() -> bool:
+                    return await pub.publish("feed", 0, reach=True) == 1
+                await async_wait_until(counted, 15, interval=0.05, what="the subscriber counted")
+                for i in range(40_000):
+                    await pub.publish("feed", i)
+                    if errors:
+                        break
+                await async_wait_until(lambda: errors, 20, what="INBOX_FULL from the subscriber's daemon")
+                return errors
+
+        errors = asyncio.run(scenario())
+    finally:
+        release.set()
+        sub.close()
+    err = errors[0]
+    assert err.code == "INBOX_FULL" and "stuck" in err.message and err.retry_after
