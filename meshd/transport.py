@@ -4,7 +4,7 @@ Everything that touches a zmq socket's options lives here, so a reader can see i
 which limits every socket has (bounded linger, high-water marks, ZMTP heartbeats, frame size).
 
 The routing path does not pay an asyncio future per message: ``Reactor`` hooks each socket's
-edge-triggered ``FD`` with ``loop.add_reader`` and drains it with NOBLOCK until EAGAIN. Because
+edge-triggered ``FD`` with ``loop.add_reader`` and drains it with NOBLOCK until it is empty. Because
 the FD is edge-triggered, a send on a socket can swallow the read edge; ``Reactor.kick`` re-checks
 ``ZMQ_EVENTS`` for sockets that were sent on (see ../shared/DESIGN.md, Performance rules).
 
