@@ -143,7 +143,9 @@ class Bench:
         sender.send(cmd="go")
         # raw_source reports once ("result"); the others report "sent", and "result" on "stop".
         one_report = sender.role == "raw_source"
-        sent_ev = sender.wait("result" if one_report else "sent", self.duration + 30)
+        # A sender's own duration (the soak's --soak-s) may be longer than the runs' duration.
+        duration = max(self.duration, float(sender.cfg.get("duration") or 0))
+        sent_ev = sender.wait("result" if one_report else "sent", duration + 30)
         sent = int(sent_ev["sent"])
         for r in receivers:
             r.send(cmd="expect", n=sent, idle=TAIL_IDLE_S, cap=TAIL_CAP_S)

@@ -30,11 +30,15 @@ from meshd.process import DaemonProcess
 Proc = subprocess.Popen[bytes]
 
 
-def spawn(cmd: list[str], log_path: Path) -> Proc:
-    """Start helper ``cmd`` in the repo: JSON lines over stdin/stdout, its stderr in ``log_path``.
-    (Daemons are started by ``meshd.process.DaemonProcess``.)"""
+def spawn(cmd: list[str], log_path: Path, *, talk: bool = True) -> Proc:
+    """Start ``cmd`` in the repo with its stderr in ``log_path``. ``talk``: JSON lines over
+    stdin/stdout (helpers); otherwise stdout goes to the log too and stdin is /dev/null
+    (nats-server). (meshd daemons are started by ``meshd.process.DaemonProcess``.)"""
     with open(log_path, "ab") as log:
-        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+        if talk:
+            return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                    cwd=str(REPO))
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 cwd=str(REPO))
 
 

@@ -522,7 +522,7 @@ async def mesh_pub(cfg: Cfg) -> None:
         end = time.monotonic() + 15
         reached = 0
         while time.monotonic() < end:
-            reached = await me.publish(topic, {"warm": 1})
+            reached = await me.publish(topic, {"warm": 1}, reach=True)
             if reached >= n_subs:
                 break
             await asyncio.sleep(0.02)
@@ -552,7 +552,8 @@ async def mesh_pub(cfg: Cfg) -> None:
         while window > 1 and i < max_n and time.perf_counter() < deadline:
             k = min(window, max_n - i)
             results = await asyncio.gather(
-                *(me.publish(topic, make_payload(i + j)) for j in range(k)), return_exceptions=True
+                *(me.publish(topic, make_payload(i + j), reach=True) for j in range(k)),
+                return_exceptions=True,
             )
             for r in results:
                 if isinstance(r, BaseException):

@@ -2,7 +2,13 @@
 
 The public API is small: ``Agent`` (asyncio) and ``BlockingAgent`` to attach to the local daemon,
 ``Message`` as handlers see it, and the typed errors. The daemon itself is ``meshd run``.
+
+Importing this package loads the client only: ``hookimpl`` (for plugin authors) is resolved on
+first use, so an agent process never imports the daemon's dependencies (pluggy, pydantic,
+zeroconf, sqlite3). Must not import daemon modules at import time.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from .client import DEFER, Agent, BlockingAgent, HandoffResult, Message
 from .errors import (
@@ -22,7 +28,9 @@ from .errors import (
     Undeliverable,
     ValidationFailed,
 )
-from .hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from .hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
@@ -50,3 +58,11 @@ __all__ = [
     "__version__",
     "hookimpl",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "hookimpl":  # pluggy (and pydantic, through hookspecs) only for plugin authors
+        from .hookspecs import hookimpl
+
+        return hookimpl
+    raise AttributeError(f"module 'meshd' has no attribute {name!r}")

@@ -59,7 +59,7 @@ class BlockingAgent:
                 timeout: float = DEFAULT_REQUEST_TIMEOUT, **kw: Any) -> Any:
         return self._call(self.agent.request(to, topic, payload, timeout=timeout, **kw), timeout + 1)
 
-    def publish(self, topic: str, payload: Any = None, **kw: Any) -> int:
+    def publish(self, topic: str, payload: Any = None, **kw: Any) -> int | None:
         return self._call(self.agent.publish(topic, payload, **kw), CONTROL_TIMEOUT + 1)
 
     def subscribe(self, topic: str) -> None:

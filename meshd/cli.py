@@ -534,7 +534,7 @@ async def _ctl(args: argparse.Namespace) -> int:
             if not result.accepted:
                 return 3
         elif args.cmd == "publish":
-            reached = await me.publish(args.topic, args.payload)
+            reached = await me.publish(args.topic, args.payload, reach=True)
             print(f"reached {reached} subscriber(s)")
         elif args.cmd == "deadletters":
             return await _deadletters(me, args)

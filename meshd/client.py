@@ -33,7 +33,6 @@ import zmq
 from . import protocol as P
 from .backoff import backoff_delay
 from .batching import Batcher, BatchKey, split_incoming
-from .config import find_agent_socket
 from .dispatch import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from .errors import (
     DaemonUnreachable,
@@ -44,6 +43,7 @@ from .errors import (
     error_from_wire,
 )
 from .logonce import LogOnce
+from .paths import find_agent_socket
 from .payloads import decode_payload, encode_payload
 from .protocol import FrameError, Kind
 from .transport import Reactor, SendQueue, agent_dealer
@@ -56,6 +56,10 @@ SEND_QUEUE_LIMIT = 10_000
 REREGISTER_ATTEMPTS = 5
 """Tries to register again after the daemon forgot this agent (it restarted), with jittered backoff."""
 ERROR_LOG_EVERY = 1000
+PUBLISH_WINDOW = 4096
+"""Publishes sent without ``reach=True`` that may await the daemon's confirmation at once; past
+it, ``publish`` waits until half are confirmed (at most CONTROL_TIMEOUT), so a fast loop is paced
+by its daemon and the table of unconfirmed ids stays bounded."""
 """Errors nobody handles (no ``on_error``) are logged once per code, then every this many."""
 
 
@@ -117,6 +121,9 @@ class Agent:
         self._batch_members: dict[str, list[str]] = {}
         self._progress_cbs: dict[str, Callable[[str], Any]] = {}
         self._expiring: dict[str, float] = {}  # msg id -> monotonic deadline (swept, no timer each)
+        self._unconfirmed: set[str] = set()  # ids of publishes nobody awaits (PUBLISH_WINDOW)
+        self._publish_room = asyncio.Event()
+        self._publish_paused_until = 0.0  # loop time: a subscriber's inbox dropped our publications
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
                                 push=self._push, schedule=self._call_soon, busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
@@ -179,6 +186,7 @@ class Agent:
             if not fut.done():
                 fut.set_exception(DaemonUnreachable("agent closed"))
         self._pending.clear()
+        self._unconfirmed.clear()
         if self._reactor is not None:
             self._reactor.close()
         if self._sendq is not None:
@@ -339,12 +347,19 @@ class Agent:
         return HandoffResult(bool(reply))
 
     async def publish(self, topic: str, payload: Any = None, *, qos: int = 0,
-                      headers: dict[str, Any] | None = None) -> int:
-        """Publish on ``topic``; returns how many subscribers (in the whole mesh) it reached.
+                      headers: dict[str, Any] | None = None, reach: bool = False) -> int | None:
+        """Publish on ``topic``.
 
-        With ``qos=1``, durable subscribers (``subscribe(topic, durable=True)``) get it at least
-        once and handle it once, through the publisher daemon's outbox; it returns once those
-        copies are on disk.
+        By default (qos 0) it returns as soon as the message is queued, like ``send``, and
+        returns None: a loop of publishes pays no round trip each, and they leave in batches.
+        Failures arrive through ``on_error`` (with the publish id). The daemon still confirms each
+        publish (or batch) in the background; more than ``PUBLISH_WINDOW`` unconfirmed, and
+        ``publish`` waits for half of them (DaemonUnreachable if none come within 5 s).
+
+        ``reach=True``: wait for the daemon and return how many subscribers (in the whole mesh)
+        it reached. With ``qos=1``, durable subscribers (``subscribe(topic, durable=True)``) get
+        it at least once and handle it once, through the publisher daemon's outbox; it returns
+        (the reach count) once those copies are on disk.
         """
         if not P.valid_topic(topic):
             raise ValidationFailed(f"invalid topic {topic!r}")
@@ -356,6 +371,16 @@ class Agent:
         if headers:
             header[P.HEADERS] = headers
         data = self._payload(payload)
+        if qos == 0 and not reach:
+            if self._publish_paused_until:
+                await self._publish_pause(loop)
+            self._unconfirmed.add(msg_id)
+            self._enqueue((P.TOPIC, topic, 0), header, data)
+            if len(self._unconfirmed) > PUBLISH_WINDOW:
+                await self._wait_publish_room()
+            else:
+                await self._backpressure()
+            return None
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
         # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
@@ -366,6 +391,28 @@ class Agent:
         finally:
             self._pending.pop(msg_id, None)
             self._expiring.pop(msg_id, None)
+
+    async def _wait_publish_room(self) -> None:
+        self._publish_room.clear()
+        try:
+            await asyncio.wait_for(self._publish_room.wait(), CONTROL_TIMEOUT)
+        except TimeoutError:
+            self._unconfirmed.clear()  # they will not be confirmed now: do not wait for them again
+            raise DaemonUnreachable(f"meshd at {self.socket_path} did not confirm "
+                                    f"{PUBLISH_WINDOW} publishes within {CONTROL_TIMEOUT:g} s") from None
+
+    async def _publish_pause(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A subscriber's daemon said INBOX_FULL for our publications: let it catch up."""
+        wait = self._publish_paused_until - loop.time()
+        self._publish_paused_until = 0.0
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    def _publish_confirmed(self, msg_id: str) -> None:
+        unconfirmed = self._unconfirmed
+        unconfirmed.discard(msg_id)
+        if len(unconfirmed) <= PUBLISH_WINDOW // 2:
+            self._publish_room.set()
 
     async def subscribe(self, topic: str, *, durable: bool = False) -> None:
         """Receive publications on ``topic`` (idempotent).
@@ -557,7 +604,11 @@ class Agent:
                 self._resolve(member, header, payload)
             return
         fut = self._pending.get(str(corr))
-        if fut is None or fut.done():
+        if fut is None:
+            if self._unconfirmed:
+                self._publish_confirmed(str(corr))
+            return
+        if fut.done():
             return
         if P.COUNT in header:
             fut.set_result(header[P.COUNT])
@@ -567,6 +618,9 @@ class Agent:
     def _on_error(self, header: dict[str, Any]) -> None:
         err = error_from_wire(header.get(P.ERROR))
         corr = header.get(P.CORR)
+        if err.code == P.ErrorCode.INBOX_FULL and P.TOPIC in header and self._loop is not None:
+            # A subscriber's inbox dropped our publications: the next publish waits retry_after.
+            self._publish_paused_until = self._loop.time() + min(err.retry_after or 0.1, 1.0)
         ids = header.get(P.IDS)
         if isinstance(ids, list):
             targets: list[Any] = ids  # one envelope for a refused batch: one id per message
@@ -580,6 +634,8 @@ class Agent:
                 fut.set_exception(err)
             else:
                 unmatched.append(target)
+                if self._unconfirmed:
+                    self._publish_confirmed(str(target))
         if err.code == P.ErrorCode.NAME_TAKEN and unmatched and not self._reregistering:
             # Evicted: the same name was registered elsewhere during a partition and that
             # registration was earlier. This agent no longer owns its name; calls now raise.

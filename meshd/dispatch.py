@@ -13,12 +13,14 @@ and never awaits the daemon.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
+from types import CoroutineType
 from typing import Any
 
 from . import protocol as P
@@ -106,6 +108,47 @@ class Message:
 
 
 Handler = Callable[[Message], Any]
+
+
+class _Resume:
+    """Awaitable that goes on with a coroutine already stepped to its first suspension.
+
+    ``_Resume(coro, first)`` hands the awaiting task ``first`` (what the coroutine yielded: the
+    future it waits on, or None for a bare yield), then passes every later send and throw (a
+    cancel included) straight to ``coro``: the task sees the handler as if it had run it from
+    the start.
+    """
+
+    __slots__ = ("_coro", "_first", "_started")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
+        self._coro = coro
+        self._first = first
+        self._started = False
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return self  # an iterator with send and throw, as ``yield from`` wants
+
+    def __iter__(self) -> _Resume:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def send(self, value: Any) -> Any:
+        if not self._started:
+            self._started = True
+            return self._first
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        # ``yield from`` passes (type, value, traceback); pass one exception instance on.
+        exc = val if isinstance(val, BaseException) else typ if isinstance(typ, BaseException) else typ()
+        self._started = True
+        return self._coro.throw(exc)
+
+    def close(self) -> None:
+        self._coro.close()
 
 
 class Dispatcher:
@@ -215,18 +258,43 @@ class Dispatcher:
             self._handler_failed(msg, exc)
             self.unit_done(unit)
             return
+        if type(result) is CoroutineType:
+            self._run_eagerly(msg, result, unit)
+            return
         if inspect.isawaitable(result):
-            task = asyncio.ensure_future(self._finish(msg, result, unit))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-            if msg.is_request and msg.correlation_id:
-                key = msg.correlation_id
-                self._running[key] = (task, msg)
-                task.add_done_callback(functools.partial(self._forget_running, key))
+            self._start_task(msg, self._finish(msg, result, unit), None)
             return
         if msg.is_request:
             self._answer(msg, result)
         self.unit_done(unit)
+
+    def _run_eagerly(self, msg: Message, coro: Coroutine[Any, Any, Any], unit: str | None) -> None:
+        """Step an ``async def`` handler at once, in a context of its own (as a task would); only
+        if it suspends does it get a task, which resumes it where it stopped. A handler that
+        finishes without suspending thus costs about what a plain function does (issue 11)."""
+        ctx = contextvars.copy_context()
+        try:
+            first = ctx.run(coro.send, None)
+        except StopIteration as done:
+            if msg.is_request:
+                self._answer(msg, done.value)
+            self.unit_done(unit)
+            return
+        except Exception as exc:
+            self._handler_failed(msg, exc)
+            self.unit_done(unit)
+            return
+        self._start_task(msg, self._finish(msg, _Resume(coro, first), unit), ctx)
+
+    def _start_task(self, msg: Message, finish: Coroutine[Any, Any, None],
+                    ctx: contextvars.Context | None) -> None:
+        task = asyncio.get_running_loop().create_task(finish, context=ctx)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        if msg.is_request and msg.correlation_id:
+            key = msg.correlation_id
+            self._running[key] = (task, msg)
+            task.add_done_callback(functools.partial(self._forget_running, key, msg))
 
     async def _finish(self, msg: Message, result: Awaitable[Any], unit: str | None) -> None:
         try:
@@ -245,8 +313,12 @@ class Dispatcher:
             self._answer(msg, value)
         self.unit_done(unit)
 
-    def _forget_running(self, key: str, _task: asyncio.Task[Any]) -> None:
+    def _forget_running(self, key: str, msg: Message, task: asyncio.Task[Any]) -> None:
         self._running.pop(key, None)
+        if task.cancelled() and msg.cancelled.is_set():
+            # Cancelled before its task's first step (the cancel came in the same loop turn):
+            # ``_finish`` never ran, so the requester's CANCELLED answer is sent from here.
+            self.reply_error(msg, P.ErrorCode.CANCELLED, "cancelled by the requester")
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` as a task the agent cancels when it closes."""

@@ -47,6 +47,11 @@ __all__ = ["AGENT_DATA_KINDS", "Router"]
 log = logging.getLogger("meshd.node")
 
 AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
+DROP_NOTICE_S = 0.1
+"""A publisher whose publications a full subscriber inbox dropped hears INBOX_FULL at most this
+often (its client pauses publishing that long)."""
+MAX_DROP_NOTICES = 1024
+"""Publishers remembered for that rate limit; the oldest is forgotten past this."""
 _AGENT_DATA_KINDS = AGENT_DATA_KINDS
 _AUTHORIZED_KINDS = frozenset({Kind.SEND, Kind.REQUEST, Kind.PUBLISH})
 
@@ -80,6 +85,7 @@ class Router:
         # meshd_authorize on agents' own send/request/publish: None (no cost) unless a plugin has it
         self.authorizer = Authorizer(plugins.authorize) if plugins.wants_authorize() else None
         self._system_agent = system_agent_name(node_id)
+        self._drop_notice_until: dict[str, float] = {}  # publisher -> monotonic (DROP_NOTICE_S)
 
     def on_mesh_checked(self, frames: list[Any]) -> None:
         """Keys mode: the ZAP User-Id (the authenticated key) must be the key the sender claims."""
@@ -384,6 +390,7 @@ class Router:
                 reached += 1
             except zmq.ZMQError:
                 self.stats["publish_local_dropped"] += 1
+                self.publication_dropped(sub.name, msg)
         local = self.directory.local
         remote = self.directory.remote_subscribers(topic) - sum(1 for n in durable if n not in local)
         if remote > 0:
@@ -420,7 +427,34 @@ class Router:
                 self.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
             except zmq.ZMQError:
                 self.stats["publish_local_dropped"] += 1
+                self.publication_dropped(sub.name, msg)
         self.link.kick()
+
+    def publication_dropped(self, subscriber: str, msg: list[bytes]) -> None:
+        """A full inbox refused a qos-0 publication (or publishing batch): it is lost for that
+        subscriber (counted by the caller). Tell its publisher INBOX_FULL with ``topic`` and
+        ``retry_after``, at most once per DROP_NOTICE_S, so its client slows down instead of
+        losing more in silence."""
+        try:
+            header = P.unpack_header(msg[1])
+        except FrameError:
+            return
+        publisher, pub_id, topic = header.get(P.FROM), header.get(P.ID), header.get(P.TOPIC)
+        if not isinstance(publisher, str) or not isinstance(pub_id, str) or not isinstance(topic, str):
+            return
+        now = time.monotonic()
+        if now < self._drop_notice_until.get(publisher, 0.0):
+            return
+        self._drop_notice_until.pop(publisher, None)
+        self._drop_notice_until[publisher] = now + DROP_NOTICE_S
+        if len(self._drop_notice_until) > MAX_DROP_NOTICES:
+            self._drop_notice_until.pop(next(iter(self._drop_notice_until)))
+        err = P.error_header(publisher, pub_id, P.ErrorCode.INBOX_FULL,
+                             f"inbox of subscriber {subscriber!r} is full: publications on {topic!r} "
+                             "were dropped", retry=True, retry_after=DROP_NOTICE_S,
+                             sender=f"meshd@{self.node_id}")
+        err[P.TOPIC] = topic
+        self.route(publisher, P.header_from_map(err), P.frames(err))
 
     def on_xpub(self, frames: list[bytes]) -> None:
         # Subscription notices from peers' SUBs; the XPUB applies them itself, we only count.

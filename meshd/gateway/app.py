@@ -279,7 +279,7 @@ class Routes:
         qos = data.get("qos", 0)
         if qos not in (0, 1) or isinstance(qos, bool):
             raise BadRequest("'qos' must be 0 or 1")
-        reached = await session.agent.publish(self.topic(data, ""), data.get("payload"), qos=qos)
+        reached = await session.agent.publish(self.topic(data, ""), data.get("payload"), qos=qos, reach=True)
         return web.json_response({"subscribers": reached})
 
     async def subscribe(self, request: web.Request) -> web.Response:

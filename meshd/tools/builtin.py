@@ -228,7 +228,7 @@ async def send_message(args: SendMessageArgs, ctx: ToolContext) -> dict[str, Any
 
 async def publish(args: PublishArgs, ctx: ToolContext) -> dict[str, Any]:
     _may_message(ctx, "*", args.topic)
-    reached = await ctx.agent.publish(args.topic, args.payload, headers=_headers(ctx))
+    reached = await ctx.agent.publish(args.topic, args.payload, headers=_headers(ctx), reach=True)
     return {"reached": reached}
 
 

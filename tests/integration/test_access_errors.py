@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd import Agent, config
+from meshd import Agent, paths
 from meshd.config import Settings, default_socket_path, find_agent_socket
 from meshd.gateway.auth import find_gateway
 from meshd.testing import MeshdFactory, short_tempdir, wait_until
@@ -128,12 +128,12 @@ def test_socket_search_order(tmp_path: Path) -> None:
 def test_agent_without_socket_finds_the_systemd_socket(meshd_factory: MeshdFactory, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """``Agent()`` with no socket searches as meshctl does: here the "systemd" socket is a real
-    daemon's, pointed at through ``meshd.config.SYSTEMD_SOCKET`` (never the real /run)."""
+    daemon's, pointed at through ``meshd.paths.SYSTEMD_SOCKET`` (never the real /run)."""
     a = meshd_factory.spawn("a")
     for name in ("MESHD_SOCKET", "RUNTIME_DIRECTORY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # the plain default: nothing there
-    monkeypatch.setattr(config, "SYSTEMD_SOCKET", a.socket)
+    monkeypatch.setattr(paths, "SYSTEMD_SOCKET", a.socket)
     assert find_agent_socket() == a.socket
     assert Settings().resolved_socket() == default_socket_path() == tmp_path / "meshd" / "meshd.sock"
 

@@ -473,7 +473,7 @@ def test_http_agent_round_trips_with_python_agents(meshd_factory: MeshdFactory) 
             assert status == 200
 
             async def published() -> bool:
-                return await py.publish("news", {"n": 1}) >= 1
+                return await py.publish("news", {"n": 1}, reach=True) >= 1
             await async_wait_until(published, 10, interval=0.1, what="the subscription to reach b")
             pub = await stream.next("publication")
             assert pub["topic"] == "news" and pub["payload"] == {"n": 1} and pub["from"] == "py-b"
@@ -486,7 +486,7 @@ def test_http_agent_round_trips_with_python_agents(meshd_factory: MeshdFactory) 
             # 6. reconnect with Last-Event-ID: what was published meanwhile arrives
             await stream.stop()
             last = stream.last_id
-            assert await py.publish("news", {"n": 2}) >= 1
+            assert await py.publish("news", {"n": 2}, reach=True) >= 1
             resumed = await SseReader(http, f"v1/agents/{sid}/events", last_id=last).start()
             pub = await resumed.next("publication")
             assert pub["payload"] == {"n": 2}

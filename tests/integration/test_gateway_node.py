@@ -60,11 +60,11 @@ def test_node_client_joins_the_mesh(meshd_factory: MeshdFactory) -> None:
             assert response["payload"] == {"echo": "hello from node", "to": "node-agent"}
 
             async def published() -> bool:
-                return await py.publish("news", {"n": 1}) >= 1
+                return await py.publish("news", {"n": 1}, reach=True) >= 1
             await async_wait_until(published, 10, interval=0.1, what="node-agent's subscription on b")
             assert (await step("publication"))["payload"] == {"n": 1}
             await step("disconnected")
-            assert await py.publish("news", {"n": 2}) >= 1  # it is still subscribed while away
+            assert await py.publish("news", {"n": 2}, reach=True) >= 1  # it is still subscribed while away
             assert proc.stdin is not None
             proc.stdin.write("go\n")
             proc.stdin.flush()

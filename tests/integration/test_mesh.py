@@ -74,14 +74,14 @@ def test_send_request_publish_across_daemons(meshd_factory: MeshdFactory) -> Non
             topics: asyncio.Queue[Any] = asyncio.Queue()
             planner.on("findings")(lambda m: topics.put_nowait(m))
             await async_wait_until(lambda: researcher_sees_subscriber(researcher, "findings"))
-            assert await researcher.publish("findings", {"f": 1}) == 1
-            assert await researcher.publish("findings-other", {"f": 2}) == 0
+            assert await researcher.publish("findings", {"f": 1}, reach=True) == 1
+            assert await researcher.publish("findings-other", {"f": 2}, reach=True) == 0
             m = await asyncio.wait_for(topics.get(), 5)
             assert (m.kind, m.topic, m.payload, m.sender) == ("publish", "findings", {"f": 1}, "researcher")
             await planner.unsubscribe("findings")
             await planner.unsubscribe("findings")
             await async_wait_until(lambda: researcher_sees_subscriber(researcher, "findings", 0))
-            assert await researcher.publish("findings", {"f": 3}) == 0
+            assert await researcher.publish("findings", {"f": 3}, reach=True) == 0
 
     asyncio.run(scenario())
 

@@ -4,6 +4,7 @@ qos-1 unit acks, with the outgoing side recorded in lists."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable
 from typing import Any
@@ -167,3 +168,151 @@ def test_a_budget_counts_on_the_handlers_own_clock_and_a_bad_one_is_refused() ->
     assert late[P.ERROR]["code"] == ErrorCode.TIMEOUT
     assert bad[P.ERROR]["code"] == ErrorCode.VALIDATION_FAILED and "budget" in bad[P.ERROR]["message"]
     assert len(seen) == 1
+
+
+# ---------------------------------------------------------------- async handlers, run eagerly
+
+
+def test_an_async_handler_that_never_suspends_answers_at_once_without_a_task() -> None:
+    h = Harness()
+
+    async def echo(m: Message) -> Any:
+        return {"echo": m.payload}
+
+    h.d.handlers["t"] = echo
+    msg_id = h.deliver(payload=5)  # no event loop runs here: nothing could have waited for one
+    [(dest, header, payload)] = h.answers()
+    assert dest == "asker" and header[P.CORR] == msg_id and payload == {"echo": 5}
+    assert h.d.tasks == set()
+
+
+def test_an_async_handler_that_raises_before_suspending_fails_that_request() -> None:
+    h = Harness()
+
+    async def bad(m: Message) -> Any:
+        raise ValueError("no")
+
+    h.d.handlers["t"] = bad
+    h.deliver()
+    [(_, header, _)] = h.answers()
+    assert header[P.ERROR]["code"] == ErrorCode.HANDLER_ERROR and header[P.ERROR]["type"] == "ValueError"
+    assert h.d.tasks == set()
+
+
+def test_a_suspending_handler_resumes_in_a_task_and_keeps_the_order_of_answers() -> None:
+    async def scenario() -> tuple[Harness, list[Any]]:
+        h = Harness()
+        gate = asyncio.Event()
+        ran: list[Any] = []
+
+        async def handler(m: Message) -> Any:
+            ran.append(("start", m.payload))
+            if m.payload == 1:
+                await gate.wait()
+            ran.append(("end", m.payload))
+            return m.payload * 10
+
+        h.d.handlers["t"] = handler
+        for i in (1, 2, 3):
+            h.deliver(payload=i)
+        assert [p for _, _, p in h.answers()] == [20, 30], "2 and 3 finished without suspending"
+        assert len(h.d.tasks) == 1, "only the handler that suspended got a task"
+        gate.set()
+        await asyncio.gather(*h.d.tasks)
+        return h, ran
+
+    h, ran = asyncio.run(scenario())
+    assert [p for _, _, p in h.answers()] == [20, 30, 10]
+    assert ran[:3] == [("start", 1), ("start", 2), ("end", 2)], "handlers start in arrival order"
+
+
+def test_an_async_handler_that_raises_after_suspending_fails_that_request() -> None:
+    async def scenario() -> Harness:
+        h = Harness()
+
+        async def bad(m: Message) -> Any:
+            await asyncio.sleep(0)
+            await asyncio.sleep(0.001)
+            raise KeyError("late")
+
+        h.d.handlers["t"] = bad
+        h.deliver()
+        assert h.out == []
+        await asyncio.gather(*h.d.tasks)
+        return h
+
+    h = asyncio.run(scenario())
+    [(_, header, _)] = h.answers()
+    assert header[P.ERROR]["code"] == ErrorCode.HANDLER_ERROR and header[P.ERROR]["type"] == "KeyError"
+
+
+def test_a_cancel_in_the_same_turn_as_the_request_still_answers_cancelled() -> None:
+    async def scenario() -> tuple[Harness, list[str]]:
+        h = Harness()
+        cleaned: list[str] = []
+
+        async def slow(m: Message) -> str:
+            try:
+                await asyncio.sleep(30)
+            finally:
+                cleaned.append(m.id)
+            return "too late"
+
+        h.d.handlers["t"] = slow
+        msg_id = h.deliver()
+        h.d.cancel({P.KIND: Kind.CANCEL, P.CORR: msg_id, P.FROM: "asker"})  # before any task step
+        await asyncio.gather(*h.d.tasks, return_exceptions=True)
+        return h, cleaned
+
+    h, cleaned = asyncio.run(scenario())
+    [(dest, header, _)] = h.answers()
+    assert dest == "asker" and header[P.ERROR]["code"] == ErrorCode.CANCELLED
+    assert len(cleaned) == 1, "the handler's finally ran: it was cancelled, not abandoned"
+
+
+def test_a_qos1_unit_waits_for_a_suspended_async_handler() -> None:
+    async def scenario() -> Harness:
+        h = Harness()
+        gate = asyncio.Event()
+
+        async def handler(m: Message) -> None:
+            if m.payload == 2:
+                await gate.wait()
+
+        h.d.handlers["t"] = handler
+        h.d.begin_unit("u1", 2)
+        h.deliver(Kind.SEND, payload=1, unit="u1")
+        h.deliver(Kind.SEND, payload=2, unit="u1")
+        h.end_turn()
+        assert h.acked() == [], "one handler still waits"
+        gate.set()
+        await asyncio.gather(*h.d.tasks)
+        h.end_turn()
+        return h
+
+    assert asyncio.run(scenario()).acked() == ["u1"]
+
+
+def test_an_eager_handler_gets_a_context_of_its_own_like_a_task() -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="outside")
+
+    async def scenario() -> tuple[Harness, list[str]]:
+        h = Harness()
+        seen: list[str] = []
+
+        async def handler(m: Message) -> str:
+            var.set(str(m.payload))
+            await asyncio.sleep(0)
+            seen.append(var.get())
+            return var.get()
+
+        h.d.handlers["t"] = handler
+        h.deliver(payload="a")
+        h.deliver(payload="b")
+        seen.append(var.get())
+        await asyncio.gather(*h.d.tasks)
+        return h, seen
+
+    h, seen = asyncio.run(scenario())
+    assert seen == ["outside", "a", "b"]
+    assert [p for _, _, p in h.answers()] == ["a", "b"]
