@@ -174,7 +174,7 @@ def split_incoming(frames: list[bytes]) -> Incoming:
     topic = header.get(P.TOPIC)
     pairs = P.split_batch(frames)
     for inner, _ in pairs:
-        inner.setdefault(P.FROM, sender)
+        inner[P.FROM] = sender  # the sender the daemon checked: an inner 'from' is never trusted
         if to is not None:
             inner.setdefault(P.TO, to)
         if topic is not None:

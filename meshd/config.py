@@ -346,6 +346,12 @@ class Settings(BaseModel):
     hop_limit: int = Field(
         default=5, ge=1, le=64, description="How many times a message may be forwarded (1..64)."
     )
+    max_open_requests: int = Field(
+        default=100_000, ge=16,
+        description="Requests delivered to local agents and not answered yet that the daemon keeps "
+        "to check answers against (a reply, error or progress to anyone else is refused); past it "
+        "the oldest is forgotten and a late answer to it is refused.",
+    )
     # delivery
     qos1_attempts: int = Field(
         default=3, ge=1, le=100,

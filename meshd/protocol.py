@@ -390,6 +390,16 @@ def new_id() -> str:
     return f"{_id_prefix}{next(_id_counter):x}"
 
 
+def new_request_id() -> str:
+    """A request's id, which becomes its correlation id: 128 random bits, so no other agent can
+    guess it and forge an answer (issue 8; ``new_id``'s visible prefix plus counter is guessable)."""
+    return os.urandom(16).hex()
+
+
+DAEMON_PREFIX: Final = "meshd@"
+"""``from`` of what a daemon itself sends (``meshd@<node id>``); agent names never contain '@'."""
+
+
 def topic_key(topic: str) -> bytes:
     """The PUB/SUB envelope frame for ``topic``: exact match, never a prefix of another topic."""
     return topic.encode() + b"\x00"

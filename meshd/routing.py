@@ -26,6 +26,7 @@ import zmq
 from . import protocol as P
 from . import transport
 from .agents import AgentLink, LocalAgents
+from .answers import OpenRequests
 from .config import Settings
 from .deadletters import DeadLetters
 from .directory import Directory, LocalAgent
@@ -45,6 +46,7 @@ __all__ = ["AGENT_DATA_KINDS", "Router"]
 log = logging.getLogger("meshd.node")
 
 AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
+_ANSWER_KINDS = frozenset({Kind.REPLY, Kind.ERROR, Kind.PROGRESS})
 _AGENT_DATA_KINDS = AGENT_DATA_KINDS
 
 
@@ -74,6 +76,8 @@ class Router:
         self.quiet = quiet
         self.after_flush = after_flush
         self.qos: Qos1Driver
+        #: Requests handed to local agents and not answered yet: answers are checked against it.
+        self.open_requests = OpenRequests(settings.max_open_requests, stats)
 
     def on_mesh_checked(self, frames: list[Any]) -> None:
         """Keys mode: the ZAP User-Id (the authenticated key) must be the key the sender claims."""
@@ -186,6 +190,17 @@ class Router:
         if not isinstance(to, str):
             self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"{kind} needs a 'to'")
             return
+        if kind in _ANSWER_KINDS or kind == Kind.BATCH or (
+                header.origin is not None and header.origin.partition("@")[0] != agent.name):
+            why = self._unanswerable(agent.name, to, header, frames)
+            if why is not None:
+                self.stats["refused_forged_answer"] += 1
+                self.dead_letter("forged_answer", f"from local agent {agent.name!r}: {why}", frames[1:],
+                                 header)
+                self.quiet.log(f"forged:{agent.name}", "refused an answer from agent %s: %s",
+                               agent.name, why)
+                self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, why)
+                return
         if header.qos == 1:
             unit_id = header.id
             if kind not in (Kind.SEND, Kind.BATCH) or not isinstance(unit_id, str):
@@ -210,6 +225,65 @@ class Router:
             return
         sends = self.outcomes.outgoing(header, frames[1:])
         self.outcomes.sends_routed(sends, self.route(to, header, frames[1:]))
+
+    def _unanswerable(self, responder: str, to: str, header: P.Header, frames: list[bytes]) -> str | None:
+        """Why an agent's reply, error, progress or delegation may not go to ``to`` (None: it may).
+
+        It must answer a request this daemon delivered to ``responder`` from the agent ``to``
+        (issue 8: forged NAME_TAKEN errors and replies with a guessed correlation id).
+        """
+        if header.kind != Kind.BATCH:
+            return self._check_answer(responder, header.kind, header.corr, header.origin, to)
+        try:
+            inner = P.split_batch(frames[1:])
+        except FrameError as exc:
+            return f"bad batch: {exc}"
+        checks: list[tuple[str, str | None, str]] = []
+        for fields, _ in inner:
+            kind, origin = fields.get(P.KIND), fields.get(P.ORIGIN)
+            if kind in _ANSWER_KINDS or (origin is not None and origin != responder):
+                corr = fields.get(P.CORR)
+                checks.append((str(kind), corr if isinstance(corr, str) else None,
+                               origin if isinstance(origin, str) else "?"))
+        for kind, corr, origin in checks:  # refused whole, so nothing of a bad batch goes out
+            why = self.open_requests.check(responder, corr, origin if kind == Kind.REQUEST else to,
+                                           closes=False)
+            if why is not None:
+                return why
+        for kind, corr, _origin in checks:
+            if kind in (Kind.REPLY, Kind.ERROR):
+                self.open_requests.check(responder, corr, to, closes=True)
+        return None
+
+    def _check_answer(self, responder: str, kind: str, corr: str | None, origin: str | None,
+                      to: str) -> str | None:
+        if kind == Kind.REQUEST:  # a delegation: keeps the requester of the request it forwards
+            if origin is None or origin.partition("@")[0] == responder:
+                return None
+            return self.open_requests.check(responder, corr, origin, closes=False)
+        return self.open_requests.check(responder, corr, to, closes=kind in (Kind.REPLY, Kind.ERROR))
+
+    def _record_requests(self, agent: LocalAgent, header: P.Header, msg: list[bytes]) -> None:
+        """Remember the requests handed to ``agent``, so its answers can be checked."""
+        if header.kind == Kind.REQUEST:
+            requester = header.reply_to
+            corr = header.corr or header.id
+            if requester is not None and corr is not None:
+                self.open_requests.opened(agent.name, corr, requester, header.deadline)
+            return
+        try:
+            inner = P.split_batch(msg)
+        except FrameError:
+            return  # the client refuses it too
+        for fields, _ in inner:
+            if fields.get(P.KIND) != Kind.REQUEST:
+                continue
+            requester = fields.get(P.ORIGIN) or header.sender
+            corr = fields.get(P.CORR) or fields.get(P.ID)
+            deadline = fields.get(P.DEADLINE)
+            if isinstance(requester, str) and isinstance(corr, str):
+                self.open_requests.opened(agent.name, corr, requester,
+                                          float(deadline) if isinstance(deadline, (int, float)) else None)
 
     def refuse(self, rid: bytes, header: P.Header, frames: list[bytes], code: str,
                 message: str) -> None:
@@ -253,6 +327,8 @@ class Router:
             return None  # a duplicate: already handled or in the agent's hands
         if self.outcomes.inflight:
             self.outcomes.answer(agent.name, header, msg)
+        if header.kind == Kind.REQUEST or (header.kind == Kind.BATCH and header.to is not None):
+            self._record_requests(agent, header, msg)
         code: str | None = None
         try:
             self.link.sock.send_multipart([agent.rid, *msg], zmq.NOBLOCK)
