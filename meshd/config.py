@@ -291,7 +291,8 @@ class Settings(BaseModel):
     insecure: bool = Field(default=False, description="Run the mesh in plaintext, without CurveZMQ.")
     allow_insecure_lan: bool = Field(
         default=False,
-        description="Allow insecure mode on non-loopback interfaces (otherwise it is loopback-only).",
+        description="Allow insecure mode on non-loopback interfaces, static peers and discovered or "
+        "gossiped endpoints (otherwise it is loopback-only).",
     )
     trust_mode: Literal["keys", "secret"] = Field(
         default="keys",

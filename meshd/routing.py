@@ -86,7 +86,7 @@ class Router:
         except zmq.ZMQError:
             uid = ""
         raw = [f.bytes for f in frames]
-        peer = self.peers.get(raw[0].decode("ascii", "replace"))
+        peer = self.peer_table.for_rid(raw[0])
         verdict = self.security.admit(uid, peer.pubkey if peer is not None and peer.greeted else None)
         if verdict is not None:
             self.stats[verdict] += 1
@@ -106,12 +106,12 @@ class Router:
             self.reject(exc, frames, origin=f"peer {rid[:32]!r}", header=exc.fields)
             return
         kind = header.kind
-        peer = self.peers.get(rid.decode("ascii", "replace"))
+        peer = self.peer_table.for_rid(rid)
         if kind in P.PEER_CONTROL_KINDS:
             self.peer_table.on_control(rid, peer, header, frames)
             return
         if peer is None or not peer.greeted:
-            self.peer_table.unknown_sender(peer)
+            self.peer_table.unknown_sender(peer or self.peer_table.claimed(rid))
             return
         self.peer_table.heard_from(peer)
         to = header.to

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -91,7 +92,11 @@ def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None
     sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
     _common(sock)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer with the same id takes over
+    # A second connection with a live routing id is refused, never takes over (issue 8: an
+    # impostor with another node's id knocked the real connection off). Routing ids carry a
+    # random part per DEALER (peer_routing_id), so a restarted peer never collides with its own
+    # hanging old connection.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
     sock.setsockopt(zmq.RCVHWM, MESH_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     _zmtp_heartbeats(sock)
@@ -110,12 +115,19 @@ def mesh_xpub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None =
     return sock
 
 
+def peer_routing_id(own_node_id: str) -> bytes:
+    """``<node id>.<16 random hex digits>``: new for every DEALER, so it cannot be guessed from
+    what other peers see, and a restart or redial never reuses a routing id still in use."""
+    return f"{own_node_id}.{os.urandom(8).hex()}".encode()
+
+
 def peer_dealer(ctx: zmq.Context[Any], own_node_id: str, curve: Curve | None = None,
                 server_key: str | None = None) -> zmq.Socket[Any]:
-    """One DEALER per peer; its routing id is our node id, which the peer checks against HELLO."""
+    """One DEALER per peer; its routing id is ``peer_routing_id`` (our node id and a random part);
+    the peer maps it to us from our HELLO."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     _common(sock)
-    sock.setsockopt(zmq.ROUTING_ID, own_node_id.encode())
+    sock.setsockopt(zmq.ROUTING_ID, peer_routing_id(own_node_id))
     sock.setsockopt(zmq.SNDHWM, MESH_HWM)
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)

@@ -174,6 +174,21 @@ def test_insecure_on_non_loopback_interface_refused() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_insecure_with_a_static_peer_outside_loopback_refused() -> None:
+    """Issue 8, item 4: --insecure on 127.0.0.1 with --peer on a LAN address once sent HELLO and
+    the directory to the LAN in plaintext. Now refused at start-up (exit 2, naming the key)."""
+    d = short_tempdir()
+    try:
+        for peer in ("tcp://192.0.2.1:7000", "tcp://lan-host.example:7000"):
+            r = _run_meshd("--interface", "127.0.0.1", "--insecure", "--peer", peer, "--state-dir",
+                           str(d / "st"), "--socket", str(d / "s.sock"), "--no-discovery")
+            assert r.returncode == 2, r.stderr
+            assert "peers" in r.stderr and peer in r.stderr and "allow_insecure_lan" in r.stderr
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_meshctl_keys_round_trip(tmp_path: Path) -> None:
     state = tmp_path / "st"
 
