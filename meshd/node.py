@@ -45,7 +45,7 @@ from . import transport
 from .admin import Admin
 from .agents import AgentLink, LocalAgents
 from .builtin_plugins import JsonlDeadLetterSink
-from .config import Settings
+from .config import Settings, make_private_file
 from .deadletters import DeadLetters
 from .directory import Directory
 from .discovery import Discovery, default_interfaces
@@ -102,6 +102,7 @@ def load_node_id(state_dir: Path) -> str:
         pass
     node_id = os.urandom(8).hex()
     tmp = path.with_suffix(".tmp")
+    make_private_file(tmp)
     tmp.write_text(node_id + "\n")
     os.replace(tmp, path)
     return node_id
