@@ -199,9 +199,19 @@ def unpack_header(data: bytes | memoryview) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise FrameError("header_not_map", type(header).__name__)
     kind = header.get(KIND)
-    if kind not in KNOWN_KINDS:
-        raise FrameError("unknown_kind", repr(kind)[:64])
+    if not isinstance(kind, str) or kind not in KNOWN_KINDS:  # a list or map kind is unhashable
+        msg_id = header.get(ID)
+        named = isinstance(msg_id, str) and len(msg_id) <= MAX_ID_LEN
+        raise FrameError("unknown_kind", safe_repr(kind), fields={ID: msg_id} if named else None)
     return header
+
+
+def safe_repr(value: Any, limit: int = 64) -> str:
+    """``repr`` of untrusted input for a message or a log line: short, and never recursing into a
+    container (a name nested 1,000 deep once raised RecursionError while building an error)."""
+    if isinstance(value, (str, bytes, int, float, bool)) or value is None:
+        return repr(value[:limit] if isinstance(value, (str, bytes)) else value)[:limit + 8]
+    return f"<{type(value).__name__}>"
 
 
 def unpack_body(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Any:

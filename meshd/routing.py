@@ -138,7 +138,28 @@ class Router:
         self.deliver_local(agent, header, frames[1:], peer.node_id)
 
     def on_agent(self, frames: list[bytes]) -> None:
-        """Everything local agents send us."""
+        """Everything local agents send us. No input may escape as an exception (issue 8, item
+        20): what the checks did not foresee is answered with VALIDATION_FAILED (when its id can
+        be read), counted (``agent_input_errors``) and logged once per cause."""
+        try:
+            self._on_agent(frames)
+        except Exception as exc:  # the last guard: one bad message, never a traceback per message
+            self.stats["agent_input_errors"] += 1
+            self.stats[f"agent_input_errors_{type(exc).__name__}"] += 1
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            where = f"{tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}" if tb else "?"
+            self.quiet.log(f"agent_input:{type(exc).__name__}:{where}", "refused a message from a local "
+                           "agent that failed with %s at %s (logged once per cause)",
+                           type(exc).__name__, where)
+            msg_id: Any = None
+            with contextlib.suppress(Exception):
+                msg_id = P.unpack_header(frames[2]).get(P.ID)
+            self.link.send_error(frames[0], msg_id if isinstance(msg_id, str) else None,
+                                 P.ErrorCode.VALIDATION_FAILED, f"malformed message ({type(exc).__name__})")
+
+    def _on_agent(self, frames: list[bytes]) -> None:
         rid = frames[0]
         try:
             header = P.decode_routed_header(frames)

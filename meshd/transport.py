@@ -28,7 +28,10 @@ from typing import Any
 
 import zmq
 
+from .logonce import LogOnce
+
 log = logging.getLogger("meshd.transport")
+_quiet = LogOnce(log)  # a handler failing on hostile input: one traceback per cause, not per message
 
 LINGER_MS = 200
 """Bounded linger on every socket: the default (-1) makes context termination hang forever."""
@@ -269,9 +272,17 @@ class Reactor:
                     break
                 try:
                     handler(frames)
-                except Exception:
+                except Exception as exc:
                     self.handler_errors += 1
-                    log.exception("message handler raised; message dropped")
+                    tb = exc.__traceback__
+                    while tb is not None and tb.tb_next is not None:
+                        tb = tb.tb_next
+                    where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb else "?"
+                    key = f"raised:{type(exc).__name__}:{where}"
+                    if key not in _quiet:
+                        log.exception("message handler raised; message dropped (%d so far; logged "
+                                      "once per cause)", self.handler_errors)
+                    _quiet.log(key, "handler failure %s", key, level=logging.DEBUG)
             else:
                 # Budget used up: more may be waiting; come back after timers and other sockets ran.
                 self._loop.call_soon(self._drain, sock)
