@@ -64,7 +64,8 @@ def test_malformed_kinds_and_deep_nesting_are_answered_and_counted(meshd_factory
         raw.close(0)
         ctx.term()
     stats = a.query("node")["stats"]
-    counted = stats.get("malformed", 0) + stats.get("agent_input_errors", 0)
+    counted = (stats.get("malformed", 0) + stats.get("agent_input_errors", 0)
+               + stats.get("refused_control", 0))
     print(f"malformed answered=12 counted={counted} stats="
           f"{ {k: v for k, v in stats.items() if 'malformed' in k or 'input' in k} }")
     assert counted >= 12, stats
