@@ -35,6 +35,7 @@ import stat
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -61,6 +62,7 @@ from .qos1_driver import Qos1Driver
 from .routing import Router
 from .sdnotify import Notifier
 from .security import Security
+from .supervise import supervised
 from .view import MetricsSnapshot
 
 __all__ = ["START_STEPS", "STOP_STEPS", "Node", "load_node_id"]
@@ -316,11 +318,11 @@ class Node:
             self.peer_table.dial_static(endpoint)
 
     async def _start_timers(self) -> None:
-        self._timer(self._heartbeat_loop(), "meshd-heartbeat")
-        self._timer(self._liveness_loop(), "meshd-liveness")
-        self._timer(self._qos_loop(), "meshd-qos1")
+        self._timer(self._heartbeat_loop, "meshd-heartbeat")
+        self._timer(self._liveness_loop, "meshd-liveness")
+        self._timer(self._qos_loop, "meshd-qos1")
         if self.security.trust is not None and self.security.trust.mode == "keys":
-            self._timer(self._trust_loop(), "meshd-trust")
+            self._timer(self._trust_loop, "meshd-trust")
         self._take_snapshot()
 
     async def _start_plugins(self) -> None:
@@ -349,10 +351,11 @@ class Node:
         await self.system.start()
         self.ready.set()
         self.notifier.ready(self.status_line())
-        self._timer(self._status_loop(), "meshd-status")
+        self._timer(self._status_loop, "meshd-status")
 
-    def _timer(self, coro: Any, name: str) -> None:
-        self._timers.append(asyncio.create_task(coro, name=name))
+    def _timer(self, loop: Callable[[], Awaitable[None]], name: str) -> None:
+        """Start a background loop, supervised: restarted if it raises (meshd/supervise.py)."""
+        self._timers.append(asyncio.create_task(supervised(loop, name, self.stats, self._quiet), name=name))
 
     def _bind_agent_socket(self, sock: zmq.Socket[Any]) -> None:
         path = self.socket_path

@@ -353,7 +353,8 @@ def split_batch(msg: list[Any]) -> list[tuple[dict[str, Any], bytes]]:
     pairs = []
     for item in items:
         if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], dict)
-                or not isinstance(item[1], bytes) or item[0].get(KIND) not in KNOWN_KINDS):
+                or not isinstance(item[1], bytes) or not isinstance(item[0].get(KIND), str)
+                or item[0][KIND] not in KNOWN_KINDS):  # {kind: {}} is unhashable: TypeError once
             raise FrameError("batch_item", "each item is [header map with a known kind, payload bytes]")
         pairs.append((item[0], item[1]))
     return pairs

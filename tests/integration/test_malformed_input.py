@@ -72,3 +72,49 @@ def test_malformed_kinds_and_deep_nesting_are_answered_and_counted(meshd_factory
     log = a.log()
     assert "Traceback" not in log
     assert log.count("RecursionError") <= 2  # once per cause (register, query), not per message
+
+
+def test_a_bad_qos1_batch_never_stops_qos1_retries(meshd_factory: MeshdFactory) -> None:
+    """Issue 8, item 21: a qos-1 batch whose inner header is ``{kind: {}}`` once entered the
+    outbox, and its give-up raised TypeError that ended the qos-1 retry task silently: later
+    qos-1 sends were never retried. Now the batch is refused at the edge, and a later qos-1 send
+    to an agent that registers afterwards is retried and delivered."""
+    import asyncio
+
+    from meshd import Agent
+    from meshd.testing import async_wait_until
+
+    a = meshd_factory.spawn("a", env={"MESHD_QOS1_TTL": "1", "MESHD_QOS1_ACK_TIMEOUT": "0.3"})
+    ctx: zmq.Context[Any] = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(f"ipc://{a.socket}")
+    try:
+        raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
+                            msgpack.packb({"name": "sender"})])
+        assert _answers(raw)["kind"] == "ok"
+        body = msgpack.packb([[{"kind": {}, "id": "i1"}, b"x"], [{"kind": "send", "id": "i2"}, b"y"]])
+        raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "batch", "id": "b1", "from": "sender",
+                                                        "to": "ghost", "qos": 1, "count": 2}), body])
+        first = _answers(raw)
+        assert first["kind"] == "error" and first["error"]["code"] == "VALIDATION_FAILED", first
+
+        # a well-formed qos-1 send to an agent that is not there yet: it must be retried
+        raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "send", "id": "later-1", "from": "sender",
+                                                        "to": "late", "topic": "t", "qos": 1}),
+                            msgpack.packb("hello")])
+        confirmed = _answers(raw)
+        assert confirmed["kind"] == "ok" and confirmed["corr"] == "later-1", confirmed  # on disk
+
+        async def receive() -> list[Any]:
+            got: list[Any] = []
+            async with Agent("late", socket=a.socket) as late:
+                late.on("t")(lambda m: got.append(m.payload))
+                await async_wait_until(lambda: got, timeout=10, what="the qos-1 retry to deliver")
+            return got
+
+        assert asyncio.run(receive()) == ["hello"]
+    finally:
+        raw.close(0)
+        ctx.term()
+    assert "Traceback" not in a.log()
