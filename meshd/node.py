@@ -270,7 +270,7 @@ class Node:
         self.xpub = transport.mesh_xpub(ctx, self._max_frame, curve)
         self._sockets.append(self.xpub)
         self.pub_port = transport.bind_tcp(self.xpub, self.interfaces, s.pub_port)
-        self.agents_sock = transport.agent_router(ctx, max(s.inbox_cap, 1))
+        self.agents_sock = transport.agent_router(ctx, max(s.inbox_cap, 1), self._max_frame)
         self._sockets.append(self.agents_sock)
         self._bind_agent_socket(self.agents_sock)
         self.agents_monitor = self.agents_sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)

@@ -153,10 +153,16 @@ def peer_sub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = 
     return sock
 
 
-def agent_router(ctx: zmq.Context[Any], inbox_hwm: int) -> zmq.Socket[Any]:
-    """The local agent socket (ipc://). MANDATORY: a vanished agent is an error, not a drop."""
+def agent_router(ctx: zmq.Context[Any], inbox_hwm: int, max_frame_bytes: int = -1) -> zmq.Socket[Any]:
+    """The local agent socket (ipc://). MANDATORY: a vanished agent is an error, not a drop.
+
+    ``max_frame_bytes``: a larger frame disconnects that agent's connection before the daemon
+    holds it (issue 8: a 256 MiB frame once pushed the daemon to 557 MB before TOO_LARGE); frames
+    up to it that exceed ``max_payload_bytes`` still get TOO_LARGE at the edge.
+    """
     sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
     _common(sock)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.SNDHWM, inbox_hwm)
