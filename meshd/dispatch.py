@@ -264,8 +264,10 @@ class Dispatcher:
     def _flush_acks(self) -> None:
         self._ack_scheduled = False
         acks, self._acks = self._acks, []
-        if acks and not self._closed():
-            self._push([P.SIGNATURE, P.pack({P.KIND: Kind.ACK, P.IDS: acks}), b""])
+        if self._closed():
+            return
+        for chunk in P.chunk_ids(acks):  # each header within the daemon's cap (issue 8, item 7)
+            self._push([P.SIGNATURE, P.pack({P.KIND: Kind.ACK, P.IDS: chunk}), b""])
 
     # ------------------------------------------------------------------------ answers
 

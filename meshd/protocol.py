@@ -360,6 +360,29 @@ def split_batch(msg: list[Any]) -> list[tuple[dict[str, Any], bytes]]:
     return pairs
 
 
+ACK_ID_BYTES: Final = MAX_HEADER_BYTES // 2
+"""Bytes of ids one ``ack`` header carries at most (msgpack overhead counted generously)."""
+ACK_IDS: Final = 256
+"""Ids one ``ack`` header carries at most (headers allow arrays of 1024)."""
+
+
+def chunk_ids(ids: list[str]) -> list[list[str]]:
+    """Split acked ids so that each ``ack`` header stays well within MAX_HEADER_BYTES (issue 8,
+    item 7: one ack of ~500 ids was 8.4 KB and refused, so those units were never acked)."""
+    chunks: list[list[str]] = []
+    chunk: list[str] = []
+    size = 0
+    for unit in ids:
+        if chunk and (size + len(unit) + 8 > ACK_ID_BYTES or len(chunk) >= ACK_IDS):
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(unit)
+        size += len(unit) + 8
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
 def frames(header: Mapping[str, Any], payload: bytes = b"") -> list[bytes]:
     """The one frame builder: ``[SIGNATURE, header, payload]`` of a single message."""
     return [SIGNATURE, _packer.pack(header), payload]
