@@ -207,8 +207,15 @@ class LocalAgents:
         log.info("agent %r registered", name)
         if holder is None or holder.rid != rid:
             self.agent_event(self.directory.local[name], "absent", "online")
-        self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id},
-                         P.pack({"node": self.node_id, "node_name": self.name, "mesh": self.settings.mesh}))
+        s = self.settings
+        self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack({
+            "node": self.node_id, "node_name": self.name, "mesh": s.mesh,
+            # What a client needs to behave (issue 8, item 23): its liveness timers, the inbox
+            # it may fill, and the size limits the daemon enforces on it.
+            "heartbeat_interval": s.heartbeat_interval, "stale_after": s.stale_after,
+            "offline_after": s.offline_after, "inbox_cap": s.inbox_cap,
+            "max_payload_bytes": s.max_payload_bytes, "max_header_bytes": P.MAX_HEADER_BYTES,
+            "max_batch": P.MAX_BATCH, "hop_limit": s.hop_limit}))
 
     def alive(self, agent: LocalAgent) -> bool:
         """Probe with a PING: ROUTER_MANDATORY says at once whether the connection still exists."""

@@ -175,6 +175,10 @@ class Router:
         if agent is not None:
             agent.last_seen = time.monotonic()
         if kind in P.AGENT_CONTROL_KINDS:
+            if len(frames) != 4:  # §4.1 holds for control too (a 10,000-frame register was accepted)
+                self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
+                            f"a {kind} message has exactly 3 frames, not {len(frames) - 1}")
+                return
             self.agents.on_control(rid, agent, kind, header, frames)
             return
         if kind not in _AGENT_DATA_KINDS:

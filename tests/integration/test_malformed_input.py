@@ -118,3 +118,38 @@ def test_a_bad_qos1_batch_never_stops_qos1_retries(meshd_factory: MeshdFactory) 
         raw.close(0)
         ctx.term()
     assert "Traceback" not in a.log()
+
+
+def test_control_frame_count_enforced_and_register_tells_the_limits(meshd_factory: MeshdFactory) -> None:
+    """Issue 8, item 23: a 10,000-frame ``register`` was accepted (§4.1 was enforced for data
+    kinds only); and ``register``'s answer now tells a client the timers and limits it must
+    respect, so a client written from docs/PROTOCOL.md alone need not guess them."""
+    a = meshd_factory.spawn("a")
+    ctx: zmq.Context[Any] = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(f"ipc://{a.socket}")
+    try:
+        raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "many"}),
+                            msgpack.packb({"name": "frames"}), *([b""] * 9_998)])
+        refused = _answers(raw)
+        assert refused["kind"] == "error" and refused["corr"] == "many", refused
+        assert refused["error"]["code"] == "VALIDATION_FAILED"
+        assert "exactly 3 frames" in refused["error"]["message"]
+        assert "frames" not in {x["name"] for x in a.query("agents")}
+
+        raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
+                            msgpack.packb({"name": "frames"})])
+        while True:
+            assert raw.poll(5000)
+            _, hdr, body = raw.recv_multipart()
+            if msgpack.unpackb(hdr)["kind"] == "ok":
+                break
+        info = msgpack.unpackb(body)
+        assert info["heartbeat_interval"] == 0.25 and info["stale_after"] == 1 and info["offline_after"] == 2
+        assert info["inbox_cap"] == 100 and info["max_payload_bytes"] == 1048576
+        assert info["max_header_bytes"] == P.MAX_HEADER_BYTES and info["max_batch"] == P.MAX_BATCH
+        assert info["hop_limit"] == 5 and info["node"] == a.node_id
+    finally:
+        raw.close(0)
+        ctx.term()
