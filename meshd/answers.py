@@ -44,6 +44,10 @@ class OpenRequests:
     def __len__(self) -> int:
         return len(self._open)
 
+    def is_open(self, responder: str, corr: str | None) -> bool:
+        """Was request ``corr`` delivered to ``responder`` and not answered yet?"""
+        return corr is not None and (responder, corr) in self._open
+
     def opened(self, responder: str, corr: str, requester: str, deadline: float | None) -> None:
         """A request with ``corr`` from ``requester`` was handed to local agent ``responder``."""
         now = self._clock()

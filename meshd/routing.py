@@ -215,6 +215,11 @@ class Router:
         if not isinstance(to, str):
             self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"{kind} needs a 'to'")
             return
+        if kind == Kind.ERROR and not self.open_requests.is_open(agent.name, header.corr):
+            err = header.get(P.ERROR)
+            if isinstance(err, dict) and err.get("code") == P.ErrorCode.HANDLER_ERROR:
+                self._send_handler_failed(agent.name, header, frames)
+                return
         if kind in _ANSWER_KINDS or kind == Kind.BATCH or (
                 header.origin is not None and header.origin.partition("@")[0] != agent.name):
             why = self._unanswerable(agent.name, to, header, frames)
@@ -279,6 +284,19 @@ class Router:
             if kind in (Kind.REPLY, Kind.ERROR):
                 self.open_requests.check(responder, corr, to, closes=True)
         return None
+
+    def _send_handler_failed(self, agent: str, header: P.Header, frames: list[bytes]) -> None:
+        """An agent reports that its handler for a ``send`` raised (issue 8, item 13): a send is
+        never answered, so the report is not routed; it becomes a dead letter ``HANDLER_ERROR``
+        and a ``send`` outcome with that error for observer plugins."""
+        err = header.get(P.ERROR)
+        text = P.safe_repr(err.get("message"), 200) if isinstance(err, dict) else ""
+        self.stats["send_handler_errors"] += 1
+        self.dead_letter(P.ErrorCode.HANDLER_ERROR, f"handler of {agent!r} for send {header.corr!r} from "
+                         f"{header.to!r} raised: {text}", frames[1:], header)
+        if self.outcomes.enabled:
+            self.outcomes.emit("send", header.corr, header.to, agent, header.topic, "error",
+                               P.ErrorCode.HANDLER_ERROR)
 
     def _check_answer(self, responder: str, kind: str, corr: str | None, origin: str | None,
                       to: str) -> str | None:

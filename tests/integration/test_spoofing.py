@@ -211,3 +211,33 @@ def test_impostor_with_a_peers_node_id_does_not_cut_the_real_peer_off(meshd_fact
     assert lost == [], lost
     assert stats.get("dropped_spoofed_hello", 0) >= 1, stats
     assert a.peer_states()[b.node_id] == "online"
+
+
+def test_a_raising_send_handler_is_a_dead_letter_not_an_answer(meshd_factory: MeshdFactory) -> None:
+    """Issue 8, item 13: a send handler that raised was reported nowhere. Now the client tells
+    its daemon, which keeps a dead letter HANDLER_ERROR (and emits a send outcome with that
+    error); the report is never routed to the sender (a send is not answered)."""
+    a, b = _two_secure_nodes(meshd_factory)
+
+    async def scenario() -> list[Any]:
+        errors: list[Any] = []
+        async with Agent("worker", socket=b.socket) as worker, Agent("boss", socket=a.socket) as boss:
+            boss.on_error = lambda err, msg_id: errors.append((err.code, msg_id))
+
+            @worker.on("job")
+            async def job(msg: Any) -> None:
+                raise RuntimeError(f"job {msg.payload} exploded")
+
+            await wait_listed(boss, "worker")
+            sent = [await boss.send("worker", "job", n) for n in range(3)]
+            await async_wait_until(lambda: b.query("node")["stats"].get("send_handler_errors", 0) >= 3,
+                                   what="the three failures to be recorded")
+            letters = [d for d in b.dead_letters() if d.get("reason") == "HANDLER_ERROR"]
+            assert len(letters) == 3, letters
+            assert all("exploded" in str(d.get("detail")) for d in letters), letters
+            assert {d.get("header", {}).get("corr") for d in letters} <= set(sent) | {None}
+            return errors
+
+    errors = asyncio.run(scenario())
+    assert errors == []  # never routed back as an answer to a send
+    assert a.query("node")["stats"].get("send_handler_errors", 0) == 0
