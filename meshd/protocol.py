@@ -57,6 +57,7 @@ IDS: Final = "ids"  # acked qos-1 unit ids (ack), or the message ids one error e
 STATUS: Final = "status"  # a handoff reply's verdict: "accepted" or "rejected"
 NOTE: Final = "note"  # a progress report's short text
 OP: Final = "op"  # an admin call's operation
+KINDS: Final = "kinds"  # on a batch header: the kinds of its inner messages (issue 8, item 1)
 
 
 class Kind:

@@ -241,3 +241,47 @@ def test_a_raising_send_handler_is_a_dead_letter_not_an_answer(meshd_factory: Me
     errors = asyncio.run(scenario())
     assert errors == []  # never routed back as an answer to a send
     assert a.query("node")["stats"].get("send_handler_errors", 0) == 0
+
+
+def test_an_answer_hidden_in_a_batch_is_refused_or_dropped(meshd_factory: MeshdFactory) -> None:
+    """Issue 8, item 1, batches: a forged reply inside a batch is refused by the attacker's
+    daemon when the batch header declares it (``kinds``), and dropped by the victim's client
+    when it does not (the daemon did not decode that batch)."""
+    a, b = _two_secure_nodes(meshd_factory)
+    ctx, raw = _attacker(b)
+
+    async def scenario() -> None:
+        async with Agent("victim", socket=a.socket) as victim, Agent("worker", socket=b.socket) as worker:
+            release = asyncio.Event()
+            corrs: list[str] = []
+            sends: list[Any] = []
+            victim.on("note")(lambda m: sends.append(m.payload))
+
+            @worker.on("slow")
+            async def slow(msg: Any) -> str:
+                corrs.append(str(msg.correlation_id))
+                await release.wait()
+                return "the real answer"
+
+            await _register(raw, "mallory")
+            await wait_listed(victim, "worker", "mallory")
+            pending = asyncio.ensure_future(victim.request("worker", "slow", None, timeout=10))
+            await async_wait_until(lambda: corrs, what="the worker to get the request")
+            items = [[{"kind": "reply", "id": "f3", "corr": corrs[0]}, msgpack.packb("forged")],
+                     [{"kind": "send", "id": "s1", "topic": "note"}, msgpack.packb("hi")]]
+            for batch_id, kinds in (("b1", ["reply", "send"]), ("b2", ["send"])):
+                raw.send_multipart([P.SIGNATURE, msgpack.packb(
+                    {"kind": "batch", "id": batch_id, "from": "mallory", "to": "victim", "count": 2,
+                     "kinds": kinds}), msgpack.packb(items)])
+            refused = await asyncio.to_thread(_recv_skipping_pings, raw)
+            assert refused["error"]["code"] == "VALIDATION_FAILED", refused  # b1, declared: refused
+            await async_wait_until(lambda: sends, what="b2's send to arrive")  # b2: its send passes
+            release.set()
+            assert await pending == "the real answer"  # b2's undeclared reply was dropped
+            assert sends == ["hi"]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        raw.close(0)
+        ctx.term()
