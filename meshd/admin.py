@@ -88,7 +88,8 @@ class Admin:
         elif op == "doctor":
             result = self.doctor()
         else:
-            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"unknown admin op {op!r}")
+            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                 f"unknown admin op {P.safe_repr(op)}")
             return
         self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack(result))
 

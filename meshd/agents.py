@@ -127,7 +127,9 @@ class LocalAgents:
             elif what == "node":
                 body = self.node_info()
             else:
-                self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"unknown query {what!r}")
+                self.stats["refused_control"] += 1
+                self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                     f"unknown query {P.safe_repr(what)}")
                 return
             self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack(body))
             return
@@ -140,7 +142,9 @@ class LocalAgents:
             return
         topic = header.topic
         if not P.valid_topic(topic):
-            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"invalid topic {topic!r}")
+            self.stats["refused_control"] += 1
+            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                 f"invalid topic {P.safe_repr(topic)}")
             return
         if kind == Kind.SUBSCRIBE:
             self.subscribe(agent, str(topic), durable=header.qos == 1)
@@ -156,8 +160,9 @@ class LocalAgents:
             return
         name = body.get("name") if isinstance(body, dict) else None
         if not P.valid_name(name):
+            self.stats["refused_control"] += 1
             self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
-                                   f"invalid agent name {name!r}: 1-128 printable characters, "
+                                   f"invalid agent name {P.safe_repr(name)}: 1-128 printable characters, "
                                    "no '@' or spaces")
             return
         assert isinstance(name, str) and isinstance(body, dict)
@@ -203,8 +208,15 @@ class LocalAgents:
         log.info("agent %r registered", name)
         if holder is None or holder.rid != rid:
             self.agent_event(self.directory.local[name], "absent", "online")
-        self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id},
-                         P.pack({"node": self.node_id, "node_name": self.name, "mesh": self.settings.mesh}))
+        s = self.settings
+        self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack({
+            "node": self.node_id, "node_name": self.name, "mesh": s.mesh,
+            # What a client needs to behave (issue 8, item 23): its liveness timers, the inbox
+            # it may fill, and the size limits the daemon enforces on it.
+            "heartbeat_interval": s.heartbeat_interval, "stale_after": s.stale_after,
+            "offline_after": s.offline_after, "inbox_cap": s.inbox_cap,
+            "max_payload_bytes": s.max_payload_bytes, "max_header_bytes": P.MAX_HEADER_BYTES,
+            "max_batch": P.MAX_BATCH, "hop_limit": s.hop_limit}))
 
     def alive(self, agent: LocalAgent) -> bool:
         """Probe with a PING: ROUTER_MANDATORY says at once whether the connection still exists."""

@@ -141,7 +141,8 @@ class Batcher:
             return
         batch_id = self._new_id()
         batch_header: dict[str, Any] = {P.KIND: Kind.BATCH, P.ID: batch_id, P.FROM: self.sender,
-                                        dest_key: dest, P.COUNT: len(chunk)}
+                                        dest_key: dest, P.COUNT: len(chunk),
+                                        P.KINDS: sorted({h[P.KIND] for h, _ in chunk})}
         if qos:
             batch_header[P.QOS] = 1
         awaited = [h[P.ID] for h, _ in chunk if qos or h[P.KIND] == Kind.PUBLISH]
@@ -149,6 +150,10 @@ class Batcher:
             self._on_batch(batch_id, awaited)
         self._push(P.frames(batch_header, P.pack_batch(chunk)))
 
+
+_CHECKED_KINDS = frozenset({Kind.REPLY, Kind.ERROR, Kind.PROGRESS, Kind.REQUEST})
+"""Inner kinds a batch header must declare in ``kinds``: daemons check those (answers go only to
+their requester; requests are recorded so their answers can be checked)."""
 
 Incoming = tuple[list[Item], str | None]
 """What one frame set from the daemon holds: its messages, and the qos-1 unit they form (the id to
@@ -173,10 +178,18 @@ def split_incoming(frames: list[bytes]) -> Incoming:
     to = header.get(P.TO)
     topic = header.get(P.TOPIC)
     pairs = P.split_batch(frames)
+    kinds = header.get(P.KINDS)
+    declared = frozenset(k for k in kinds if isinstance(k, str)) if isinstance(kinds, list) else frozenset()
     for inner, _ in pairs:
-        inner.setdefault(P.FROM, sender)
+        inner[P.FROM] = sender  # the sender the daemon checked: an inner 'from' is never trusted
         if to is not None:
             inner.setdefault(P.TO, to)
         if topic is not None:
             inner.setdefault(P.TOPIC, topic)
+    if any(inner[P.KIND] in _CHECKED_KINDS and inner[P.KIND] not in declared for inner, _ in pairs):
+        # An answer the batch header did not declare was never checked by the sender's daemon
+        # (it checks only declared ones, docs/PROTOCOL.md §4.2): drop those, keep the rest.
+        pairs = [(h, p) for h, p in pairs if h[P.KIND] not in _CHECKED_KINDS or h[P.KIND] in declared]
+        if not pairs:
+            raise FrameError("batch_undeclared", "inner answers not declared in the batch header's 'kinds'")
     return pairs, unit

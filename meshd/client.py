@@ -51,6 +51,8 @@ from .transport import Reactor, SendQueue, agent_dealer
 log = logging.getLogger("meshd.client")
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
+_STATE_CHANGING = frozenset({P.ErrorCode.NAME_TAKEN, P.ErrorCode.NOT_REGISTERED})
+"""Error codes that change this agent's state; honoured only from its own daemon."""
 CONTROL_TIMEOUT = 5.0
 SEND_QUEUE_LIMIT = 10_000
 REREGISTER_ATTEMPTS = 5
@@ -115,6 +117,8 @@ class Agent:
         self.telemetry: dict[str, Any] = {}
         self.errors_received = 0
         self.evicted: MeshError | None = None  # set when another node's earlier registration won
+        #: State-changing errors (NAME_TAKEN, NOT_REGISTERED) ignored because not from our daemon.
+        self.forged_errors = 0
         self.on_error: Callable[[MeshError, str | None], None] | None = None
         self._topics: dict[str, bool] = {}  # topic -> durable
         self._pending: dict[str, asyncio.Future[Any]] = {}
@@ -265,7 +269,7 @@ class Agent:
         if not timeout or timeout <= 0:
             raise ValidationFailed("timeout must be a positive number of seconds")
         loop = self._require_loop()
-        msg_id = P.new_id()
+        msg_id = P.new_request_id()
         header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic,
                                   P.BUDGET: P.budget_ms(timeout)}  # a duration, never a clock reading
         if headers:
@@ -627,6 +631,13 @@ class Agent:
         else:
             members = self._batch_members.pop(str(corr), None) if corr else None
             targets = members if members is not None else [corr]
+        if err.code in _STATE_CHANGING and not self._from_own_daemon(header, err.code):
+            # Only our own daemon may evict us or tell us to register again (issue 8): another
+            # agent (or another daemon) sending NAME_TAKEN must not make this agent give up its name.
+            self.forged_errors += 1
+            self._log_once.log(f"forged:{err.code}", "agent %s: ignored a %s error from %r (only its "
+                               "own daemon may send that)", self.name, err.code, header.get(P.FROM))
+            return
         unmatched = []
         for target in targets:
             fut = self._pending.get(str(target))
@@ -659,6 +670,16 @@ class Agent:
             if not logged and self.errors_received % ERROR_LOG_EVERY == 0:
                 log.warning("agent %s: %s (%s; %d errors so far)", self.name, err.message, err.code,
                             self.errors_received)
+
+    def _from_own_daemon(self, header: dict[str, Any], code: str) -> bool:
+        """Did our own daemon send this (``from`` is ``meshd@<its node id>``)? Agents cannot set it:
+        the daemon refuses any ``from`` but the agent's registered name, and names have no '@'.
+        NOT_REGISTERED is taken from any daemon: a restarted one may have a new node id."""
+        sender = header.get(P.FROM)
+        if not isinstance(sender, str) or not sender.startswith(P.DAEMON_PREFIX):
+            return False
+        return (code == P.ErrorCode.NOT_REGISTERED or self.node is None
+                or sender == f"{P.DAEMON_PREFIX}{self.node}")
 
     async def _reregister(self) -> None:
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
+import logging
 import os
 import re
 import stat
@@ -52,6 +53,7 @@ __all__ = [
     "ensure_dirs",
     "find_agent_socket",
     "load_settings",
+    "make_private_file",
 ]
 
 ENV_PREFIX = "MESHD_"
@@ -241,7 +243,8 @@ class Settings(BaseModel):
     insecure: bool = Field(default=False, description="Run the mesh in plaintext, without CurveZMQ.")
     allow_insecure_lan: bool = Field(
         default=False,
-        description="Allow insecure mode on non-loopback interfaces (otherwise it is loopback-only).",
+        description="Allow insecure mode on non-loopback interfaces, static peers and discovered or "
+        "gossiped endpoints (otherwise it is loopback-only).",
     )
     trust_mode: Literal["keys", "secret"] = Field(
         default="keys",
@@ -305,6 +308,12 @@ class Settings(BaseModel):
     )
     hop_limit: int = Field(
         default=5, ge=1, le=64, description="How many times a message may be forwarded (1..64)."
+    )
+    max_open_requests: int = Field(
+        default=100_000, ge=16,
+        description="Requests delivered to local agents and not answered yet that the daemon keeps "
+        "to check answers against (a reply, error or progress to anyone else is refused); past it "
+        "the oldest is forgotten and a late answer to it is refused.",
     )
     # delivery
     qos1_attempts: int = Field(
@@ -651,6 +660,25 @@ def load_settings(
         raise ConfigError(key, f"{msg} ({f'from {source}' if source else 'default value'})")
 
 
+def _refuse(key: str, path: Path, reason: str, fix: str) -> ConfigError:
+    return ConfigError(key, f"cannot start: {path}: {reason} (fix: {fix})")
+
+
+def make_private_file(path: Path) -> None:
+    """Create ``path`` 0600 if missing, or make an existing one 0600 (issue 8: a delivery.db that
+    others could read). SQLite gives a database's -wal and -shm files the database file's mode,
+    so calling this before ``sqlite3.connect`` makes all three private; existing ones are fixed."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an older file, or one created under another umask
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            os.chmod(side, 0o600)
+
+
 def _make_dir(path: Path, mode: int, key: str) -> None:
     try:
         if not path.is_dir():
@@ -665,6 +693,22 @@ def _make_dir(path: Path, mode: int, key: str) -> None:
         raise ConfigError(key, f"cannot create directory {path}: {exc.strerror or exc}")
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(key, f"{path} exists and is not a directory")
+    # Issue 8, for root too: another user's directory is refused (that user could move our socket
+    # or read our keys). Our own directory with a looser mode (one made by `meshctl keys`, or by
+    # an older meshd, 0755) is tightened to ``mode``, with a warning: from now on others can
+    # neither write into it nor read the state (keys, delivery.db).
+    euid = os.geteuid()
+    if euid == 0 and st.st_uid != 0:
+        raise _refuse(key, path, f"owned by uid {st.st_uid}, not by root, which runs this daemon",
+                      f"chown root: {path} && chmod {mode:o} {path}, or remove it")
+    if st.st_uid == euid and stat.S_IMODE(st.st_mode) & ~mode & 0o077:
+        try:
+            os.chmod(path, mode)
+        except OSError as exc:
+            raise _refuse(key, path, f"mode {stat.S_IMODE(st.st_mode):o} is too open and cannot be "
+                          f"changed ({exc.strerror or exc})", f"chmod {mode:o} {path}") from None
+        logging.getLogger("meshd").warning("%s had mode %o: tightened to %o (others must not read "
+                                           "or write it)", path, stat.S_IMODE(st.st_mode), mode)
     uid = os.getuid()
     if uid != 0 and st.st_uid != uid:
         # In a shared, world-writable parent (the /tmp fallback) another user could have made the

@@ -349,8 +349,10 @@ class Dispatcher:
     def _flush_acks(self) -> None:
         self._ack_scheduled = False
         acks, self._acks = self._acks, []
-        if acks and not self._closed():
-            self._push(P.frames({P.KIND: Kind.ACK, P.IDS: acks}))
+        if self._closed():
+            return
+        for chunk in P.chunk_ids(acks):  # each header within the daemon's cap (issue 8, item 7)
+            self._push(P.frames({P.KIND: Kind.ACK, P.IDS: chunk}))
 
     # ------------------------------------------------------------------------ answers
 
@@ -365,6 +367,13 @@ class Dispatcher:
         if msg.is_request:
             self.reply_error(msg, P.ErrorCode.HANDLER_ERROR, str(exc) or type(exc).__name__,
                              remote_type=type(exc).__name__)
+        elif msg.kind == Kind.SEND and not self._closed():
+            # Reported to our daemon (never routed: a send is not answered), which keeps it as a
+            # dead letter HANDLER_ERROR and tells observers (issue 8, item 13). Never batched.
+            err = P.error_body(P.ErrorCode.HANDLER_ERROR, (str(exc) or type(exc).__name__)[:500],
+                               remote_type=type(exc).__name__)
+            self._push(P.frames({P.KIND: Kind.ERROR, P.ID: P.new_id(), P.FROM: self.agent_name,
+                                 P.TO: msg.sender, P.CORR: msg.id, P.TOPIC: msg.topic, P.ERROR: err}))
 
     def reply(self, msg: Message, value: Any, status: str | None = None) -> None:
         """The reply to ``msg``, to its original requester; a handoff reply gets its verdict."""

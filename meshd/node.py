@@ -35,6 +35,7 @@ import stat
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -46,7 +47,7 @@ from .addrwatch import AddressWatcher
 from .admin import Admin, letter_summary
 from .agents import AgentLink, LocalAgents
 from .builtin_plugins import JsonlDeadLetterSink
-from .config import Settings
+from .config import Settings, make_private_file
 from .deadletters import DeadLetters
 from .directory import Directory
 from .discovery import Discovery, default_interfaces
@@ -63,6 +64,7 @@ from .qos1_driver import Qos1Driver
 from .routing import Router
 from .sdnotify import Notifier
 from .security import Security
+from .supervise import supervised
 from .view import MetricsSnapshot
 
 __all__ = ["START_STEPS", "STOP_STEPS", "Node", "load_node_id"]
@@ -104,6 +106,7 @@ def load_node_id(state_dir: Path) -> str:
         pass
     node_id = os.urandom(8).hex()
     tmp = path.with_suffix(".tmp")
+    make_private_file(tmp)
     tmp.write_text(node_id + "\n")
     os.replace(tmp, path)
     return node_id
@@ -289,7 +292,7 @@ class Node:
         self.xpub = transport.mesh_xpub(ctx, self._max_frame, curve)
         self._sockets.append(self.xpub)
         self.pub_port = transport.bind_tcp(self.xpub, self.interfaces, s.pub_port)
-        self.agents_sock = transport.agent_router(ctx, max(s.inbox_cap, 1))
+        self.agents_sock = transport.agent_router(ctx, max(s.inbox_cap, 1), self._max_frame)
         self._sockets.append(self.agents_sock)
         self._bind_agent_socket(self.agents_sock)
         self.agents_monitor = self.agents_sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -339,18 +342,18 @@ class Node:
             self.peer_table.dial_static(endpoint)
 
     async def _start_timers(self) -> None:
-        self._timer(self._heartbeat_loop(), "meshd-heartbeat")
-        self._timer(self._liveness_loop(), "meshd-liveness")
-        self._timer(self._qos_loop(), "meshd-qos1")
+        self._timer(self._heartbeat_loop, "meshd-heartbeat")
+        self._timer(self._liveness_loop, "meshd-liveness")
+        self._timer(self._qos_loop, "meshd-qos1")
         if self.security.trust is not None and self.security.trust.mode == "keys":
-            self._timer(self._trust_loop(), "meshd-trust")
+            self._timer(self._trust_loop, "meshd-trust")
         if self.settings.address_poll_interval > 0:  # follow address changes (meshd/addrwatch.py)
             watcher = AddressWatcher(
                 self.settings, self.interfaces, router=self.router, xpub=self.xpub,
                 peer_table=self.peer_table, discovery=lambda: self._discovery,
                 ports=lambda: (self.router_port, self.pub_port),
                 defaults=default_interfaces)
-            self._timer(watcher.run(), "meshd-addresses")
+            self._timer(watcher.run, "meshd-addresses")
         self._take_snapshot()
 
     async def _start_plugins(self) -> None:
@@ -379,10 +382,11 @@ class Node:
         await self.system.start()
         self.ready.set()
         self.notifier.ready(self.status_line())
-        self._timer(self._status_loop(), "meshd-status")
+        self._timer(self._status_loop, "meshd-status")
 
-    def _timer(self, coro: Any, name: str) -> None:
-        self._timers.append(asyncio.create_task(coro, name=name))
+    def _timer(self, loop: Callable[[], Awaitable[None]], name: str) -> None:
+        """Start a background loop, supervised: restarted if it raises (meshd/supervise.py)."""
+        self._timers.append(asyncio.create_task(supervised(loop, name, self.stats, self._quiet), name=name))
 
     def _bind_agent_socket(self, sock: zmq.Socket[Any]) -> None:
         path = self.socket_path

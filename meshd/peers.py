@@ -74,6 +74,8 @@ class Peer:
     congested_at: float = 0.0
     link_up: bool = False
     echoes: bool = False
+    #: The routing ids its DEALERs greeted us from (newest last, at most MAX_RIDS_PER_PEER).
+    rids: list[bytes] = field(default_factory=list)
 
     def info(self, now: float, agents: int) -> dict[str, Any]:
         return {
@@ -115,6 +117,10 @@ class PeerEvents:
     telemetry: Callable[[], dict[str, Any]]
 
 
+MAX_RIDS_PER_PEER = 4
+"""Routing ids remembered per peer (each redial or restart of its DEALER brings a new one)."""
+
+
 def prefer_endpoint(endpoints: list[str], own: list[str]) -> str:
     """Pick the endpoint whose address shares a /24 with one of ours; else the first."""
     for ep in endpoints:
@@ -142,6 +148,8 @@ class PeerTable:
         self.interfaces = interfaces
         self.max_frame = max_frame
         self.peers: dict[str, Peer] = {}
+        #: routing id -> the peer whose HELLO came from it (issue 8: never the id's own claim).
+        self.by_rid: dict[bytes, Peer] = {}
         self.pending_static: dict[str, zmq.Socket[Any]] = {}
         self.untrusted_ads: dict[str, PeerAdvert] = {}
         self.static_keys: dict[str, str] = {}
@@ -184,6 +192,27 @@ class PeerTable:
 
     def get(self, node_id: str | None) -> Peer | None:
         return self.peers.get(node_id) if node_id is not None else None
+
+    def for_rid(self, rid: bytes) -> Peer | None:
+        """The peer a mesh connection belongs to: the one that greeted us from that routing id."""
+        return self.by_rid.get(rid)
+
+    def claimed(self, rid: bytes) -> Peer | None:
+        """The peer a routing id claims to be (its node-id part): only to ask it to greet us."""
+        return self.peers.get(rid.partition(b".")[0].decode("ascii", "replace"))
+
+    def _bind_rid(self, peer: Peer, rid: bytes) -> None:
+        if rid in peer.rids:
+            return
+        peer.rids.append(rid)
+        self.by_rid[rid] = peer
+        while len(peer.rids) > MAX_RIDS_PER_PEER:
+            self.by_rid.pop(peer.rids.pop(0), None)
+
+    def _forget(self, peer: Peer) -> None:
+        for rid in peer.rids:
+            self.by_rid.pop(rid, None)
+        del self.peers[peer.node_id]
 
     def __iter__(self) -> Iterator[Peer]:
         return iter(list(self.peers.values()))
@@ -287,6 +316,8 @@ class PeerTable:
         endpoint, _, query = endpoint.partition("?")
         if endpoint in self.router_endpoints or endpoint in self.pending_static:
             return
+        if self._plaintext_refused(endpoint):
+            return
         key = key_from_hex(query.removeprefix("key=")) if query else None
         server_key = self.security.static_server_key(key)
         if self.security.curve is not None and server_key is None:
@@ -316,6 +347,8 @@ class PeerTable:
         if pubs:
             peer.pubs = list(pubs)
         router = prefer_endpoint(peer.routers, self.interfaces) if peer.routers else ""
+        if router and self._plaintext_refused(router):
+            router = ""  # never dialled: learned from gossip or discovery, outside loopback
         if router and router != peer.connected_router:
             self.close_dealer(peer)
             adopted = self.pending_static.pop(router, None)
@@ -330,6 +363,8 @@ class PeerTable:
             )
             self.reactor.add(peer.monitor, functools.partial(self._on_monitor, peer))
         pub = prefer_endpoint(peer.pubs, self.interfaces) if peer.pubs else ""
+        if pub and self._plaintext_refused(pub):
+            pub = ""
         if pub and pub != peer.connected_pub:
             self.close_sub(peer)
             peer.sub = transport.peer_sub(self.ctx, self.max_frame, self.security.curve,
@@ -340,6 +375,15 @@ class PeerTable:
             peer.connected_pub = pub
             self.reactor.add(peer.sub, self.events.topic_message)
         return peer
+
+    def _plaintext_refused(self, endpoint: str) -> bool:
+        """Insecure mode: refuse (count, log once) a dial outside loopback (issue 8)."""
+        if not self.security.plaintext_refused(endpoint):
+            return False
+        self.stats["refused_plaintext_dial"] += 1
+        self.quiet.log(f"plaintext:{endpoint}", "not dialling %s in plaintext (--insecure) outside "
+                       "loopback; set allow_insecure_lan = true if you really mean it", endpoint)
+        return True
 
     def close_dealer(self, peer: Peer) -> None:
         if peer.monitor is not None:
@@ -457,7 +501,7 @@ class PeerTable:
                 self.events.reject(FrameError("bad_hello", str(exc)), frames, f"peer {rid[:32]!r}")
             return
         if peer is None or not peer.greeted:
-            self.unknown_sender(peer)
+            self.unknown_sender(peer or self.claimed(rid))
             return
         peer.last_seen = now
         if kind == Kind.HEARTBEAT:
@@ -496,8 +540,8 @@ class PeerTable:
         if not isinstance(body, dict):
             raise ValueError("HELLO body is not a map")
         node_id = str(body["node"])
-        if rid.decode("ascii", "replace") != node_id:
-            raise ValueError(f"routing id {rid!r} does not match node id {node_id!r}")
+        if rid.decode("ascii", "replace").partition(".")[0] != node_id:
+            raise ValueError(f"routing id {rid[:40]!r} does not start with node id {node_id!r}")
         if node_id == self.node_id:
             if body.get("incarnation") != self.incarnation:  # a daemon with our id greets us
                 self.clones.cloned([{"inc": body.get("incarnation"), "routers": body.get("routers", [])}],
@@ -524,6 +568,14 @@ class PeerTable:
             pubkey = self.security.server_key(claimed)
             if pubkey is None:
                 raise ValueError(f"HELLO from {node_id} with untrusted key {claimed!r}")
+            if (self.security.check_uid and existing is not None and existing.pubkey
+                    and existing.pubkey != pubkey and existing.state is not PeerState.OFFLINE):
+                # Another trusted node claims a live peer's node id: refuse it, keep the real one
+                # (its key can change only once it has gone offline).
+                self.stats["dropped_spoofed_hello"] += 1
+                self.quiet.log(f"spoofhello:{node_id}:{pubkey}", "refused a HELLO claiming to be node "
+                               "%s from key %s (its key is %s)", node_id, pubkey, existing.pubkey)
+                return
         via = body.get("via")
         dialed = isinstance(via, str) and via in self.pending_static
         source = existing.source if existing else ("static" if dialed or any(
@@ -546,6 +598,7 @@ class PeerTable:
             self.events.restarted(peer)
         peer.incarnation = incarnation
         peer.name = str(body.get("name", ""))
+        self._bind_rid(peer, rid)
         peer.greeted = True
         peer.last_seen = now
         self.echo.took(peer, header, now)
@@ -633,7 +686,7 @@ class PeerTable:
                 self.set_state(peer, PeerState.OFFLINE)
                 self.close_dealer(peer)
                 self.close_sub(peer)
-                del self.peers[peer.node_id]
+                self._forget(peer)
         for node_id, ad in list(self.untrusted_ads.items()):
             if self.security.server_key(ad.pubkey) is not None:
                 del self.untrusted_ads[node_id]

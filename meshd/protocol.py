@@ -60,6 +60,7 @@ NOTE: Final = "note"  # a progress report's short text
 OP: Final = "op"  # an admin call's operation
 SEQ: Final = "seq"  # a daemon's HELLO/heartbeat sequence number (both-ways liveness, §9.5)
 ECHO: Final = "echo"  # the last SEQ the sender heard from the receiver (both-ways liveness, §9.5)
+KINDS: Final = "kinds"  # on a batch header: the kinds of its inner messages (issue 8, item 1)
 
 
 class Kind:
@@ -204,9 +205,19 @@ def unpack_header(data: bytes | memoryview) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise FrameError("header_not_map", type(header).__name__)
     kind = header.get(KIND)
-    if kind not in KNOWN_KINDS:
-        raise FrameError("unknown_kind", repr(kind)[:64])
+    if not isinstance(kind, str) or kind not in KNOWN_KINDS:  # a list or map kind is unhashable
+        msg_id = header.get(ID)
+        named = isinstance(msg_id, str) and len(msg_id) <= MAX_ID_LEN
+        raise FrameError("unknown_kind", safe_repr(kind), fields={ID: msg_id} if named else None)
     return header
+
+
+def safe_repr(value: Any, limit: int = 64) -> str:
+    """``repr`` of untrusted input for a message or a log line: short, and never recursing into a
+    container (a name nested 1,000 deep once raised RecursionError while building an error)."""
+    if isinstance(value, (str, bytes, int, float, bool)) or value is None:
+        return repr(value[:limit] if isinstance(value, (str, bytes)) else value)[:limit + 8]
+    return f"<{type(value).__name__}>"
 
 
 def unpack_body(data: bytes | memoryview, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> Any:
@@ -344,10 +355,34 @@ def split_batch(msg: list[Any]) -> list[tuple[dict[str, Any], bytes]]:
     pairs = []
     for item in items:
         if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], dict)
-                or not isinstance(item[1], bytes) or item[0].get(KIND) not in KNOWN_KINDS):
+                or not isinstance(item[1], bytes) or not isinstance(item[0].get(KIND), str)
+                or item[0][KIND] not in KNOWN_KINDS):  # {kind: {}} is unhashable: TypeError once
             raise FrameError("batch_item", "each item is [header map with a known kind, payload bytes]")
         pairs.append((item[0], item[1]))
     return pairs
+
+
+ACK_ID_BYTES: Final = MAX_HEADER_BYTES // 2
+"""Bytes of ids one ``ack`` header carries at most (msgpack overhead counted generously)."""
+ACK_IDS: Final = 256
+"""Ids one ``ack`` header carries at most (headers allow arrays of 1024)."""
+
+
+def chunk_ids(ids: list[str]) -> list[list[str]]:
+    """Split acked ids so that each ``ack`` header stays well within MAX_HEADER_BYTES (issue 8,
+    item 7: one ack of ~500 ids was 8.4 KB and refused, so those units were never acked)."""
+    chunks: list[list[str]] = []
+    chunk: list[str] = []
+    size = 0
+    for unit in ids:
+        if chunk and (size + len(unit) + 8 > ACK_ID_BYTES or len(chunk) >= ACK_IDS):
+            chunks.append(chunk)
+            chunk, size = [], 0
+        chunk.append(unit)
+        size += len(unit) + 8
+    if chunk:
+        chunks.append(chunk)
+    return chunks
 
 
 def frames(header: Mapping[str, Any], payload: bytes = b"") -> list[bytes]:
@@ -389,6 +424,16 @@ _id_counter = count(1)
 def new_id() -> str:
     """A message id unique across processes: a random per-process prefix and a counter."""
     return f"{_id_prefix}{next(_id_counter):x}"
+
+
+def new_request_id() -> str:
+    """A request's id, which becomes its correlation id: 128 random bits, so no other agent can
+    guess it and forge an answer (issue 8; ``new_id``'s visible prefix plus counter is guessable)."""
+    return os.urandom(16).hex()
+
+
+DAEMON_PREFIX: Final = "meshd@"
+"""``from`` of what a daemon itself sends (``meshd@<node id>``); agent names never contain '@'."""
 
 
 def topic_key(topic: str) -> bytes:

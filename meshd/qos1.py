@@ -30,6 +30,7 @@ import msgpack
 
 from . import protocol as P
 from .backoff import backoff_delay
+from .config import make_private_file
 from .protocol import FrameError
 
 __all__ = ["Acked", "Action", "Attempt", "Confirm", "DeliveryStore", "GiveUp", "OutboxEntry", "Qos1",
@@ -92,6 +93,8 @@ class DeliveryStore:
         self.seen_ttl = seen_ttl
         self._wall = wall
         self._monotonic = monotonic
+        if str(path) != ":memory:":
+            make_private_file(Path(path))  # 0600, and so its -wal and -shm (issue 8)
         self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")  # "accepted" means on disk (RELIABILITY.md)

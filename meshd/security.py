@@ -139,6 +139,12 @@ class Security:
                 raise ConfigError("insecure", f"plaintext mode on a non-loopback interface "
                                   f"({', '.join(lan)}) is refused; set allow_insecure_lan = true "
                                   "if you really mean it")
+            remote = [p for p in s.peers if self.plaintext_refused(p)]
+            if remote:
+                # issue 8: HELLO and the directory would cross the LAN in plaintext
+                raise ConfigError("peers", f"plaintext mode with static peers outside loopback "
+                                  f"({', '.join(remote)}) is refused; use CURVE (drop --insecure) or "
+                                  "set allow_insecure_lan = true if you really mean it")
             return
         if s.trust_mode == "secret":
             if s.mesh_secret_file is None:
@@ -152,6 +158,23 @@ class Security:
         self.curve = transport.Curve(pair.public, pair.secret)
         self.zap = ZapHandler(ctx, ZapPolicy(self.trust))
         reactor.add(self.zap.sock, self.zap.handle)
+
+    def plaintext_refused(self, endpoint: str) -> bool:
+        """Insecure mode: may we NOT talk plaintext to ``endpoint`` (``tcp://HOST:PORT[?...]``)?
+
+        True for any host that is not a loopback address or ``localhost`` (a host name may resolve
+        to the LAN), unless ``allow_insecure_lan``. Always False with CURVE on.
+        """
+        s = self.settings
+        if not s.insecure or s.allow_insecure_lan:
+            return False
+        host = endpoint.partition("?")[0].removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+        if host == "localhost":
+            return False
+        try:
+            return not ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return True
 
     @property
     def public_key(self) -> str | None:

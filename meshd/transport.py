@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,7 +28,10 @@ from typing import Any
 
 import zmq
 
+from .logonce import LogOnce
+
 log = logging.getLogger("meshd.transport")
+_quiet = LogOnce(log)  # a handler failing on hostile input: one traceback per cause, not per message
 
 LINGER_MS = 200
 """Bounded linger on every socket: the default (-1) makes context termination hang forever."""
@@ -93,7 +97,11 @@ def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None
     sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
     _common(sock)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted peer with the same id takes over
+    # A second connection with a live routing id is refused, never takes over (issue 8: an
+    # impostor with another node's id knocked the real connection off). Routing ids carry a
+    # random part per DEALER (peer_routing_id), so a restarted peer never collides with its own
+    # hanging old connection.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
     sock.setsockopt(zmq.RCVHWM, MESH_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     _zmtp_heartbeats(sock)
@@ -112,12 +120,19 @@ def mesh_xpub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None =
     return sock
 
 
+def peer_routing_id(own_node_id: str) -> bytes:
+    """``<node id>.<16 random hex digits>``: new for every DEALER, so it cannot be guessed from
+    what other peers see, and a restart or redial never reuses a routing id still in use."""
+    return f"{own_node_id}.{os.urandom(8).hex()}".encode()
+
+
 def peer_dealer(ctx: zmq.Context[Any], own_node_id: str, curve: Curve | None = None,
                 server_key: str | None = None) -> zmq.Socket[Any]:
-    """One DEALER per peer; its routing id is our node id, which the peer checks against HELLO."""
+    """One DEALER per peer; its routing id is ``peer_routing_id`` (our node id and a random part);
+    the peer maps it to us from our HELLO."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     _common(sock)
-    sock.setsockopt(zmq.ROUTING_ID, own_node_id.encode())
+    sock.setsockopt(zmq.ROUTING_ID, peer_routing_id(own_node_id))
     sock.setsockopt(zmq.SNDHWM, MESH_HWM)
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
@@ -140,10 +155,16 @@ def peer_sub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = 
     return sock
 
 
-def agent_router(ctx: zmq.Context[Any], inbox_hwm: int) -> zmq.Socket[Any]:
-    """The local agent socket (ipc://). MANDATORY: a vanished agent is an error, not a drop."""
+def agent_router(ctx: zmq.Context[Any], inbox_hwm: int, max_frame_bytes: int = -1) -> zmq.Socket[Any]:
+    """The local agent socket (ipc://). MANDATORY: a vanished agent is an error, not a drop.
+
+    ``max_frame_bytes``: a larger frame disconnects that agent's connection before the daemon
+    holds it (issue 8: a 256 MiB frame once pushed the daemon to 557 MB before TOO_LARGE); frames
+    up to it that exceed ``max_payload_bytes`` still get TOO_LARGE at the edge.
+    """
     sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
     _common(sock)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.SNDHWM, inbox_hwm)
@@ -260,9 +281,17 @@ class Reactor:
                     break
                 try:
                     handler(frames)
-                except Exception:
+                except Exception as exc:
                     self.handler_errors += 1
-                    log.exception("message handler raised; message dropped")
+                    tb = exc.__traceback__
+                    while tb is not None and tb.tb_next is not None:
+                        tb = tb.tb_next
+                    where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb else "?"
+                    key = f"raised:{type(exc).__name__}:{where}"
+                    if key not in _quiet:
+                        log.exception("message handler raised; message dropped (%d so far; logged "
+                                      "once per cause)", self.handler_errors)
+                    _quiet.log(key, "handler failure %s", key, level=logging.DEBUG)
                 # Nothing more to read: stop here rather than pay a zmq.Again exception (~4 us, a
                 # third of a relay hop). Reading EVENTS re-arms the edge-triggered FD like EAGAIN.
                 try:

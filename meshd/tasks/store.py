@@ -20,6 +20,7 @@ from typing import Any
 
 import msgpack
 
+from ..config import make_private_file
 from ..errors import NoSuchTask, TaskStoreFull
 
 __all__ = ["FINISHED", "STATES", "TaskStore"]
@@ -64,6 +65,8 @@ class TaskStore:
     def __init__(self, path: Path, *, max_tasks: int, fsync: bool = True) -> None:
         self.path = path
         self.max_tasks = max_tasks
+        if str(path) != ":memory:":
+            make_private_file(Path(path))  # 0600, and so its -wal and -shm (issue 8)
         self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")

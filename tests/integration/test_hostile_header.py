@@ -17,7 +17,7 @@ import zmq
 
 from meshd import Agent
 from meshd import protocol as P
-from meshd.testing import MeshdFactory
+from meshd.testing import MeshdFactory, async_wait_until
 
 BAD_FIELDS: list[tuple[str, Any]] = [
     ("hops", -1_000_000),
@@ -118,3 +118,49 @@ def test_hop_limit_still_bounces_an_in_range_request(meshd_factory: MeshdFactory
     finally:
         raw.close(0)
         ctx.term()
+
+
+def test_out_of_range_fields_from_a_peer_are_refused_at_the_mesh_edge(meshd_factory: MeshdFactory) -> None:
+    """Issue 8, item 3, mesh side: a greeted (plaintext, loopback) raw peer sends requests with
+    hops = -1000000, hops = 2**40, qos 7 and a NaN deadline to a local agent: each is counted as
+    malformed (bad_field) and dead-lettered, none reaches the handler, and a well-formed one from
+    the same peer does."""
+    a = meshd_factory.spawn("a")
+    fake = "00000000deadbeef"
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.setsockopt(zmq.ROUTING_ID, f"{fake}.0123456789abcdef".encode())
+    raw.connect(a.router)
+    bad: list[tuple[str, Any]] = [("hops", -1_000_000), ("hops", 2**40), ("qos", 7),
+                                  ("deadline", float("nan"))]
+
+    async def scenario() -> None:
+        async with Agent("worker", socket=a.socket) as worker:
+            ran: list[Any] = []
+            worker.on("think")(lambda m: ran.append(m.payload))
+            hello = {"node": fake, "name": "raw", "mesh": a.mesh, "proto": P.PROTOCOL_VERSION,
+                     "incarnation": "1", "routers": [], "pubs": [], "reply": True,
+                     "dir": {"version": 1, "agents": []}}
+            raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "hello", "from": fake}),
+                                msgpack.packb(hello)])
+            await async_wait_until(lambda: a.peer_states().get(fake) == "online", what="the raw peer greeted")
+            for n, (key, value) in enumerate(bad):
+                header = {"kind": "send", "id": f"bad-{n}", "from": "x", "to": "worker", "topic": "think",
+                          key: value}
+                raw.send_multipart([P.SIGNATURE, msgpack.packb(header), msgpack.packb("bad")])
+            raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "send", "id": "good", "from": "x",
+                                                            "to": "worker", "topic": "think"}),
+                                msgpack.packb("good")])
+            await async_wait_until(lambda: ran, what="the good send")
+            assert ran == ["good"]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        raw.close(0)
+        ctx.term()
+    stats = a.query("node")["stats"]
+    assert stats.get("malformed_bad_field") == len(bad), stats
+    ids = {d["header"]["id"] for d in a.dead_letters() if d["reason"] == "malformed:bad_field"}
+    assert ids == {f"bad-{n}" for n in range(len(bad))}

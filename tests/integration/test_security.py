@@ -174,6 +174,21 @@ def test_insecure_on_non_loopback_interface_refused() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_insecure_with_a_static_peer_outside_loopback_refused() -> None:
+    """Issue 8, item 4: --insecure on 127.0.0.1 with --peer on a LAN address once sent HELLO and
+    the directory to the LAN in plaintext. Now refused at start-up (exit 2, naming the key)."""
+    d = short_tempdir()
+    try:
+        for peer in ("tcp://192.0.2.1:7000", "tcp://lan-host.example:7000"):
+            r = _run_meshd("--interface", "127.0.0.1", "--insecure", "--peer", peer, "--state-dir",
+                           str(d / "st"), "--socket", str(d / "s.sock"), "--no-discovery")
+            assert r.returncode == 2, r.stderr
+            assert "peers" in r.stderr and peer in r.stderr and "allow_insecure_lan" in r.stderr
+    finally:
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_meshctl_keys_round_trip(tmp_path: Path) -> None:
     state = tmp_path / "st"
 
@@ -301,5 +316,56 @@ def test_daemon_refuses_an_oversized_message_from_a_raw_agent(meshd_factory: Mes
         assert "65536" in err["error"]["message"]
         assert a.alive() and "big-raw" in {x["name"] for x in a.query("agents")}
     finally:
+        raw.close(0)
+        ctx.term()
+
+
+def _peak_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_a_huge_frame_on_the_agent_socket_is_cut_off_before_the_daemon_holds_it(
+        meshd_factory: MeshdFactory) -> None:
+    """Issue 8, item 19: the agent socket had no size cap, so a 256 MiB frame was read whole
+    (peak RSS 557 MB) before TOO_LARGE. Now a frame over max_payload_bytes + 68 KiB disconnects
+    that connection as it arrives: the daemon's peak RSS does not grow by the frame's size, and
+    it goes on serving."""
+    a = meshd_factory.spawn("a", env={"MESHD_MAX_PAYLOAD_BYTES": "65536"})
+    pid = a.pid
+    before = _peak_rss_kib(pid)
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    monitor = raw.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    raw.connect(f"ipc://{a.socket}")
+    big = 64 * 1024 * 1024
+    try:
+        raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "send", "id": "huge", "to": "x"}),
+                            b"\0" * big])
+        poller = zmq.Poller()
+        poller.register(raw, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        outcome = ""
+        while not outcome:
+            ready = dict(poller.poll(30000))
+            assert ready, "neither an answer nor a disconnect"
+            if monitor in ready:
+                outcome = "disconnected"
+            elif raw in ready:
+                header = msgpack.unpackb(raw.recv_multipart()[1])
+                if header["kind"] != "ping":
+                    outcome = f"answered {header.get('error', {}).get('code')}"
+        grown = _peak_rss_kib(pid) - before
+        print(f"64 MiB frame on the agent socket: {outcome}, daemon peak RSS grew {grown} KiB")
+        assert outcome == "disconnected"
+        assert grown < big // 1024 // 2
+        assert a.alive() and a.query("node")["node"] == a.node_id  # still serving
+    finally:
+        raw.disable_monitor()
+        monitor.close(0)
         raw.close(0)
         ctx.term()

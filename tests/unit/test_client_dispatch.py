@@ -316,3 +316,20 @@ def test_an_eager_handler_gets_a_context_of_its_own_like_a_task() -> None:
     h, seen = asyncio.run(scenario())
     assert seen == ["outside", "a", "b"]
     assert [p for _, _, p in h.answers()] == ["a", "b"]
+
+
+def test_many_acks_at_once_are_split_so_each_header_fits() -> None:
+    """Issue 8, item 7: ~500 unit ids acked in one turn made one 8.4 KB header, refused by the
+    daemon's 8 KiB header cap, so those units were never acked (and later UNDELIVERABLE)."""
+    h = Harness()
+    h.d.handlers["t"] = lambda m: None
+    units = [f"{P.new_id()}>subscriber-{n}" for n in range(600)]
+    for unit in units:
+        h.d.begin_unit(unit, 1)
+        h.deliver(Kind.SEND, unit=unit)
+    h.end_turn()
+    sizes = [len(frames[1]) for frames in h.pushed]
+    print(f"600 acks: {len(sizes)} ack messages, largest header {max(sizes)} bytes")
+    for frames in h.pushed:
+        assert P.unpack_header(frames[1])[P.KIND] == Kind.ACK  # within the daemon's limits
+    assert h.acked() == units

@@ -202,3 +202,14 @@ def test_one_error_body_builder() -> None:
     assert body == {"code": "X", "message": "m", "retry": True, "retry_after": 0.5, "type": "ValueError"}
     assert P.error_header("to", "c", "X", "m", retry=True, retry_after=0.5)[P.ERROR] == {
         "code": "X", "message": "m", "retry": True, "retry_after": 0.5}
+
+
+def test_chunk_ids_keeps_every_ack_header_within_the_cap() -> None:
+    """Issue 8, item 7: daemon-to-daemon and client acks are split; even 256-character ids fit."""
+    for ids in ([f"{n:x}" * 1 for n in range(2000)], ["x" * P.MAX_ID_LEN + str(n) for n in range(300)]):
+        ids = [i[:P.MAX_ID_LEN] for i in ids]
+        chunks = P.chunk_ids(ids)
+        assert [i for c in chunks for i in c] == ids
+        for chunk in chunks:
+            header = P.pack({P.KIND: P.Kind.ACK, P.FROM: "f" * 16, P.IDS: chunk})
+            assert P.unpack_header(header)[P.IDS] == chunk

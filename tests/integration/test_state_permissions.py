@@ -1,0 +1,70 @@
+"""Runtime and state directories are checked for root too, and state files are 0600 (issue 8,
+item 5). Run as root (the daemon's uid matters): another user's 0777 runtime dir, where that
+user could move the socket, is refused at start-up with exit 2 and a "cannot start: <path>:
+<reason> (fix: ...)" line; our own 0755 state dir is tightened to 0700 and its files to 0600."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshd.testing import MeshdFactory, short_tempdir
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="checks what a root daemon accepts")
+
+NOBODY = 65534
+
+
+def _run_meshd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "meshd", "run", "--interface", "127.0.0.1", "--insecure",
+                           "--no-discovery", *args], capture_output=True, text=True, timeout=30)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_root_refuses_another_users_world_writable_runtime_dir() -> None:
+    d = short_tempdir()
+    try:
+        run = d / "run"
+        run.mkdir()
+        os.chown(run, NOBODY, NOBODY)
+        os.chmod(run, 0o777)
+        r = _run_meshd("--state-dir", str(d / "st"), "--socket", str(run / "s.sock"))
+        assert r.returncode == 2, r.stderr
+        assert f"cannot start: {run}: owned by uid {NOBODY}" in r.stderr and "fix: chown" in r.stderr
+        assert not (run / "s.sock").exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+def test_a_state_dir_others_can_read_is_tightened_with_its_files(meshd_factory: MeshdFactory) -> None:
+    """Our own 0755 state dir (made by `meshctl keys` or an older meshd) with a delivery.db others
+    can read: the daemon makes the dir 0700 and the files 0600, and says so."""
+    a = meshd_factory.spawn("a", start=False)
+    state = a.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    os.chmod(state, 0o755)
+    (state / "delivery.db").touch(mode=0o644)
+    os.chmod(state / "delivery.db", 0o644)
+    a.start()
+    assert _mode(state) == 0o700
+    assert _mode(state / "delivery.db") == 0o600
+    assert "had mode 755: tightened to 700" in a.log()
+
+
+def test_state_files_are_private(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a")
+    state = a.state_dir
+    files = ["node_id", "delivery.db", "delivery.db-wal", "delivery.db-shm"]
+    modes = {name: _mode(state / name) for name in files if (state / name).exists()}
+    print("state file modes:", {k: oct(v) for k, v in modes.items()})
+    assert set(modes) >= {"node_id", "delivery.db"}
+    assert all(mode == 0o600 for mode in modes.values()), modes
+    assert _mode(state) & 0o077 == 0
