@@ -71,7 +71,7 @@ def test_messages_allowed_refused_and_cached(meshd_factory: MeshdFactory, tmp_pa
             # allowed: the hook is asked once, then the cached answer serves
             assert await alice.request("bob", "ask", 1) == 2
             assert await alice.request("bob", "ask", 2) == 3
-            assert await alice.publish("news", "hi") == 1
+            assert await alice.publish("news", "hi", reach=True) == 1
             # refused, with the hook's reason, for request, qos-1 send, qos-0 send and publish
             with pytest.raises(Forbidden, match="the vault takes no messages"):
                 await alice.request("vault", "open", 1)
@@ -81,7 +81,7 @@ def test_messages_allowed_refused_and_cached(meshd_factory: MeshdFactory, tmp_pa
             await async_wait_until(lambda: any(e.code == "FORBIDDEN" for e in errors), 10,
                                    what="the qos-0 send's FORBIDDEN error")
             with pytest.raises(Forbidden, match="publish on 'secret'"):
-                await alice.publish("secret", "x")
+                await alice.publish("secret", "x", reach=True)
             # a batch (sends queued in one loop turn) is refused message by message
             results = await asyncio.gather(*(alice.send("vault", "b", i, qos=1) for i in range(20)),
                                            return_exceptions=True)
