@@ -52,6 +52,8 @@ class Peer:
     routers: list[str] = field(default_factory=list)
     pubs: list[str] = field(default_factory=list)
     incarnation: str = ""
+    #: When the current incarnation's first HELLO arrived (our monotonic clock).
+    incarnation_at: float = 0.0
     pubkey: str = ""
     source: str = "mdns"
     dealer: zmq.Socket[Any] | None = None
@@ -150,6 +152,9 @@ class PeerTable:
         self.peers: dict[str, Peer] = {}
         #: routing id -> the peer whose HELLO came from it (issue 8: never the id's own claim).
         self.by_rid: dict[bytes, Peer] = {}
+        #: The boot id (HELLO ``incarnation``) and routers each routing id greeted us with: a
+        #: heartbeat on a routing id of another boot id than its node's latest shows a clone.
+        self.rid_boot: dict[bytes, tuple[str, list[str]]] = {}
         self.pending_static: dict[str, zmq.Socket[Any]] = {}
         self.untrusted_ads: dict[str, PeerAdvert] = {}
         self.static_keys: dict[str, str] = {}
@@ -207,11 +212,14 @@ class PeerTable:
         peer.rids.append(rid)
         self.by_rid[rid] = peer
         while len(peer.rids) > MAX_RIDS_PER_PEER:
-            self.by_rid.pop(peer.rids.pop(0), None)
+            gone = peer.rids.pop(0)
+            self.by_rid.pop(gone, None)
+            self.rid_boot.pop(gone, None)
 
     def _forget(self, peer: Peer) -> None:
         for rid in peer.rids:
             self.by_rid.pop(rid, None)
+            self.rid_boot.pop(rid, None)
         del self.peers[peer.node_id]
 
     def __iter__(self) -> Iterator[Peer]:
@@ -506,6 +514,7 @@ class PeerTable:
         peer.last_seen = now
         if kind == Kind.HEARTBEAT:
             self.echo.took(peer, header, now)
+            self._check_clone(peer, rid, now)
         if kind != Kind.BYE and peer.state is not PeerState.ONLINE:
             self.set_state(peer, self._heard_state(peer, now))
         if kind == Kind.HEARTBEAT:
@@ -596,9 +605,12 @@ class PeerTable:
         if peer.incarnation and peer.incarnation != incarnation and not self.clones.is_duplicate(node_id):
             log.info("peer %s restarted", node_id)
             self.events.restarted(peer)
+        if peer.incarnation != incarnation:
+            peer.incarnation_at = now
         peer.incarnation = incarnation
         peer.name = str(body.get("name", ""))
         self._bind_rid(peer, rid)
+        self.rid_boot[rid] = (incarnation, routers)
         peer.greeted = True
         peer.last_seen = now
         self.echo.took(peer, header, now)
@@ -621,6 +633,20 @@ class PeerTable:
                                        [str(p) for p in entry.get("pubs", [])], source="gossip",
                                        pubkey=gossip_key)
                 self.send_hello(gossiped, reply=False)
+
+    def _check_clone(self, peer: Peer, rid: bytes, now: float) -> None:
+        """A heartbeat from a routing id that greeted with an older boot id than the node's latest
+        HELLO, well after that HELLO: two live daemons share this node id (a cloned image). Each
+        clone's DEALER has its own routing id, so both keep beating. A restart's old connection
+        goes quiet at once, and two heartbeat intervals leave its last beats time to drain."""
+        boot = self.rid_boot.get(rid)
+        if boot is None or boot[0] == peer.incarnation:
+            return
+        if now - peer.incarnation_at < 2 * self.settings.heartbeat_interval:
+            return
+        if self.clones.saw(peer.node_id, boot[0], boot[1], now):
+            self.stats["duplicate_node_ids"] += 1
+            self.send_hello(peer, reply=True)  # carries `dups`: the clones hear of it too
 
     # ------------------------------------------------------------------ timers' work
 

@@ -97,11 +97,13 @@ def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None
     sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
     _common(sock)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    # A second connection with a live routing id is refused, never takes over (issue 8: an
-    # impostor with another node's id knocked the real connection off). Routing ids carry a
-    # random part per DEALER (peer_routing_id), so a restarted peer never collides with its own
-    # hanging old connection.
-    sock.setsockopt(zmq.ROUTER_HANDOVER, 0)
+    # Handover on: a DEALER that reconnects (zmq does that by itself, with the same routing id)
+    # takes its own stale connection over; with handover off that reconnect was refused and the
+    # link stayed one-way until a redial (RELIABILITY.md). Impostors (issue 8: another trusted node
+    # connecting with a peer's id knocked the real connection off) are stopped by the routing id's
+    # random part per DEALER (peer_routing_id): only this ROUTER ever sees it, so nobody else can
+    # present it, and a routing id maps to a peer only through its authenticated HELLO.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.RCVHWM, MESH_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     _zmtp_heartbeats(sock)
