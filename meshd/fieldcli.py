@@ -60,8 +60,14 @@ async def _ask(socket: Path | None, op: str, listen: float = 0.0) -> Any:
         return await doctor_with_mdns(me, listen) if op == "doctor" else await me.admin(op)
 
 
-def _chosen(report: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(f["interface"], f["address"]) for f in report["facts"].get("interfaces", []) if f["present"]]
+def _chosen(report: dict[str, Any]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The report's interfaces that are on this host too (the daemon may run in another network
+    namespace), and the addresses that are not: only the former are joined."""
+    from .doctor import interface_facts
+
+    addresses = [f["address"] for f in report["facts"].get("interfaces", []) if f["present"]]
+    here = [(f["interface"], f["address"]) for f in interface_facts(addresses) if f["present"]]
+    return here, [a for a in addresses if a not in {addr for _, addr in here}]
 
 
 def _listen(report: dict[str, Any], listen: float, ask: Any = None) -> Any:
@@ -71,8 +77,13 @@ def _listen(report: dict[str, Any], listen: float, ask: Any = None) -> Any:
     from .mdnswatch import MdnsListener
 
     async def run() -> dict[str, Any]:
+        here, elsewhere = _chosen(report)
+        if elsewhere or not here:
+            report["facts"]["mdns"] = {"error": f"the daemon's addresses {', '.join(elsewhere) or '(none)'} "
+                                       "are not on this host's interfaces: run the doctor on its host"}
+            return report
         try:
-            listener = MdnsListener(_chosen(report))
+            listener = MdnsListener(here)
         except OSError as exc:
             report["facts"]["mdns"] = {"error": f"cannot listen on UDP 5353: {exc}"}
             return report
