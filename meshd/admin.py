@@ -57,6 +57,9 @@ class Admin:
         self.qos: Qos1Driver
         #: The doctor's report (meshd.doctor.daemon_report), wired by node.py.
         self.doctor: Callable[[], dict[str, Any]] = dict
+        #: Sends one mDNS query for meshd nodes now (Discovery.send_query), wired by node.py: the
+        #: doctor asks for it while it listens, so that a quiet LAN still shows traffic.
+        self.mdns_query: Callable[[], bool] = lambda: False
 
     def handle(self, rid: bytes, msg_id: Any, header: P.Header, frames: list[bytes]) -> None:
         """meshctl's operations on this daemon (dead letters)."""
@@ -87,6 +90,8 @@ class Admin:
             result = self.discovered_list()
         elif op == "doctor":
             result = self.doctor()
+            if args.get("mdns_query") is True:
+                result["facts"]["mdns_query_sent"] = self.mdns_query()
         else:
             self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
                                  f"unknown admin op {P.safe_repr(op)}")

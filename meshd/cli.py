@@ -151,6 +151,9 @@ def meshd_main(argv: list[str] | None = None) -> int:
         extra.add_argument("--interface", dest="interfaces", action="append", metavar="IP")
         extra.add_argument("--socket", type=Path, help="a running daemon's agent socket")
         extra.add_argument("--json", action="store_true")
+        if cmd == "doctor":
+            extra.add_argument("--listen", type=_listen_seconds, default=2.0, metavar="SECONDS",
+                               help="count mDNS on each interface this long (0: off; default 2)")
     args = parser.parse_args(argv)
     if args.command in ("doctor", "reset-identity"):
         from .fieldcli import meshd_doctor, meshd_reset_identity
@@ -212,6 +215,18 @@ def _print_json(obj: Any) -> None:
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
     print("\n".join(_table_lines(rows, columns)))
+
+
+def _listen_seconds(text: str) -> float:
+    from .mdnswatch import MAX_LISTEN_SECONDS
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= MAX_LISTEN_SECONDS:
+        raise argparse.ArgumentTypeError(f"--listen must be 0..{MAX_LISTEN_SECONDS:g} s, not {text}")
+    return value
 
 
 def _json_arg(text: str) -> Any:
@@ -506,9 +521,9 @@ async def _ctl(args: argparse.Namespace) -> int:
                 _table(peers, ["node", "name", "state", "agents", "router", "last_seen_ago", "source",
                                "note"])
         elif args.cmd == "doctor":
-            from .fieldcli import print_report
+            from .fieldcli import doctor_with_mdns, print_report
 
-            return print_report(await me.admin("doctor"), args.json)
+            return print_report(await doctor_with_mdns(me, args.listen), args.json)
         elif args.cmd == "agents":
             agents = [a for a in await me.agents() if not str(a.get("name", "")).startswith("meshctl-")]
             if args.json:
@@ -583,6 +598,8 @@ def meshctl_main(argv: list[str] | None = None) -> int:
                    help="also nodes discovered but not peers (untrusted key, other mesh, other protocol)")
     p = sub.add_parser("doctor", help="why this daemon does not see a node; exit 1 on a problem")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--listen", type=_listen_seconds, default=2.0, metavar="SECONDS",
+                   help="count mDNS on each interface this long (0: off; default 2)")
     p = sub.add_parser("agents", help="list agents in the mesh")
     p.add_argument("--json", action="store_true")
     sub.add_parser("node", help="this daemon's identity and counters (JSON)")

@@ -32,7 +32,10 @@ from pathlib import Path
 
 import ifaddr
 from zeroconf import IPVersion, ServiceStateChange, Zeroconf
+from zeroconf._dns import DNSQuestion
+from zeroconf._protocol.outgoing import DNSOutgoing
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+from zeroconf.const import _CLASS_IN, _FLAGS_QR_QUERY, _TYPE_PTR
 
 from .logonce import LogOnce
 
@@ -284,6 +287,16 @@ class Discovery:
             ", ".join(self._interfaces),
             self.mesh,
         )
+
+    def send_query(self) -> bool:
+        """Ask for meshd nodes now (one multicast PTR query, as the browser sends); False when
+        discovery is not running. From any thread: ``meshd doctor`` asks for it while it listens."""
+        if self._aiozc is None or self._stopped:
+            return False
+        out = DNSOutgoing(_FLAGS_QR_QUERY, multicast=True)
+        out.add_question(DNSQuestion(SERVICE_TYPE, _TYPE_PTR, _CLASS_IN))
+        self._aiozc.zeroconf.send(out)
+        return True
 
     async def stop(self) -> None:
         """Send goodbyes, stop browsing and close the sockets. Idempotent; bounded by ~2 s."""

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .config import Settings
     from .peers import PeerTable
 
-__all__ = ["daemon_report", "interface_facts", "local_report"]
+__all__ = ["daemon_report", "interface_facts", "local_report", "mdns_findings"]
 
 _IFF_UP = 0x1
 _IFF_LOOPBACK = 0x8
@@ -129,3 +129,26 @@ def daemon_report(settings: Settings, interfaces: list[str], peers: PeerTable,
                     "on the interfaces above",
     })
     return report
+
+
+def mdns_findings(report: dict[str, Any], traffic: list[dict[str, Any]], seconds: float) -> None:
+    """Add what a passive listen saw (meshd/mdnswatch.py) to ``report``: per-interface counts as
+    ``facts.mdns``, and ``no_mdns`` for a chosen interface that saw no mDNS at all while this
+    node's daemon sent a query on it or while peers are expected."""
+    facts = report["facts"]
+    queried = bool(facts.get("mdns_query_sent"))
+    expected = bool(facts.get("peers") or facts.get("discovered_not_peers"))
+    facts["mdns"] = {"listened_s": seconds, "daemon_queried": queried, "interfaces": traffic}
+    for t in traffic:
+        where = f"{t['interface']} ({t['address']})"
+        if t["error"] and t["joined"] is False and not t["error"].startswith("counted with"):
+            report["problems"].append(_problem("no_mdns", f"no multicast on {t['interface']}: {t['error']}",
+                                               "is the interface up with the MULTICAST flag?"))
+        elif t["joined"] and t["packets"] == 0 and (queried or expected):
+            why = ("although this node's daemon sent an mDNS query on it" if queried
+                   else "although peers are expected")
+            report["problems"].append(_problem(
+                "no_mdns", f"no multicast on {t['interface']}: no mDNS packet seen on {where} in "
+                f"{seconds:g} s, {why}", "a firewall dropping UDP 5353 or 224.0.0.251, the MULTICAST "
+                f"flag off (`ip link show {t['interface']}`), or a switch filtering multicast; or "
+                "list peers statically (peers = [...])"))

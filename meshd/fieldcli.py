@@ -19,7 +19,7 @@ from typing import Any
 from .config import find_agent_socket, load_settings
 from .errors import ConfigError, MeshError
 
-__all__ = ["discovered_key", "meshd_doctor", "meshd_reset_identity", "print_report"]
+__all__ = ["discovered_key", "doctor_with_mdns", "meshd_doctor", "meshd_reset_identity", "print_report"]
 
 
 def print_report(report: dict[str, Any], as_json: bool) -> int:
@@ -37,6 +37,14 @@ def print_report(report: dict[str, Any], as_json: bool) -> int:
     for p in facts.get("peers", []):
         print(f"peer {p['node']} ({p['name']}) {p['state']} at {p['router']}: heard "
               f"{p['heard_ago']} s ago, confirmed hearing us {p['confirmed_ago']} s ago")
+    mdns = facts.get("mdns") or {}
+    for t in mdns.get("interfaces", []):
+        sources = ", ".join(t["meshd_answer_sources"]) or "none"
+        print(f"mdns on {t['interface']} {t['address']} over {mdns['listened_s']:g} s: {t['queries']} "
+              f"queries ({t['meshd_queries']} for meshd), {t['answers']} answers ({t['meshd_answers']} "
+              f"meshd, from {sources})" + (f"; {t['error']}" if t["error"] else ""))
+    if mdns.get("error"):
+        print(f"mdns: {mdns['error']}")
     if facts.get("firewall"):
         print(f"firewall: {facts['firewall']}")
     for p in problems:
@@ -45,11 +53,56 @@ def print_report(report: dict[str, Any], as_json: bool) -> int:
     return 1 if problems else 0
 
 
-async def _ask(socket: Path | None, op: str) -> Any:
+async def _ask(socket: Path | None, op: str, listen: float = 0.0) -> Any:
     from .client import Agent
 
     async with Agent(f"meshctl-{os.getpid()}", socket=socket or find_agent_socket()) as me:
-        return await me.admin(op)
+        return await doctor_with_mdns(me, listen) if op == "doctor" else await me.admin(op)
+
+
+def _chosen(report: dict[str, Any]) -> tuple[list[tuple[str, str]], list[str]]:
+    """The report's interfaces that are on this host too (the daemon may run in another network
+    namespace), and the addresses that are not: only the former are joined."""
+    from .doctor import interface_facts
+
+    addresses = [f["address"] for f in report["facts"].get("interfaces", []) if f["present"]]
+    here = [(f["interface"], f["address"]) for f in interface_facts(addresses) if f["present"]]
+    return here, [a for a in addresses if a not in {addr for _, addr in here}]
+
+
+def _listen(report: dict[str, Any], listen: float, ask: Any = None) -> Any:
+    """Count mDNS on the report's interfaces for ``listen`` seconds; ``ask`` (a coroutine
+    function) is awaited once the socket listens: the daemon's doctor op with an mDNS query."""
+    from .doctor import mdns_findings
+    from .mdnswatch import MdnsListener
+
+    async def run() -> dict[str, Any]:
+        here, elsewhere = _chosen(report)
+        if elsewhere or not here:
+            report["facts"]["mdns"] = {"error": f"the daemon's addresses {', '.join(elsewhere) or '(none)'} "
+                                       "are not on this host's interfaces: run the doctor on its host"}
+            return report
+        try:
+            listener = MdnsListener(here)
+        except OSError as exc:
+            report["facts"]["mdns"] = {"error": f"cannot listen on UDP 5353: {exc}"}
+            return report
+        with listener:
+            fresh = await ask() if ask is not None else report
+            traffic = await asyncio.to_thread(listener.run, listen)
+        mdns_findings(fresh, [t.as_dict() for t in traffic], listen)
+        return fresh
+    return run()
+
+
+async def doctor_with_mdns(me: Any, listen: float) -> dict[str, Any]:
+    """The daemon's doctor report; with ``listen`` > 0, plus the mDNS seen on each of its
+    interfaces while it sends one query (this process only listens)."""
+    report: dict[str, Any] = await me.admin("doctor")
+    if listen <= 0:
+        return report
+    result: dict[str, Any] = await _listen(report, listen, lambda: me.admin("doctor", mdns_query=True))
+    return result
 
 
 def discovered_key(socket: Path | None, name: str) -> str | None:
@@ -99,11 +152,13 @@ def meshd_doctor(args: argparse.Namespace) -> int:
     socket = args.socket or find_agent_socket()
     if socket.exists():
         try:
-            return print_report(asyncio.run(_ask(socket, "doctor")), args.json)
+            return print_report(asyncio.run(_ask(socket, "doctor", args.listen)), args.json)
         except (MeshError, OSError) as exc:
             print(f"meshd doctor: the daemon at {socket} does not answer ({exc}); local checks only",
                   file=sys.stderr)
     report = local_report(settings, list(settings.interfaces) or default_interfaces())
+    if args.listen > 0:
+        report = asyncio.run(_listen(report, args.listen))
     report["problems"].insert(0, {"code": "not_running", "message": f"no daemon answers on {socket}",
                                   "hint": "start meshd (systemctl start meshd), or pass --socket"})
     return print_report(report, args.json)

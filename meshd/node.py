@@ -327,6 +327,7 @@ class Node:
         self.admin.router = self.routing
         self.admin.doctor = lambda: daemon_report(self.settings, self.interfaces, self.peer_table,
                                                   {"router": self.router_port, "pub": self.pub_port})
+        self.admin.mdns_query = lambda: self._discovery is not None and self._discovery.send_query()
 
     async def _start_discovery(self) -> None:
         s = self.settings

@@ -1,19 +1,17 @@
 """The peer table: other daemons of the mesh, how we reach them and whether they are alive.
 
-Owns: :class:`Peer` records and their sockets (a DEALER to each peer's ROUTER with its monitor, a
-SUB to each peer's XPUB), static dials waiting for an answer, discovered nodes whose key is not
-trusted yet, the HELLO exchange (identity, gossip of other peers, the directory snapshot), peer
-control messages (heartbeat, sync, dir, ack, bye), liveness (online -> stale -> offline) and
-redials with jittered backoff. It must not touch the directory, routing, agents or qos 1: what
-it learns it reports through :class:`PeerEvents` callbacks, which node.py wires; peers and the
-directory never import each other.
+Owns: :class:`Peer` records, discovered nodes whose key is not trusted yet, the HELLO exchange
+(identity, gossip of other peers, the directory snapshot), peer control messages (heartbeat,
+sync, dir, ack, bye) and liveness (online -> stale -> offline). Opening, watching and closing
+each peer's sockets (static dials, ``ensure``, the DEALER monitor, redials with jittered
+backoff) is :class:`~meshd.peerdial.PeerDialer`, its base class. It must not touch the
+directory, routing, agents or qos 1: what it learns it reports through :class:`PeerEvents`
+callbacks, which node.py wires; peers and the directory never import each other.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections import Counter
@@ -22,17 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from . import protocol as P
 from . import transport
-from .backoff import backoff_delay
 from .config import Settings
 from .discovery import PeerAdvert
 from .duplicates import CloneWatch
-from .keys import key_from_hex, key_to_hex
+from .keys import key_to_hex
 from .liveness import PeerState, next_state
 from .logonce import LogOnce
+from .peerdial import PeerDialer
 from .protocol import FrameError, Kind
 from .security import Security
 from .sightings import Sightings
@@ -123,17 +120,7 @@ MAX_RIDS_PER_PEER = 4
 """Routing ids remembered per peer (each redial or restart of its DEALER brings a new one)."""
 
 
-def prefer_endpoint(endpoints: list[str], own: list[str]) -> str:
-    """Pick the endpoint whose address shares a /24 with one of ours; else the first."""
-    for ep in endpoints:
-        host = ep.removeprefix("tcp://").rsplit(":", 1)[0]
-        for mine in own:
-            if host.rsplit(".", 1)[0] == mine.rsplit(".", 1)[0]:
-                return ep
-    return endpoints[0]
-
-
-class PeerTable:
+class PeerTable(PeerDialer):
     """Every peer this node knows, keyed by node id."""
 
     def __init__(self, settings: Settings, *, node_id: str, name: str, incarnation: str,
@@ -318,155 +305,6 @@ class PeerTable:
         if peer is not None and peer.state is not PeerState.OFFLINE:
             log.info("peer %s (%s) said goodbye on mDNS", node_id, peer.name)
             self.set_state(peer, PeerState.OFFLINE)
-
-    def dial_static(self, endpoint: str) -> None:
-        """Connect to a configured peer whose node id we learn from its HELLO reply."""
-        endpoint, _, query = endpoint.partition("?")
-        if endpoint in self.router_endpoints or endpoint in self.pending_static:
-            return
-        if self._plaintext_refused(endpoint):
-            return
-        key = key_from_hex(query.removeprefix("key=")) if query else None
-        server_key = self.security.static_server_key(key)
-        if self.security.curve is not None and server_key is None:
-            log.error("static peer %s has no key: in trust_mode keys write it as %s?key=<hex public key> "
-                      "(meshctl keys show prints it)", endpoint, endpoint)
-            return
-        if server_key:
-            self.static_keys[endpoint] = server_key
-        dealer = transport.peer_dealer(self.ctx, self.node_id, self.security.curve, server_key)
-        dealer.connect(endpoint)
-        self.pending_static[endpoint] = dealer
-        dealer.send_multipart(P.frames(self._seq_header(Kind.HELLO, None),
-                                       self.hello_body(reply=False, via=endpoint)), zmq.NOBLOCK)
-
-    def ensure(self, node_id: str, routers: list[str], pubs: list[str], source: str,
-               pubkey: str | None = None) -> Peer:
-        """The peer ``node_id``, created if new, (re)connected if its endpoints or key changed."""
-        peer = self.peers.get(node_id)
-        if peer is None:
-            peer = Peer(node_id=node_id, source=source)
-            self.peers[node_id] = peer
-        if pubkey is not None and pubkey != peer.pubkey:
-            peer.pubkey = pubkey
-            peer.connected_router = peer.connected_pub = ""  # re-dial pinned to the new key
-        if routers:
-            peer.routers = list(routers)
-        if pubs:
-            peer.pubs = list(pubs)
-        router = prefer_endpoint(peer.routers, self.interfaces) if peer.routers else ""
-        if router and self._plaintext_refused(router):
-            router = ""  # never dialled: learned from gossip or discovery, outside loopback
-        if router and router != peer.connected_router:
-            self.close_dealer(peer)
-            adopted = self.pending_static.pop(router, None)
-            peer.dealer = adopted or transport.peer_dealer(self.ctx, self.node_id, self.security.curve,
-                                                           peer.pubkey or None)
-            if adopted is None:
-                peer.dealer.connect(router)
-            peer.connected_router = router
-            peer.link_up = False
-            peer.monitor = peer.dealer.get_monitor_socket(
-                zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            )
-            self.reactor.add(peer.monitor, functools.partial(self._on_monitor, peer))
-        pub = prefer_endpoint(peer.pubs, self.interfaces) if peer.pubs else ""
-        if pub and self._plaintext_refused(pub):
-            pub = ""
-        if pub and pub != peer.connected_pub:
-            self.close_sub(peer)
-            peer.sub = transport.peer_sub(self.ctx, self.max_frame, self.security.curve,
-                                          peer.pubkey or None)
-            for key in self.events.topic_keys():
-                peer.sub.setsockopt(zmq.SUBSCRIBE, key)
-            peer.sub.connect(pub)
-            peer.connected_pub = pub
-            self.reactor.add(peer.sub, self.events.topic_message)
-        return peer
-
-    def _plaintext_refused(self, endpoint: str) -> bool:
-        """Insecure mode: refuse (count, log once) a dial outside loopback (issue 8)."""
-        if not self.security.plaintext_refused(endpoint):
-            return False
-        self.stats["refused_plaintext_dial"] += 1
-        self.quiet.log(f"plaintext:{endpoint}", "not dialling %s in plaintext (--insecure) outside "
-                       "loopback; set allow_insecure_lan = true if you really mean it", endpoint)
-        return True
-
-    def close_dealer(self, peer: Peer) -> None:
-        if peer.monitor is not None:
-            self.reactor.remove(peer.monitor)
-            if peer.dealer is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    peer.dealer.disable_monitor()
-            peer.monitor.close(0)
-            peer.monitor = None
-        if peer.dealer is not None:
-            peer.dealer.close(0)
-            peer.dealer = None
-        peer.connected_router = ""
-
-    def close_sub(self, peer: Peer) -> None:
-        if peer.sub is not None:
-            self.reactor.remove(peer.sub)
-            peer.sub.close(0)
-            peer.sub = None
-        peer.connected_pub = ""
-
-    def subscribe_all(self, keys: Iterable[bytes], option: int) -> None:
-        """(Un)subscribe every peer's SUB socket: filtering happens at the publisher."""
-        for key in keys:
-            for peer in self.peers.values():
-                if peer.sub is not None:
-                    peer.sub.setsockopt(option, key)
-
-    def _on_monitor(self, peer: Peer, frames: list[bytes]) -> None:
-        if self.stopping:
-            return
-        try:
-            event = parse_monitor_message(frames)["event"]
-        except Exception:
-            return
-        peer.link_up = event == zmq.EVENT_HANDSHAKE_SUCCEEDED or (peer.link_up and event not in (
-            zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_AUTH))
-        if event == zmq.EVENT_DISCONNECTED and peer.state is PeerState.ONLINE:
-            # The connection dropped (killed daemon, reset): stale at once, offline by timer.
-            log.info("peer %s (%s) connection dropped", peer.node_id, peer.name)
-            self.set_state(peer, PeerState.STALE)
-        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            # (Re)connected: a restart, a healed partition, or a peer that just started trusting
-            # us. Greet so it (re-)admits us and resyncs; what we queued before may be gone.
-            peer.redial_attempts = 0
-            self.send_hello(peer, reply=False)
-        elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH and not peer.redial_pending:
-            # The peer does not trust our key (yet). libzmq gives up on that connection; dial
-            # again with backoff, so a later `meshctl keys trust` on its side lets us in.
-            peer.redial_attempts += 1
-            peer.redial_pending = True
-            self.quiet.log(f"authfail:{peer.node_id}", "peer %s (%s) refused our key; retrying",
-                           peer.node_id, peer.name)
-            delay = backoff_delay(peer.redial_attempts, 1.0, 30.0)
-            asyncio.get_running_loop().call_later(delay, self._redial, peer, True)
-
-    def _redial(self, peer: Peer, due: bool = False) -> None:
-        """Recreate a peer's DEALER and SUB (same endpoints, same pinned key)."""
-        if due and not peer.redial_pending:
-            return  # it was redialed early (it greeted us: it trusts our key now)
-        peer.redial_pending = False
-        if self.stopping or self.peers.get(peer.node_id) is not peer:
-            return
-        peer.connected_router = peer.connected_pub = ""
-        self.ensure(peer.node_id, [], [], peer.source)
-        self.send_hello(peer, reply=False)
-
-    def readdress(self, router_endpoints: list[str], pub_endpoints: list[str]) -> None:
-        """Our addresses changed: dial every peer afresh (from the new address) and greet it with
-        the new endpoints, so it re-dials us."""
-        self.router_endpoints[:], self.pub_endpoints[:] = router_endpoints, pub_endpoints
-        for peer in list(self.peers.values()):
-            peer.connected_router = peer.connected_pub = ""
-            self.ensure(peer.node_id, [], [], peer.source)
-            self.send_hello(peer, reply=False)
 
     def set_state(self, peer: Peer, state: PeerState) -> None:
         if peer.state is state:

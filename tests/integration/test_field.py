@@ -161,3 +161,29 @@ def test_a_node_of_another_protocol_version_is_listed_and_explained(meshd_factor
     finally:
         zc.unregister_service(info)
         zc.close()
+
+
+def test_the_doctor_counts_the_mdns_a_running_daemon_sends_and_its_peers_answer(
+        meshd_factory: MeshdFactory) -> None:
+    from meshd.discovery import instance_name
+
+    a = meshd_factory.spawn("ma")
+    b = meshd_factory.spawn("mb")
+    meshd_factory.wait_mesh([a, b])
+    done = _meshctl(a, "doctor", "--json", "--listen", "2")
+    report = json.loads(done.stdout)
+    mdns = report["facts"]["mdns"]
+    assert mdns["daemon_queried"] is True and mdns["listened_s"] == 2
+    (lo,) = mdns["interfaces"]
+    assert lo["address"] == "127.0.0.1" and lo["joined"] is True
+    # a's own query (looped back) and b's answer naming b's service instance, seen on loopback.
+    assert lo["meshd_queries"] >= 1 and lo["meshd_answers"] >= 1, lo
+    assert instance_name(meshd_factory.mesh, b.node_id) in lo["meshd_names"], lo
+    assert "127.0.0.1" in lo["meshd_answer_sources"]
+    assert not any(p["code"] == "no_mdns" for p in report["problems"])
+    text = _cli("meshd_main", "doctor", "--socket", str(a.socket), "--listen", "1")
+    assert "mdns on lo 127.0.0.1 over 1 s:" in text.stdout, text.stdout + text.stderr
+    off = json.loads(_meshctl(a, "doctor", "--json", "--listen", "0").stdout)
+    assert "mdns" not in off["facts"]
+    bad = _meshctl(a, "doctor", "--listen", "-1")
+    assert bad.returncode == 2 and "--listen must be" in bad.stderr

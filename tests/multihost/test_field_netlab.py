@@ -1,6 +1,7 @@
 """Field problems on three netlab hosts (issue 14): an address that moves while meshd runs, an
 interface added after start, a link that works one way only, and the doctor naming a host
-without multicast. Host 3 runs with default interfaces (no --interface), as a DHCP host would.
+without multicast or whose mDNS a firewall drops (and counting it where it flows). Host 3 runs
+with default interfaces (no --interface), as a DHCP host would.
 Figures are printed (``-s``), never asserted; bounds only say when to give up.
 """
 
@@ -143,17 +144,63 @@ def test_a_one_way_link_is_shown_as_such_and_fails_fast(field: FieldHosts) -> No
                what="h1 to see h2 online again")
 
 
+def _doctor_on(mh: FieldHosts, i: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """``meshctl doctor`` run inside host i's namespace (so its mDNS listen sees host i's eth0)."""
+    return subprocess.run(["ip", "netns", "exec", mh.lab.host(i), sys.executable, "-c",
+                           "import sys; from meshd.cli import meshctl_main; sys.exit(meshctl_main())",
+                           "--socket", str(mh.daemons[i].socket), "doctor", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _eth0_mdns(report: dict[str, Any]) -> dict[str, Any]:
+    return next(t for t in report["facts"]["mdns"]["interfaces"] if t["interface"] == "eth0")
+
+
+def test_the_doctor_counts_mdns_on_eth0_with_the_peers_answering(field: FieldHosts) -> None:
+    mh = field
+    mh.wait_full_mesh(WAIT)
+    done = _doctor_on(mh, 1, "--json", "--listen", "2")
+    report = json.loads(done.stdout)
+    eth0 = _eth0_mdns(report)
+    print(f"\n[netlab] doctor on h1, 2 s: {eth0}")
+    assert eth0["meshd_queries"] >= 1 and eth0["meshd_answers"] >= 1
+    assert {mh.address(2), mh.address(3)} & set(eth0["meshd_answer_sources"]), eth0
+    assert not any(p["code"] == "no_mdns" for p in report["problems"]), report["problems"]
+
+
 def test_the_doctor_names_a_host_without_multicast(field: FieldHosts) -> None:
     mh = field
     _ns(mh, 2, "ip", "link", "set", "eth0", "multicast", "off")
     try:
-        doctor = subprocess.run([sys.executable, "-c", "import sys; from meshd.cli import meshctl_main; "
-                                 "sys.exit(meshctl_main())", "--socket", str(mh.daemons[2].socket),
-                                 "doctor"], capture_output=True, text=True, timeout=60)
+        doctor = _doctor_on(mh, 2)
         assert doctor.returncode == 1
         assert "PROBLEM no_multicast" in doctor.stdout and "eth0" in doctor.stdout
+        # Measured: a veth with the flag off still carries mDNS both ways, so the doctor names the
+        # flag and shows the traffic it saw (a firewall dropping mDNS: the test below).
+        assert "mdns on eth0 198.18.0.2 over 2 s:" in doctor.stdout
+        print(f"\n[netlab] doctor on h2 with multicast off:\n{doctor.stdout}")
     finally:
         _ns(mh, 2, "ip", "link", "set", "eth0", "multicast", "on")
+
+
+def test_the_doctor_names_an_interface_whose_mdns_a_firewall_drops(field: FieldHosts) -> None:
+    mh = field
+    # The MULTICAST flag is on, but a firewall on host 2 drops mDNS both ways.
+    _ns(mh, 2, "nft", "add", "table", "inet", "drmdns")
+    for chain, hook in (("in", "input"), ("out", "output")):
+        _ns(mh, 2, "nft", "add", "chain", "inet", "drmdns", chain,
+            f"{{ type filter hook {hook} priority 0; }}")
+        _ns(mh, 2, "nft", "add", "rule", "inet", "drmdns", chain, "udp", "dport", "5353", "drop")
+    try:
+        doctor = _doctor_on(mh, 2, "--json")
+        report = json.loads(doctor.stdout)
+        assert doctor.returncode == 1
+        codes = {p["code"]: p["message"] for p in report["problems"]}
+        assert "no_multicast" not in codes
+        assert "eth0" in codes["no_mdns"] and "daemon sent an mDNS query" in codes["no_mdns"]
+        assert _eth0_mdns(report)["packets"] == 0
+    finally:
+        _ns(mh, 2, "nft", "delete", "table", "inet", "drmdns")
 
 
 def test_after_a_partition_heals_requests_succeed_or_fail_fast_never_time_out(field: FieldHosts) -> None:
