@@ -11,6 +11,7 @@ callbacks, which node.py wires; peers and the directory never import each other.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -439,7 +440,8 @@ class PeerTable(PeerDialer):
         now = time.monotonic()
         if self.clones.saw(node_id, incarnation, routers, now):
             self.stats["duplicate_node_ids"] += 1
-            self.send_hello(peer, reply=True)  # carries `dups`; the other clone hears it when it greets
+            self.send_hello(peer, reply=True)  # carries `dups`
+            self._tell_clones(peer)
         if peer.incarnation and peer.incarnation != incarnation and not self.clones.is_duplicate(node_id):
             log.info("peer %s restarted", node_id)
             self.events.restarted(peer)
@@ -472,6 +474,24 @@ class PeerTable(PeerDialer):
                                        pubkey=gossip_key)
                 self.send_hello(gossiped, reply=False)
 
+    def _tell_clones(self, peer: Peer) -> None:
+        """Greet every other daemon answering as ``peer``'s node id once, with ``dups``: our DEALER
+        reaches only one of them, and each clone must log that it is one. A short-lived DEALER per
+        router (at most 4), pinned to the node's key (clones share it), closed after a few seconds."""
+        hello = P.frames(self._seq_header(Kind.HELLO, None), self.hello_body(reply=True))
+        routers = [r for d in self.clones.describe(peer.node_id) for r in d["routers"]
+                   if r != peer.connected_router][:4]
+        for router in dict.fromkeys(routers):
+            try:
+                dealer = transport.peer_dealer(self.ctx, self.node_id, self.security.curve, peer.pubkey)
+                dealer.connect(router)
+                dealer.send_multipart(hello, zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                self.quiet.log(f"tellclone:{router}", "could not tell %s of its duplicate id: %s",
+                               router, exc)
+                continue
+            asyncio.get_running_loop().call_later(3.0, dealer.close, transport.LINGER_MS)
+
     def _check_clone(self, peer: Peer, rid: bytes, now: float) -> None:
         """A heartbeat from a routing id that greeted with an older boot id than the node's latest
         HELLO, well after that HELLO: two live daemons share this node id (a cloned image). Each
@@ -484,7 +504,8 @@ class PeerTable(PeerDialer):
             return
         if self.clones.saw(peer.node_id, boot[0], boot[1], now):
             self.stats["duplicate_node_ids"] += 1
-            self.send_hello(peer, reply=True)  # carries `dups`: the clones hear of it too
+            self.send_hello(peer, reply=True)  # carries `dups`
+            self._tell_clones(peer)
 
     # ------------------------------------------------------------------ timers' work
 
