@@ -21,8 +21,11 @@ import zmq
 
 from . import __version__
 from .config import Settings, ensure_dirs, find_agent_socket, load_settings
+from .ctlfmt import print_json, table
 from .errors import ConfigError, MeshError
+from .keyctl import run_keys
 from .keys import KeyFileError
+from .top import run_top
 
 log = logging.getLogger("meshd")
 
@@ -209,14 +212,6 @@ def meshd_main(argv: list[str] | None = None) -> int:
 
 # --------------------------------------------------------------------------------- meshctl
 
-def _print_json(obj: Any) -> None:
-    print(json.dumps(obj, default=str, sort_keys=True), flush=True)
-
-
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> None:
-    print("\n".join(_table_lines(rows, columns)))
-
-
 def _listen_seconds(text: str) -> float:
     from .mdnswatch import MAX_LISTEN_SECONDS
 
@@ -260,155 +255,19 @@ def _http(args: argparse.Namespace) -> int:
     return 0
 
 
-def _keys(args: argparse.Namespace) -> int:
-    """meshctl keys ...: manage the node keypair and the authorized-keys folder (files only)."""
-    from . import keys as K
-
-    overrides: dict[str, Any] = {}
-    if args.state_dir:
-        overrides["state_dir"] = args.state_dir
-    if args.authorized_keys_dir:
-        overrides["authorized_keys_dir"] = args.authorized_keys_dir
-    env = dict(os.environ)
-    config = args.config or (Path(env["MESHD_CONFIG"]) if env.get("MESHD_CONFIG") else None)
-    settings = load_settings(config, overrides=overrides, environ=env)
-    authorized = settings.resolved_authorized_keys()
-    if args.keys_cmd in ("show", "export"):
-        pair = K.load_or_create_node_keys(settings.state_dir)
-        if args.keys_cmd == "show":
-            print(f"public key (z85): {pair.public}")
-            print(f"public key (hex): {K.key_to_hex(pair.public)}")
-            print(f"key file:         {K.node_key_paths(settings.state_dir)[0]}")
-            print(f"as a static peer: tcp://HOST:PORT?key={K.key_to_hex(pair.public)}")
-        else:
-            text = K.node_key_paths(settings.state_dir)[0].read_text()
-            if args.output:
-                Path(args.output).write_text(text)
-            else:
-                sys.stdout.write(text)
-    elif args.keys_cmd == "trust":
-        key = args.key
-        if key is None:
-            from .fieldcli import discovered_key
-
-            key = discovered_key(args.socket, args.name)
-            if key is None:
-                return 1
-        if Path(key).is_file():
-            found = K.read_public_key(Path(key))
-            if found is None:
-                print(f"meshctl: no public key in {key}", file=sys.stderr)
-                return 1
-            key = found
-        path = K.trust_key(authorized, args.name, key)
-        print(f"trusted {args.name}: {path} (a running daemon picks it up within a second)")
-    elif args.keys_cmd == "untrust":
-        removed = K.untrust_key(authorized, args.name)
-        if not removed:
-            print(f"meshctl: no trusted key named {args.name!r} in {authorized}", file=sys.stderr)
-            return 1
-        for path in removed:
-            print(f"removed {path}")
-    elif args.keys_cmd == "list":
-        store = K.TrustStore("keys", authorized)
-        rows = [{"name": name, "key": key} for key, name in sorted(store.keys.items(), key=lambda kv: kv[1])]
-        if args.json:
-            _print_json(rows)
-        else:
-            _table(rows, ["name", "key"])
-    elif args.keys_cmd == "secret":
-        target = Path(args.path)
-        if target.exists():
-            print(f"meshctl: {target} exists; not overwriting a mesh secret", file=sys.stderr)
-            return 1
-        try:
-            K.create_mesh_secret(target, owner=args.owner)
-        except PermissionError as exc:
-            print(f"meshctl: cannot write {target}: {exc.strerror}" + (
-                " (--owner needs root)" if args.owner else ""), file=sys.stderr)
-            return 1
-        owner = f", owner {args.owner}" if args.owner else ""
-        print(f"wrote a new mesh secret to {target} (mode 0600{owner}); copy it to every node of the fleet")
-    return 0
-
-
-def _top_frame(node: dict[str, Any], peers: list[dict[str, Any]], agents: list[dict[str, Any]]) -> str:
-    """One screen of ``meshctl top``: nodes, then agents with their state and load."""
-    online = sum(1 for p in peers if p.get("state") == "online")
-    lines = [f"meshd top  node {node.get('name')} ({node.get('node')})  mesh {node.get('mesh')!r}  "
-             f"{online}/{len(peers)} peers online  {time.strftime('%H:%M:%S')}", ""]
-    own = sum(1 for a in agents if a.get("node") == node.get("node"))  # without meshctl itself
-    rows = [{"node": node.get("node"), "name": node.get("name"), "state": "self",
-             "agents": own, "last_seen_ago": 0}]
-    rows += [{k: p.get(k) for k in ("node", "name", "state", "agents", "last_seen_ago")} for p in peers]
-    lines += _table_lines(rows, ["name", "node", "state", "agents", "last_seen_ago"])
-    lines.append("")
-    agent_rows = []
-    for a in agents:
-        tele = a.get("telemetry") or {}
-        pct = tele.get("context_used_pct")
-        agent_rows.append({
-            "agent": a.get("name"), "node": a.get("node_name"), "state": a.get("state"),
-            "ctx%": f"{pct:.0f}" if isinstance(pct, (int, float)) else "-",
-            "queue": tele.get("queue_depth", "-"),
-            "tasks": task_summary_cell(tele.get("tasks_summary")),
-            "caps": ",".join(a.get("capabilities") or []),
-        })
-    lines += _table_lines(agent_rows, ["agent", "node", "state", "ctx%", "queue", "tasks", "caps"])
-    return "\n".join(lines)
-
-
-def task_summary_cell(summary: Any, width: int = 40) -> str:
-    """A ``tasks_summary`` (a map of counts, or a coms-net list of {title, status}) on one line."""
-    if isinstance(summary, list):
-        counts: dict[str, int] = {}
-        for item in summary:
-            if isinstance(item, dict):
-                status = str(item.get("status", "?"))
-                counts[status] = counts.get(status, 0) + 1
-        summary = counts
-    if isinstance(summary, dict):
-        text = " ".join(f"{k}={v}" for k, v in summary.items())
-    else:
-        text = "" if summary is None else str(summary)
-    return text[:width]
-
-
-def _table_lines(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
-    widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns}
-    out = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
-    out += ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns) for r in rows]
-    return out
-
-
-async def _top(me: Any, args: argparse.Namespace) -> int:
-    tty = sys.stdout.isatty() and not args.once
-    frames = 1 if args.once else args.count
-    shown = 0
-    while frames is None or shown < frames:
-        agents = [a for a in await me.agents() if not str(a.get("name", "")).startswith("meshctl-")]
-        screen = _top_frame(await me.node_info(), await me.peers(), agents)
-        print(("\033[H\033[2J" if tty else "") + screen, flush=True)
-        shown += 1
-        if frames is not None and shown >= frames:
-            break
-        await asyncio.sleep(args.interval)
-    return 0
-
-
 async def _deadletters(me: Any, args: argparse.Namespace) -> int:
     if args.dl_cmd == "list":
         letters = await me.admin("deadletters.list")
         if args.json:
-            _print_json(letters)
+            print_json(letters)
         else:
             for d in letters:
                 d["when"] = time.strftime("%H:%M:%S", time.localtime(d["at"]))
-            _table(letters, ["seq", "when", "reason", "kind", "from", "to", "topic", "attempts", "detail"])
+            table(letters, ["seq", "when", "reason", "kind", "from", "to", "topic", "attempts", "detail"])
     elif args.dl_cmd == "show":
         letter = await me.admin("deadletters.show", seq=args.seq)
         letter["frames"] = [f.hex() if isinstance(f, bytes) else f for f in letter.get("frames", [])]
-        _print_json(letter)
+        print_json(letter)
     elif args.dl_cmd == "replay":
         if args.seq is None and not (args.reason or args.to or args.all):
             print("meshctl: say which: a SEQ, --reason CODE, --to AGENT or --all", file=sys.stderr)
@@ -441,15 +300,15 @@ async def _tasks(me: Any, args: argparse.Namespace) -> int:
             query["state"] = args.state
         rows = list(await call("list_tasks", query))
         if args.json:
-            _print_json(rows)
+            print_json(rows)
             return 0
         for row in rows:
             row["note"] = str(row.get("why") or row.get("error") or "")[:60]
             row["plan"] = row.get("plan_id") or ""
-        _table(rows, ["id", "state", "title", "capability", "assignee", "attempts", "plan", "note"])
+        table(rows, ["id", "state", "title", "capability", "assignee", "attempts", "plan", "note"])
     elif args.tasks_cmd == "show":
         key = "plan_id" if str(args.id).startswith("p-") else "task_id"
-        _print_json(await call("task_status", {key: args.id}))
+        print_json(await call("task_status", {key: args.id}))
     elif args.tasks_cmd == "cancel":
         record = await call("cancel_task", {"task_id": args.id})
         print(f"{record.get('id', args.id)}: {record.get('state')}"
@@ -516,9 +375,9 @@ async def _ctl(args: argparse.Namespace) -> int:
                 peers += [r | {"note": r.get("fingerprint") or r.get("detail")}
                           for r in await me.admin("peers.discovered")]
             if args.json:
-                _print_json(peers)
+                print_json(peers)
             else:
-                _table(peers, ["node", "name", "state", "agents", "router", "last_seen_ago", "source",
+                table(peers, ["node", "name", "state", "agents", "router", "last_seen_ago", "source",
                                "note"])
         elif args.cmd == "doctor":
             from .fieldcli import doctor_with_mdns, print_report
@@ -527,13 +386,13 @@ async def _ctl(args: argparse.Namespace) -> int:
         elif args.cmd == "agents":
             agents = [a for a in await me.agents() if not str(a.get("name", "")).startswith("meshctl-")]
             if args.json:
-                _print_json(agents)
+                print_json(agents)
             else:
                 for a in agents:
                     a["caps"] = ",".join(a.get("capabilities") or [])
-                _table(agents, ["name", "node_name", "node", "state", "caps"])
+                table(agents, ["name", "node_name", "node", "state", "caps"])
         elif args.cmd == "node":
-            _print_json(await me.node_info())
+            print_json(await me.node_info())
         elif args.cmd == "send":
             await me.send(args.agent, args.topic, args.payload)
             await asyncio.sleep(0.05)  # let the daemon bounce an unknown name back
@@ -541,11 +400,11 @@ async def _ctl(args: argparse.Namespace) -> int:
                 return 1
         elif args.cmd == "request":
             reply = await me.request(args.agent, args.topic, args.payload, timeout=args.timeout)
-            _print_json(reply)
+            print_json(reply)
         elif args.cmd == "handoff":
             result = await me.handoff(args.agent, args.task_id, context=args.context,
                                       artifacts=args.artifacts, timeout=args.timeout)
-            _print_json({"accepted": result.accepted, "reason": result.reason, "data": result.data})
+            print_json({"accepted": result.accepted, "reason": result.reason, "data": result.data})
             if not result.accepted:
                 return 3
         elif args.cmd == "publish":
@@ -554,7 +413,7 @@ async def _ctl(args: argparse.Namespace) -> int:
         elif args.cmd == "deadletters":
             return await _deadletters(me, args)
         elif args.cmd == "top":
-            return await _top(me, args)
+            return await run_top(me, args)
         elif args.cmd == "tasks":
             return await _tasks(me, args)
         elif args.cmd in ("tools", "approvals"):  # issue 9: syscall tools (meshd/tools/ctl.py)
@@ -573,7 +432,7 @@ async def _ctl(args: argparse.Namespace) -> int:
                         "payload": msg.payload, "ts": time.time()}
                 if msg.tasks:
                     line["tasks"] = msg.tasks
-                _print_json(line)
+                print_json(line)
                 if msg.is_request and getattr(args, "echo", False):
                     return msg.payload
                 return None
@@ -692,7 +551,7 @@ def meshctl_main(argv: list[str] | None = None) -> int:
             return 1
     if args.cmd == "keys":
         try:
-            return _keys(args)
+            return run_keys(args)
         except (ConfigError, KeyFileError) as exc:
             print(f"meshctl: {exc}", file=sys.stderr)
             return 2

@@ -47,7 +47,7 @@ from .addrwatch import AddressWatcher
 from .admin import Admin, letter_summary
 from .agents import AgentLink, LocalAgents
 from .builtin_plugins import JsonlDeadLetterSink
-from .config import Settings, make_private_file
+from .config import Settings
 from .deadletters import DeadLetters
 from .directory import Directory
 from .discovery import Discovery, default_interfaces
@@ -64,6 +64,7 @@ from .qos1_driver import Qos1Driver
 from .routing import Router
 from .sdnotify import Notifier
 from .security import Security
+from .statefiles import make_private_file
 from .supervise import supervised
 from .view import MetricsSnapshot
 

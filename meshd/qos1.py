@@ -30,8 +30,8 @@ import msgpack
 
 from . import protocol as P
 from .backoff import backoff_delay
-from .config import make_private_file
 from .protocol import FrameError
+from .statefiles import make_private_file
 
 __all__ = ["Acked", "Action", "Attempt", "Confirm", "DeliveryStore", "GiveUp", "OutboxEntry", "Qos1",
            "SendAcks"]

@@ -20,8 +20,8 @@ from typing import Any
 
 import msgpack
 
-from ..config import make_private_file
 from ..errors import NoSuchTask, TaskStoreFull
+from ..statefiles import make_private_file
 
 __all__ = ["FINISHED", "STATES", "TaskStore"]
 
