@@ -60,9 +60,12 @@ class AgentLink:
         finally:
             self.reactor.kick(self.sock)
 
-    def send_error(self, rid: bytes, corr: Any, code: str, message: str) -> None:
-        """An error envelope from this daemon on the connection ``rid`` (no routing)."""
+    def send_error(self, rid: bytes, corr: Any, code: str, message: str, *,
+                   retry_after: float | None = None) -> None:
+        """An error envelope from this daemon on the connection ``rid`` (no routing); with
+        ``retry_after`` it is marked retryable."""
         err = P.error_header(None, corr if isinstance(corr, str) else None, code, message,
+                             retry=retry_after is not None, retry_after=retry_after,
                              sender=f"meshd@{self.node_id}")
         self.send(rid, err)
 

@@ -361,6 +361,26 @@ class Settings(BaseModel):
         description="Seconds a qos-1 message may wait in the outbox (receiver absent, inbox full, "
         "peer unreachable) before it becomes a dead letter.",
     )
+    qos1_outbox_max: int = Field(
+        default=20_000, ge=1,
+        description="qos-1 units (a single message or a batch) the outbox holds in total before "
+        "senders get OUTBOX_FULL.",
+    )
+    qos1_outbox_max_bytes: int = Field(
+        default=128 * 1024 * 1024, ge=1024 * 1024,
+        description="Bytes the qos-1 outbox holds in total (frames plus a per-unit overhead) before "
+        "senders get OUTBOX_FULL.",
+    )
+    qos1_outbox_per_dest_max: int = Field(
+        default=5_000, ge=1,
+        description="qos-1 units the outbox holds for one destination before its senders get "
+        "OUTBOX_FULL.",
+    )
+    qos1_outbox_per_dest_max_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024 * 1024,
+        description="Bytes the qos-1 outbox holds for one destination before its senders get "
+        "OUTBOX_FULL.",
+    )
     dead_letter_capacity: int = Field(
         default=1024, ge=1, description="Dead letters kept in memory (oldest evicted first)."
     )

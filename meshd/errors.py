@@ -105,6 +105,14 @@ class Undeliverable(MeshError):
     code = "UNDELIVERABLE"
 
 
+class OutboxFull(MeshError):
+    """The sending daemon's qos-1 outbox is at a bound (for that destination or in total):
+    the message was not accepted; retry later (``retry_after``)."""
+
+    code = "OUTBOX_FULL"
+    retryable = True
+
+
 class DaemonUnreachable(MeshError, ConnectionError):
     """The local meshd daemon did not answer on its agent socket."""
 
@@ -151,6 +159,7 @@ ERRORS_BY_CODE: dict[str, type[MeshError]] = {
         DaemonUnreachable,
         Cancelled,
         Undeliverable,
+        OutboxFull,
     )
 }
 

@@ -56,7 +56,7 @@ from .outcomes import Outcomes
 from .peers import Peer, PeerEvents, PeerTable
 from .plugins import PluginHost
 from .protocol import FrameError
-from .qos1 import DeliveryStore, Qos1
+from .qos1 import DeliveryStore, OutboxBounds, Qos1
 from .qos1_driver import Qos1Driver
 from .routing import Router
 from .sdnotify import Notifier
@@ -253,7 +253,11 @@ class Node:
     async def _start_delivery(self) -> None:
         s = self.settings
         self.store = DeliveryStore(s.state_dir / "delivery.db", seen_ttl=2 * s.qos1_ttl + 60.0)
-        machine = Qos1(self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout, ttl=s.qos1_ttl)
+        bounds = OutboxBounds(total_units=s.qos1_outbox_max, total_bytes=s.qos1_outbox_max_bytes,
+                              per_dest_units=s.qos1_outbox_per_dest_max,
+                              per_dest_bytes=s.qos1_outbox_per_dest_max_bytes)
+        machine = Qos1(self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout, ttl=s.qos1_ttl,
+                       bounds=bounds)
         self.qos = Qos1Driver(machine, node_id=self.node_id, stats=self.stats, outcomes=self.outcomes,
                               qos1_ttl=s.qos1_ttl)
 

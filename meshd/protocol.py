@@ -123,6 +123,7 @@ class ErrorCode:
     NOT_REGISTERED: Final = "NOT_REGISTERED"
     CANCELLED: Final = "CANCELLED"
     UNDELIVERABLE: Final = "UNDELIVERABLE"
+    OUTBOX_FULL: Final = "OUTBOX_FULL"
 
 
 HANDOFF_TOPIC: Final = "handoff-task"

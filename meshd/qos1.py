@@ -32,8 +32,8 @@ from . import protocol as P
 from .backoff import backoff_delay
 from .protocol import FrameError
 
-__all__ = ["Acked", "Action", "Attempt", "Confirm", "DeliveryStore", "GiveUp", "OutboxEntry", "Qos1",
-           "SendAcks"]
+__all__ = ["Acked", "Action", "Attempt", "Confirm", "DeliveryStore", "GiveUp", "OutboxBounds",
+           "OutboxEntry", "Qos1", "SendAcks", "unit_size"]
 
 log = logging.getLogger("meshd.delivery")
 
@@ -77,8 +77,23 @@ class OutboxEntry:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+UNIT_OVERHEAD = 1024
+"""Bytes a unit costs in the outbox beyond its frames (entry, decoded header, index slots), so
+the byte bounds count memory, not just payload (measured with tracemalloc: about 1,050 bytes
+beyond the frames of a small send)."""
+
+
+def unit_size(frames: list[bytes]) -> int:
+    """What a unit counts against the outbox byte bounds."""
+    return UNIT_OVERHEAD + sum(len(f) for f in frames)
+
+
 class DeliveryStore:
-    """The outbox and the seen-set of one node (``<state_dir>/delivery.db``)."""
+    """The outbox and the seen-set of one node (``<state_dir>/delivery.db``).
+
+    It keeps the outbox's size per destination and in total (units and bytes, see
+    :func:`unit_size`) so the machine can refuse a unit that would pass a bound.
+    """
 
     def __init__(self, path: Path | str, seen_ttl: float = 24 * 3600.0, *,
                  wall: Callable[[], float] = time.time) -> None:
@@ -91,6 +106,9 @@ class DeliveryStore:
         self.db.execute("PRAGMA synchronous=FULL")  # "accepted" means on disk (RELIABILITY.md)
         self.db.executescript(_SCHEMA)
         self.outbox: dict[str, OutboxEntry] = {}
+        self.dest_units: Counter[str] = Counter()
+        self.dest_bytes: Counter[str] = Counter()
+        self.total_bytes = 0
         self.seen: dict[str, float] = {}
         self.seen_origin: dict[str, str] = {}
         self._add: list[OutboxEntry] = []
@@ -111,6 +129,7 @@ class DeliveryStore:
             entry = OutboxEntry(id=row[0], dest=row[1], frames=list(frames), attempts=int(row[3]),
                                 created=float(row[4]), expires=float(row[5]), durable=True,
                                 sender=header.sender or "" if header else "", header=header)
+            self._count(entry, 1)
             self.outbox[entry.id] = entry
         for msg_id, at, origin in self.db.execute("SELECT id, at, origin FROM seen"):
             self.seen[msg_id] = at
@@ -122,8 +141,19 @@ class DeliveryStore:
 
     def stage(self, entry: OutboxEntry) -> None:
         """Add a unit; it is durable (and may be confirmed and forwarded) after ``flush``."""
+        if entry.id not in self.outbox:
+            self._count(entry, 1)
         self.outbox[entry.id] = entry
         self._add.append(entry)
+
+    def _count(self, entry: OutboxEntry, sign: int) -> None:
+        size = unit_size(entry.frames)
+        self.dest_units[entry.dest] += sign
+        self.dest_bytes[entry.dest] += sign * size
+        self.total_bytes += sign * size
+        if self.dest_units[entry.dest] <= 0:
+            del self.dest_units[entry.dest]
+            self.dest_bytes.pop(entry.dest, None)
 
     def record_attempt(self, entry: OutboxEntry) -> None:
         """Persist the attempt counter, so a restart does not grant fresh attempts."""
@@ -134,6 +164,7 @@ class DeliveryStore:
         """An ack (or a dead letter) ends a unit's life."""
         entry = self.outbox.pop(msg_id, None)
         if entry is not None:
+            self._count(entry, -1)
             self._update.pop(msg_id, None)
             self._delete.append(msg_id)
         return entry
@@ -255,6 +286,16 @@ class GiveUp:
 Action = Confirm | Attempt | SendAcks | Acked | GiveUp
 
 
+@dataclass(frozen=True, slots=True)
+class OutboxBounds:
+    """How much the outbox holds, per destination and in total (the ``qos1_outbox_*`` settings)."""
+
+    total_units: int = 20_000
+    total_bytes: int = 128 * 1024 * 1024
+    per_dest_units: int = 5_000
+    per_dest_bytes: int = 32 * 1024 * 1024
+
+
 @dataclass(eq=False)
 class _Delivering:
     origin: str  # node id the unit came from (our own for local senders)
@@ -277,8 +318,9 @@ class Qos1:
 
     def __init__(self, store: DeliveryStore, *, attempts: int, ack_timeout: float, ttl: float,
                  monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 jitter: float = 0.0) -> None:
+                 jitter: float = 0.0, bounds: OutboxBounds | None = None) -> None:
         self.store = store
+        self.bounds = bounds or OutboxBounds()
         self.max_attempts = attempts
         self.ack_timeout = ack_timeout
         self.ttl = ttl
@@ -296,6 +338,27 @@ class Qos1:
         return self.store.dirty or bool(self._acks_out) or bool(self._confirm_to)
 
     # ------------------------------------------------------------------ sender side
+
+    def refusal(self, unit_id: str, dest: str, frames: list[bytes]) -> str | None:
+        """Why a new unit for ``dest`` would pass an outbox bound (None: it fits).
+
+        A unit already in the outbox (a client's retry) always fits: it is confirmed again."""
+        store, b = self.store, self.bounds
+        if unit_id in store.outbox:
+            return None
+        size = unit_size(frames)
+        if store.dest_units[dest] + 1 > b.per_dest_units:
+            why = f"{store.dest_units[dest]} unit(s) wait for {dest!r} (qos1_outbox_per_dest_max)"
+        elif store.dest_bytes[dest] + size > b.per_dest_bytes:
+            why = f"{store.dest_bytes[dest]} bytes wait for {dest!r} (qos1_outbox_per_dest_max_bytes)"
+        elif len(store.outbox) + 1 > b.total_units:
+            why = f"{len(store.outbox)} unit(s) wait in the outbox (qos1_outbox_max)"
+        elif store.total_bytes + size > b.total_bytes:
+            why = f"{store.total_bytes} bytes wait in the outbox (qos1_outbox_max_bytes)"
+        else:
+            return None
+        self.stats["refused_outbox_full"] += 1
+        return f"qos-1 outbox full: {why}; retry later"
 
     def accept(self, rid: bytes | None, sender: str, unit_id: str, dest: str, frames: list[bytes],
                header: P.Header | None = None) -> None:

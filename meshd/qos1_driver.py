@@ -75,6 +75,10 @@ class Qos1Driver:
         self.machine.accept(rid, sender, unit_id, dest, frames, header)
         self._maybe_flush()
 
+    def refusal(self, unit_id: str, dest: str, frames: list[bytes]) -> str | None:
+        """Why the outbox cannot take this new unit (OUTBOX_FULL), or None."""
+        return self.machine.refusal(unit_id, dest, frames)
+
     def is_ours(self, unit_id: str | None) -> bool:
         return unit_id is not None and self.machine.is_ours(unit_id)
 

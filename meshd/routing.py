@@ -46,6 +46,8 @@ log = logging.getLogger("meshd.node")
 
 AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
 _AGENT_DATA_KINDS = AGENT_DATA_KINDS
+OUTBOX_RETRY_AFTER = 1.0
+"""Seconds an OUTBOX_FULL refusal suggests waiting before a retry."""
 
 
 class Router:
@@ -192,6 +194,11 @@ class Router:
                 self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
                              "qos 1 applies to send (single or batched) with a string id")
                 return
+            full = self.qos.refusal(unit_id, to, frames[1:])
+            if full is not None:
+                self.refuse(rid, header, frames, P.ErrorCode.OUTBOX_FULL, full,
+                            retry_after=OUTBOX_RETRY_AFTER)
+                return
             self.qos.accept(rid, agent.name, unit_id, to, frames[1:], header)
             return
         if kind == Kind.REQUEST:
@@ -212,7 +219,7 @@ class Router:
         self.outcomes.sends_routed(sends, self.route(to, header, frames[1:]))
 
     def refuse(self, rid: bytes, header: P.Header, frames: list[bytes], code: str,
-                message: str) -> None:
+                message: str, *, retry_after: float | None = None) -> None:
         """Refuse an agent's message at the edge: one error per message, batches included."""
         self.stats[f"refused_{code.lower()}"] += 1
         ids: list[Any] = [header.id]
@@ -220,7 +227,7 @@ class Router:
             with contextlib.suppress(FrameError):
                 ids = [h.get(P.ID) for h, _ in P.split_batch(frames[1:])]
         for msg_id in ids:
-            self.link.send_error(rid, msg_id, code, message)
+            self.link.send_error(rid, msg_id, code, message, retry_after=retry_after)
 
     def route(self, to: str, header: P.Header, msg: list[bytes]) -> str | None:
         """Deliver ``msg`` (signature, header, payload frames) to agent ``to`` wherever it is.
@@ -324,12 +331,20 @@ class Router:
         if header.qos == 1:
             durable = self.directory.durable_subscribers(topic)
             unit_id = str(header.id)
+            units: list[tuple[str, str, list[bytes]]] = []
             for name in durable:
                 unit_header = dict(header.fields)
                 unit_header[P.TO] = name
                 unit_header[P.ID] = f"{unit_id}>{name}"
-                self.qos.accept(None, agent.name, unit_header[P.ID], name,
-                                [P.SIGNATURE, P.pack(unit_header), *msg[2:]])
+                units.append((name, unit_header[P.ID], [P.SIGNATURE, P.pack(unit_header), *msg[2:]]))
+            for name, copy_id, copy in units:  # all copies or none
+                full = self.qos.refusal(copy_id, name, copy)
+                if full is not None:
+                    self.refuse(agent.rid, header, [agent.rid, *msg], P.ErrorCode.OUTBOX_FULL, full,
+                                retry_after=OUTBOX_RETRY_AFTER)
+                    return
+            for name, copy_id, copy in units:
+                self.qos.accept(None, agent.name, copy_id, name, copy)
             reached += len(durable)
         skip = set(durable)
         for sub in self.directory.local_topics.get(topic, ()):
