@@ -23,7 +23,7 @@ import zmq
 from . import protocol as P
 from . import transport
 from .config import Settings
-from .directory import Directory, LocalAgent
+from .directory import Directory, LocalAgent, topic_cost
 from .liveness import PeerState, next_state
 from .peers import PeerTable
 from .plugins import PluginHost
@@ -90,6 +90,7 @@ class LocalAgents:
         self.stats = stats
         self.node_info = node_info
         self.stopping = False
+        self._dir_send_scheduled = False
         self.qos: Qos1Driver
         self.admin: Admin
 
@@ -146,6 +147,11 @@ class LocalAgents:
             self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, f"invalid topic {topic!r}")
             return
         if kind == Kind.SUBSCRIBE:
+            refused = self.subscription_refused(agent, str(topic), durable=header.qos == 1)
+            if refused is not None:
+                self.stats["refused_directory_bound"] += 1
+                self.link.send_error(rid, msg_id, P.ErrorCode.TOO_LARGE, refused)
+                return
             self.subscribe(agent, str(topic), durable=header.qos == 1)
         else:
             self.unsubscribe(agent, str(topic))
@@ -195,18 +201,57 @@ class LocalAgents:
             self.link.send_error(rid, msg_id, P.ErrorCode.NAME_TAKEN,
                                    f"name {name!r} is taken on node {peer.node_id} ({peer.name})")
             return
+        refused = self.registration_refused(agent, name, caps, meta)
+        if refused is not None:
+            self.stats["refused_directory_bound"] += 1
+            self.link.send_error(rid, msg_id, P.ErrorCode.TOO_LARGE, refused)
+            return
         if holder is None or holder.rid != rid:
             agent = LocalAgent(name=name, rid=rid, capabilities=caps, metadata=meta,
                                registered_at=time.time())
             self.directory.add_local(agent)
         else:
             holder.capabilities, holder.metadata = caps, meta
+            self.directory.recount(holder)
         self.directory_changed()
         log.info("agent %r registered", name)
         if holder is None or holder.rid != rid:
             self.agent_event(self.directory.local[name], "absent", "online")
         self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id},
                          P.pack({"node": self.node_id, "node_name": self.name, "mesh": self.settings.mesh}))
+
+    def registration_refused(self, agent: LocalAgent | None, name: str, caps: list[str],
+                             meta: dict[str, Any]) -> str | None:
+        """Why this registration would pass a directory bound (TOO_LARGE), or None."""
+        s = self.settings
+        own = len(P.pack([caps, meta]))
+        if own > s.agent_metadata_max_bytes:
+            return (f"capabilities and metadata take {own} bytes; the limit is "
+                    f"agent_metadata_max_bytes={s.agent_metadata_max_bytes}")
+        current = self.directory.record_bytes.get(name, 0) if agent is not None else 0
+        topics = sum(topic_cost(t, t in agent.durable) for t in agent.topics) if agent is not None else 0
+        total = (self.directory.estimated_bytes() - current + topics
+                 + self.directory.record_cost(name, caps, meta))
+        if total > s.directory_max_bytes:
+            return (f"this node's directory would take {total} bytes; the limit is "
+                    f"directory_max_bytes={s.directory_max_bytes}")
+        return None
+
+    def subscription_refused(self, agent: LocalAgent, topic: str, durable: bool) -> str | None:
+        """Why this subscription would pass a directory bound (TOO_LARGE), or None."""
+        s = self.settings
+        if topic in agent.topics:
+            grow = topic_cost(topic, durable) - topic_cost(topic, topic in agent.durable)
+        elif len(agent.topics) >= s.max_subscriptions_per_agent:
+            return (f"{agent.name!r} subscribes to {len(agent.topics)} topics; the limit is "
+                    f"max_subscriptions_per_agent={s.max_subscriptions_per_agent}")
+        else:
+            grow = topic_cost(topic, durable)
+        total = self.directory.estimated_bytes() + grow
+        if grow > 0 and total > s.directory_max_bytes:
+            return (f"this node's directory would take {total} bytes; the limit is "
+                    f"directory_max_bytes={s.directory_max_bytes}")
+        return None
 
     def alive(self, agent: LocalAgent) -> bool:
         """Probe with a PING: ROUTER_MANDATORY says at once whether the connection still exists."""
@@ -254,9 +299,24 @@ class LocalAgents:
         self.link.kick()
 
     def directory_changed(self) -> None:
+        """Bump the directory version now; tell peers once per loop turn, however many changes
+        (a burst of 1,000 subscriptions sends a handful of ``dir`` bodies, not 1,000)."""
         self.directory.bump()
+        if self._dir_send_scheduled:
+            return
+        self._dir_send_scheduled = True
+        try:
+            asyncio.get_running_loop().call_soon(self._send_directory)
+        except RuntimeError:  # no loop (unit tests): send now
+            self._send_directory()
+
+    def _send_directory(self) -> None:
+        self._dir_send_scheduled = False
+        if self.stopping:
+            return
         body = P.pack(self.directory.body())
         header = {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, P.VER: self.directory.version}
+        self.stats["directory_sent"] += 1
         for peer in self.peers.values():
             if peer.greeted and peer.state is not PeerState.OFFLINE:
                 self.peer_table.send(peer, header, body)

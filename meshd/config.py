@@ -346,6 +346,21 @@ class Settings(BaseModel):
     hop_limit: int = Field(
         default=5, ge=1, le=64, description="How many times a message may be forwarded (1..64)."
     )
+    max_subscriptions_per_agent: int = Field(
+        default=256, ge=1, le=10_000,
+        description="Topics one agent may subscribe to; more are refused with TOO_LARGE.",
+    )
+    agent_metadata_max_bytes: int = Field(
+        default=8 * 1024, ge=256, le=64 * 1024,
+        description="Largest capabilities plus metadata of one agent (msgpack bytes); larger "
+        "registrations are refused with TOO_LARGE.",
+    )
+    directory_max_bytes: int = Field(
+        default=512 * 1024, ge=16 * 1024, le=768 * 1024,
+        description="Largest directory this node sends its peers (all its agents' records, msgpack "
+        "bytes); a registration or subscription past it is refused with TOO_LARGE, so no legal "
+        "input makes a directory peers cannot take.",
+    )
     # delivery
     qos1_attempts: int = Field(
         default=3, ge=1, le=100,

@@ -93,3 +93,62 @@ def test_qos1_outbox_is_bounded_per_destination_and_in_total(meshd_factory: Mesh
         stuck.close(0)
         stuck2.close(0)
         ctx.term()
+
+
+def test_no_legal_subscription_or_metadata_load_partitions_a_node(meshd_factory: MeshdFactory) -> None:
+    """Item 17: one agent subscribing to 5,000 topics of 250 characters (each legal) made the
+    directory bigger than a peer accepts, and the node dropped off the mesh. Now the per-agent
+    and per-node directory bounds refuse what does not fit with TOO_LARGE, and the node stays
+    reachable throughout."""
+    a = meshd_factory.spawn("a", env={"MESHD_DIRECTORY_MAX_BYTES": str(100 * 1024)})
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+
+    async def hoard(me: Agent, asker: Agent, n: int) -> dict[str, int]:
+        counts = {"subscribed": 0, "per_agent": 0, "per_node": 0, "other": 0}
+
+        async def sub(i: int) -> None:
+            try:
+                await me.subscribe(f"{i:05d}" + "t" * 245)
+                counts["subscribed"] += 1
+            except MeshError as exc:
+                if exc.code == "TOO_LARGE" and "max_subscriptions_per_agent" in exc.message:
+                    counts["per_agent"] += 1
+                elif exc.code == "TOO_LARGE" and "directory_max_bytes" in exc.message:
+                    counts["per_node"] += 1
+                else:
+                    counts["other"] += 1
+        for start in range(0, n, 50):
+            await asyncio.gather(*(sub(i) for i in range(start, start + 50)))
+            if start % 1000 == 0:  # the node stays reachable all along
+                assert await asker.request("echo", "ping", {}, timeout=10) == "pong"
+        return counts
+
+    async def scenario() -> tuple[dict[str, int], dict[str, int], int]:
+        meta_refused = 0
+        async with Agent("hoarder", socket=a.socket) as hoarder, Agent("echo", socket=a.socket) as echo, \
+                Agent("hoarder2", socket=a.socket) as hoarder2, Agent("asker", socket=b.socket) as asker:
+            echo.on("ping")(lambda m: "pong")
+            await wait_listed(asker, "echo", "hoarder", "hoarder2")
+            first = await hoard(hoarder, asker, 5000)
+            second = await hoard(hoarder2, asker, 300)
+            for i in range(3):  # 60 KiB of metadata each: over agent_metadata_max_bytes
+                try:
+                    async with Agent(f"fat{i}", socket=a.socket, metadata={"blob": "m" * 60 * 1024}):
+                        pass
+                except MeshError as exc:
+                    meta_refused += exc.code == "TOO_LARGE" and "agent_metadata_max_bytes" in exc.message
+            assert await asker.request("echo", "ping", {}, timeout=10) == "pong"
+            await wait_listed(asker, "hoarder", "hoarder2")
+        return first, second, meta_refused
+
+    first, second, meta_refused = asyncio.run(scenario())
+    states = b.peer_states()
+    sent = a.query("node").get("stats", {}).get("directory_sent")
+    print(f"directory bounds: first agent {first}, second agent {second}, metadata refused "
+          f"{meta_refused}/3, b sees a: {states.get(a.node_id)}, dir bodies sent: {sent}")
+    assert first == {"subscribed": 256, "per_agent": 4744, "per_node": 0, "other": 0}, first
+    assert 0 < second["subscribed"] < 256 and second["per_node"] == 300 - second["subscribed"], second
+    assert meta_refused == 3
+    assert states.get(a.node_id) == "online"
+    assert a.alive() and b.alive()
