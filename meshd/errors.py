@@ -133,6 +133,19 @@ class StartupError(MeshError, RuntimeError):
         self.step = step
 
 
+class StateFileError(MeshError, RuntimeError):
+    """A file in the state dir is unreadable or corrupt: the daemon cannot start until it is
+    fixed. ``path`` names it, ``reason`` says what is wrong, ``fix`` what to do. Exit code 2."""
+
+    code = "STATE_ERROR"
+
+    def __init__(self, path: object, reason: str, fix: str) -> None:
+        super().__init__(f"{path}: {reason} (fix: {fix})")
+        self.path = str(path)
+        self.reason = reason
+        self.fix = fix
+
+
 class ConfigError(MeshError, ValueError):
     """A configuration value is invalid; ``key`` names the setting."""
 

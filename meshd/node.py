@@ -49,7 +49,7 @@ from .config import Settings
 from .deadletters import DeadLetters
 from .directory import Directory
 from .discovery import Discovery, default_interfaces
-from .errors import StartupError
+from .errors import StartupError, StateFileError
 from .liveness import PeerState
 from .logonce import LogOnce
 from .outcomes import Outcomes
@@ -100,6 +100,10 @@ def load_node_id(state_dir: Path) -> str:
         log.warning("ignoring malformed node id in %s", path)
     except FileNotFoundError:
         pass
+    except (IsADirectoryError, UnicodeDecodeError) as exc:
+        raise StateFileError(path, "is a directory" if isinstance(exc, IsADirectoryError) else
+                             "is not text", "remove it and start again: the daemon makes a new node id "
+                             "(peers then see a new node)") from None
     node_id = os.urandom(8).hex()
     tmp = path.with_suffix(".tmp")
     tmp.write_text(node_id + "\n")

@@ -25,17 +25,22 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgpack
 
 from . import protocol as P
 from .backoff import backoff_delay
+from .errors import StateFileError
 from .protocol import FrameError
 
 __all__ = ["Acked", "Action", "Attempt", "Confirm", "DeliveryStore", "GiveUp", "OutboxBounds",
            "OutboxEntry", "Qos1", "SendAcks", "unit_size"]
 
 log = logging.getLogger("meshd.delivery")
+
+DELIVERY_DB_FIX = ("stop meshd, move the file (and its -wal and -shm files) aside, and start again: "
+                   "the qos-1 messages still in it are then not sent; or restore it from a backup")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -45,6 +50,16 @@ CREATE TABLE IF NOT EXISTS outbox (
     attempts INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL,
     expires REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quarantine (
+    id TEXT PRIMARY KEY,
+    dest TEXT,
+    frames BLOB,
+    attempts INTEGER,
+    created REAL,
+    expires REAL,
+    reason TEXT NOT NULL,
+    at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS seen (
     id TEXT PRIMARY KEY,
@@ -101,10 +116,14 @@ class DeliveryStore:
         self.path = path
         self.seen_ttl = seen_ttl
         self._wall = wall
-        self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")  # "accepted" means on disk (RELIABILITY.md)
-        self.db.executescript(_SCHEMA)
+        self.quarantined = 0
+        try:
+            self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")  # "accepted" means on disk (RELIABILITY.md)
+            self.db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StateFileError(path, f"not a usable SQLite database ({exc})", DELIVERY_DB_FIX) from None
         self.outbox: dict[str, OutboxEntry] = {}
         self.dest_units: Counter[str] = Counter()
         self.dest_bytes: Counter[str] = Counter()
@@ -116,26 +135,58 @@ class DeliveryStore:
         self._delete: list[str] = []
         self._seen_add: list[tuple[str, float, str]] = []
         self.commits = 0
-        self._load()
+        try:
+            self._load()
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise StateFileError(path, f"cannot be read ({exc})", DELIVERY_DB_FIX) from None
 
     def _load(self) -> None:
         now = self._wall()
         self.db.execute("DELETE FROM seen WHERE at < ?", (now - self.seen_ttl,))
+        bad: list[tuple[tuple[Any, ...], str]] = []
         for row in self.db.execute("SELECT id, dest, frames, attempts, created, expires FROM outbox"):
-            frames = msgpack.unpackb(row[2], raw=False)
-            header: P.Header | None = None
-            with contextlib.suppress(FrameError, IndexError, TypeError):  # decoded once, here
-                header = P.decode_header(frames[1])
-            entry = OutboxEntry(id=row[0], dest=row[1], frames=list(frames), attempts=int(row[3]),
-                                created=float(row[4]), expires=float(row[5]), durable=True,
-                                sender=header.sender or "" if header else "", header=header)
+            entry = self._entry_from_row(row)
+            if isinstance(entry, str):
+                bad.append((row, entry))
+                continue
             self._count(entry, 1)
             self.outbox[entry.id] = entry
+        if bad:
+            self._quarantine(bad, now)
         for msg_id, at, origin in self.db.execute("SELECT id, at, origin FROM seen"):
             self.seen[msg_id] = at
             self.seen_origin[msg_id] = origin
         if self.outbox:
             log.info("resuming %d qos-1 message(s) from the outbox", len(self.outbox))
+
+    @staticmethod
+    def _entry_from_row(row: tuple[Any, ...]) -> OutboxEntry | str:
+        """A stored unit, or why the row cannot be one (then it is quarantined)."""
+        try:
+            frames = msgpack.unpackb(row[2], raw=False)
+            if not isinstance(frames, list) or len(frames) < 3 or \
+                    not all(isinstance(f, bytes) for f in frames):
+                return "frames are not a list of at least 3 byte strings"
+            header = P.decode_header(frames[1])  # decoded once, here
+            return OutboxEntry(id=str(row[0]), dest=str(row[1]), frames=list(frames),
+                               attempts=int(row[3]), created=float(row[4]),
+                               expires=float(row[5]), durable=True,
+                               sender=header.sender or "", header=header)
+        except (FrameError, ValueError, TypeError, IndexError, msgpack.ExtraData) as exc:
+            return f"{type(exc).__name__}: {exc}"[:200]
+
+    def _quarantine(self, bad: list[tuple[tuple[Any, ...], str]], now: float) -> None:
+        """Move unreadable outbox rows aside (table ``quarantine``): kept, reported, never sent."""
+        self.db.execute("BEGIN")
+        self.db.executemany(
+            "INSERT OR REPLACE INTO quarantine (id, dest, frames, attempts, created, expires, reason, at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(*row, why, now) for row, why in bad])
+        self.db.executemany("DELETE FROM outbox WHERE id = ?", [(row[0],) for row, _ in bad])
+        self.db.execute("COMMIT")
+        self.quarantined = len(bad)
+        log.warning("quarantined %d unreadable qos-1 row(s) of %s into its table 'quarantine' (first: "
+                    "%s: %s); they are not sent", len(bad), self.path, bad[0][0][0], bad[0][1])
 
     # ------------------------------------------------------------------ sender side
 

@@ -66,7 +66,8 @@ class Qos1Driver:
 
     def info(self) -> dict[str, Any]:
         m = self.machine
-        return {"pending": m.pending, "in_flight": m.in_flight, **m.stats, "commits": m.store.commits}
+        return {"pending": m.pending, "in_flight": m.in_flight, **m.stats, "commits": m.store.commits,
+                "quarantined": m.store.quarantined}
 
     # ------------------------------------------------------------------ events in
 
