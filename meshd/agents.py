@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -40,25 +40,90 @@ log = logging.getLogger("meshd.node")
 
 
 class AgentLink:
-    """The local agent ROUTER (ipc, mode 0660): every message to a local agent leaves here."""
+    """The local agent ROUTER (ipc, mode 0660): every message to a local agent leaves here.
 
-    def __init__(self, sock: zmq.Socket[Any], reactor: transport.Reactor, node_id: str) -> None:
+    Answers (``ok``, daemon errors, error notices and replies routed to an agent) have a lane
+    of their own: what the connection's inbox (``inbox_cap``, the socket's high-water mark)
+    refuses waits here, per connection, up to ``backlog_max``, and goes out first as the agent
+    reads; while some wait, data for that connection is refused (``has_backlog``) so the
+    answers cannot starve. Past ``backlog_max`` an answer is dropped and counted
+    (``answers_dropped``): a client that keeps at most ``backlog_max`` calls in flight loses none.
+    """
+
+    FLUSH_INTERVAL = 0.005
+
+    def __init__(self, sock: zmq.Socket[Any], reactor: transport.Reactor, node_id: str, *,
+                 backlog_max: int = 1000, stats: Counter[str] | None = None) -> None:
         self.sock = sock
         self.reactor = reactor
         self.node_id = node_id
+        self.backlog_max = backlog_max
+        self.stats: Counter[str] = stats if stats is not None else Counter()
+        self._backlog: dict[bytes, deque[list[bytes]]] = {}
+        self._flush_timer: asyncio.TimerHandle | None = None
 
     def kick(self) -> None:
         """Re-check the socket after sends (its FD is edge-triggered)."""
         self.reactor.kick(self.sock)
 
     def send(self, rid: bytes, header: Mapping[str, Any], body: bytes = b"") -> bool:
-        try:
-            self.sock.send_multipart([rid, *P.frames(header, body)], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError:
+        return self.send_answer([rid, *P.frames(header, body)])
+
+    def has_backlog(self, rid: bytes) -> bool:
+        """Answers wait for this connection: data must not overtake them."""
+        return rid in self._backlog
+
+    def send_answer(self, frames: list[bytes]) -> bool:
+        """Send ``[rid, signature, header, payload]`` now, or keep it until the agent reads.
+
+        False if the connection is gone or its backlog is full (counted)."""
+        rid = frames[0]
+        waiting = self._backlog.get(rid)
+        if waiting is None:
+            try:
+                self.sock.send_multipart(frames, zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                waiting = self._backlog[rid] = deque()
+                self._schedule_flush()
+            except zmq.ZMQError:
+                return False  # the connection is gone
+            finally:
+                self.reactor.kick(self.sock)
+        if len(waiting) >= self.backlog_max:
+            self.stats["answers_dropped"] += 1
             return False
-        finally:
-            self.reactor.kick(self.sock)
+        waiting.append(frames)
+        self.stats["answers_held"] += 1
+        return True
+
+    def _schedule_flush(self) -> None:
+        if self._flush_timer is None:
+            with contextlib.suppress(RuntimeError):  # no loop: nothing to flush later
+                self._flush_timer = asyncio.get_running_loop().call_later(self.FLUSH_INTERVAL,
+                                                                          self.flush_backlog)
+
+    def flush_backlog(self) -> None:
+        """Send what waits, oldest first, as far as each connection's inbox takes it."""
+        self._flush_timer = None
+        for rid, waiting in list(self._backlog.items()):
+            try:
+                while waiting:
+                    self.sock.send_multipart(waiting[0], zmq.NOBLOCK)
+                    waiting.popleft()
+            except zmq.Again:
+                continue
+            except zmq.ZMQError:
+                self.stats["answers_dropped"] += len(waiting)  # the connection is gone
+                waiting.clear()
+            del self._backlog[rid]
+        self.reactor.kick(self.sock)
+        if self._backlog:
+            self._schedule_flush()
+
+    def forget(self, rid: bytes) -> None:
+        """The connection left: drop what waited for it."""
+        self._backlog.pop(rid, None)
 
     def send_error(self, rid: bytes, corr: Any, code: str, message: str, *,
                    retry_after: float | None = None) -> None:
@@ -218,7 +283,9 @@ class LocalAgents:
         if holder is None or holder.rid != rid:
             self.agent_event(self.directory.local[name], "absent", "online")
         self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id},
-                         P.pack({"node": self.node_id, "node_name": self.name, "mesh": self.settings.mesh}))
+                         P.pack({"node": self.node_id, "node_name": self.name, "mesh": self.settings.mesh,
+                                 "inbox_cap": self.settings.inbox_cap,
+                                 "in_flight_max": self.settings.agent_answer_backlog}))
 
     def registration_refused(self, agent: LocalAgent | None, name: str, caps: list[str],
                              meta: dict[str, Any]) -> str | None:
@@ -272,6 +339,7 @@ class LocalAgents:
         dropped = self.directory.remove_local(agent)
         if dropped is None:
             return
+        self.link.forget(agent.rid)
         self.peer_table.subscribe_all(dropped, zmq.UNSUBSCRIBE)
         log.info("agent %r removed: %s", agent.name, why)
         self.agent_event(agent, str(agent.state), "absent")

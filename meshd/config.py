@@ -346,6 +346,12 @@ class Settings(BaseModel):
     hop_limit: int = Field(
         default=5, ge=1, le=64, description="How many times a message may be forwarded (1..64)."
     )
+    agent_answer_backlog: int = Field(
+        default=1000, ge=16, le=100_000,
+        description="Daemon answers and error notices kept per agent connection while its inbox is "
+        "full (they never share the data inbox cap); a client with at most this many calls in flight "
+        "gets every answer. The register answer tells it as in_flight_max.",
+    )
     max_subscriptions_per_agent: int = Field(
         default=256, ge=1, le=10_000,
         description="Topics one agent may subscribe to; more are refused with TOO_LARGE.",

@@ -291,7 +291,8 @@ class Node:
 
     def _build(self, agents_sock: zmq.Socket[Any], reactor: transport.Reactor) -> None:
         """Wire the parts that need the sockets: the agent link, agent control, routing, admin."""
-        link = AgentLink(agents_sock, reactor, self.node_id)
+        link = AgentLink(agents_sock, reactor, self.node_id, backlog_max=self.settings.agent_answer_backlog,
+                         stats=self.stats)
         self.local_agents = LocalAgents(
             self.settings, node_id=self.node_id, name=self.name, directory=self.directory,
             peer_table=self.peer_table, link=link, plugins=self.plugins, stats=self.stats,

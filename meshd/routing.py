@@ -46,6 +46,8 @@ log = logging.getLogger("meshd.node")
 
 AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
 _AGENT_DATA_KINDS = AGENT_DATA_KINDS
+_ANSWER_KINDS = frozenset({Kind.ERROR, Kind.REPLY})
+"""Routed kinds that answer a call: delivered through the agent link's answer lane."""
 OUTBOX_RETRY_AFTER = 1.0
 """Seconds an OUTBOX_FULL refusal suggests waiting before a retry."""
 
@@ -261,7 +263,16 @@ class Router:
         if self.outcomes.inflight:
             self.outcomes.answer(agent.name, header, msg)
         code: str | None = None
+        if header.kind in _ANSWER_KINDS:  # the answer lane: never silenced by the data inbox cap
+            if self.link.send_answer([agent.rid, *msg]):
+                self.stats["delivered"] += 1
+                return None
+            return self.bounce(header, msg, P.ErrorCode.INBOX_FULL,
+                               f"{self.link.backlog_max} answers wait for {agent.name!r} already",
+                               origin=origin)
         try:
+            if self.link.has_backlog(agent.rid):
+                raise zmq.Again  # answers wait for this agent: they go first
             self.link.sock.send_multipart([agent.rid, *msg], zmq.NOBLOCK)
             self.stats["delivered"] += 1
         except zmq.Again:
