@@ -113,6 +113,14 @@ class OutboxFull(MeshError):
     retryable = True
 
 
+class StorageFull(MeshError):
+    """The sending daemon could not write a qos-1 message to its outbox (disk full or an I/O
+    error): it was not stored and will not be sent; retry later (``retry_after``)."""
+
+    code = "STORAGE_FULL"
+    retryable = True
+
+
 class DaemonUnreachable(MeshError, ConnectionError):
     """The local meshd daemon did not answer on its agent socket."""
 
@@ -173,6 +181,7 @@ ERRORS_BY_CODE: dict[str, type[MeshError]] = {
         Cancelled,
         Undeliverable,
         OutboxFull,
+        StorageFull,
     )
 }
 

@@ -124,6 +124,7 @@ class ErrorCode:
     CANCELLED: Final = "CANCELLED"
     UNDELIVERABLE: Final = "UNDELIVERABLE"
     OUTBOX_FULL: Final = "OUTBOX_FULL"
+    STORAGE_FULL: Final = "STORAGE_FULL"
 
 
 HANDOFF_TOPIC: Final = "handoff-task"

@@ -34,8 +34,8 @@ from .backoff import backoff_delay
 from .errors import StateFileError
 from .protocol import FrameError
 
-__all__ = ["Acked", "Action", "Attempt", "Confirm", "DeliveryStore", "GiveUp", "OutboxBounds",
-           "OutboxEntry", "Qos1", "SendAcks", "unit_size"]
+__all__ = ["Acked", "Action", "Attempt", "Confirm", "DeliveryStore", "GiveUp", "NotStored", "OutboxBounds",
+           "OutboxEntry", "Qos1", "SendAcks", "StoreWriteFailed", "unit_size"]
 
 log = logging.getLogger("meshd.delivery")
 
@@ -90,6 +90,15 @@ class OutboxEntry:
     durable: bool = False
     deferrals: int = 0
     extra: dict[str, object] = field(default_factory=dict)
+
+
+class StoreWriteFailed(Exception):
+    """A commit failed (disk full, I/O error): ``lost`` are the new units that were not stored."""
+
+    def __init__(self, lost: list[OutboxEntry], cause: sqlite3.Error) -> None:
+        super().__init__(str(cause))
+        self.lost = lost
+        self.cause = cause
 
 
 UNIT_OVERHEAD = 1024
@@ -248,8 +257,8 @@ class DeliveryStore:
         if not self.dirty:
             return []
         added = [e for e in self._add if e.id in self.outbox]
-        self.db.execute("BEGIN")
         try:
+            self.db.execute("BEGIN")
             if added:
                 self.db.executemany(
                     "INSERT OR REPLACE INTO outbox (id, dest, frames, attempts, created, expires) "
@@ -266,8 +275,19 @@ class DeliveryStore:
                 self.db.executemany("INSERT OR IGNORE INTO seen (id, at, origin) VALUES (?, ?, ?)",
                                     self._seen_add)
             self.db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
+            # The new units were not stored: forget them (their senders are told); what was
+            # already durable keeps its pending updates, deletes and done-marks for the next try.
+            for e in added:
+                self.outbox.pop(e.id, None)
+                self._count(e, -1)
+            self._add = []
+            raise StoreWriteFailed(added, exc) from exc
         except BaseException:
-            self.db.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
             raise
         self.commits += 1
         self._add, self._update, self._delete, self._seen_add = [], {}, [], []
@@ -334,7 +354,17 @@ class GiveUp:
     why: str
 
 
-Action = Confirm | Attempt | SendAcks | Acked | GiveUp
+@dataclass(frozen=True, slots=True)
+class NotStored:
+    """The commit failed: this new unit was not stored and will not be sent. Tell ``rid`` (its
+    client, if any) at once, with ``why``."""
+
+    entry: OutboxEntry
+    rid: bytes | None
+    why: str
+
+
+Action = Confirm | Attempt | SendAcks | Acked | GiveUp | NotStored
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,6 +412,8 @@ class Qos1:
         self._delivering: dict[str, _Delivering] = {}
         self._acks_out: dict[str, list[str]] = {}
         self.stats: Counter[str] = Counter()
+        #: Why the last commit failed (disk full...), or None once a commit succeeds again.
+        self.storage_error: str | None = None
 
     @property
     def needs_flush(self) -> bool:
@@ -543,9 +575,17 @@ class Qos1:
     def flush(self) -> list[Action]:
         """Group commit, then what waited for it: confirmations, first tries, acks to senders.
 
-        Raises what SQLite raises (nothing staged is then confirmed)."""
+        A failed commit (disk full, I/O error) returns ``NotStored`` for each new unit (none is
+        confirmed or sent) and sets ``storage_error``; updates, deletes and done-marks of units
+        already stored wait for the next commit, and so do the acks that need them."""
         actions: list[Action] = []
-        durable = self.store.flush()
+        try:
+            durable = self.store.flush()
+        except StoreWriteFailed as exc:
+            self.storage_error = str(exc)
+            self.stats["not_stored"] += len(exc.lost)
+            return [NotStored(e, self._confirm_to.pop(e.id, None), str(exc)) for e in exc.lost]
+        self.storage_error = None
         for entry in durable:
             rid = self._confirm_to.pop(entry.id, None)
             if rid is not None:
