@@ -577,14 +577,22 @@ class Qos1:
 
         A failed commit (disk full, I/O error) returns ``NotStored`` for each new unit (none is
         confirmed or sent) and sets ``storage_error``; updates, deletes and done-marks of units
-        already stored wait for the next commit, and so do the acks that need them."""
+        already stored wait for the next commit; acks of handled units go out all the same."""
         actions: list[Action] = []
         try:
             durable = self.store.flush()
         except StoreWriteFailed as exc:
             self.storage_error = str(exc)
             self.stats["not_stored"] += len(exc.lost)
-            return [NotStored(e, self._confirm_to.pop(e.id, None), str(exc)) for e in exc.lost]
+            actions.extend(NotStored(e, self._confirm_to.pop(e.id, None), str(exc)) for e in exc.lost)
+            # The handlers did finish: ack from memory (the done-marks are kept in memory and
+            # written once the disk takes them), so the sender's verdict matches what happened.
+            # The price: a crash of this daemon before they are written can repeat a handler
+            # for a unit retried after the crash (DELIVERY.md).
+            acks, self._acks_out = self._acks_out, {}
+            actions.extend(SendAcks(origin, ids) for origin, ids in acks.items())
+            self.stats["acked_unwritten"] += sum(len(ids) for ids in acks.values())
+            return actions
         self.storage_error = None
         for entry in durable:
             rid = self._confirm_to.pop(entry.id, None)

@@ -94,3 +94,46 @@ def test_sender_disk_full_refuses_at_once_and_resumes(meshd_factory: MeshdFactor
         for p in meshd_factory.procs:
             p.kill()
         subprocess.run(["umount", "-l", str(a.state_dir)])
+
+
+def test_receiver_disk_full_still_acks_what_it_handled(meshd_factory: MeshdFactory) -> None:
+    """Item 15: the receiving daemon cannot write its done-marks. Its agent handled each message
+    once, so the sender must not call any of them UNDELIVERABLE: the acks go out from memory."""
+    fast = {"MESHD_QOS1_ATTEMPTS": "2", "MESHD_QOS1_ACK_TIMEOUT": "0.5"}
+    a = meshd_factory.spawn("a", env=fast)
+    b = meshd_factory.spawn("b", start=False)
+    b.state_dir.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(b.state_dir)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        b.start()
+        meshd_factory.wait_mesh([a, b])
+
+        async def scenario() -> tuple[list[str], list[int], int]:
+            undeliverable: list[str] = []
+            handled: list[int] = []
+            async with Agent("producer", socket=a.socket) as producer, \
+                    Agent("consumer", socket=b.socket) as consumer:
+                producer.on_error = lambda err, corr: undeliverable.append(str(getattr(err, "code", err)))
+                consumer.on("job")(lambda m: handled.append(m.payload["i"]))
+                await wait_listed(producer, "consumer")
+                _fill(b.state_dir / "filler")
+                for start in range(0, 300, 50):
+                    await asyncio.gather(*(producer.send("consumer", "job", {"i": i}, qos=1)
+                                           for i in range(start, start + 50)))
+                await async_wait_until(lambda: len(set(handled)) == 300, timeout=30)
+
+                def settled() -> bool:
+                    return int(a.query("node")["qos1"]["pending"]) == 0
+                await async_wait_until(settled, timeout=60)  # acked, or given up on
+            return undeliverable, handled, int(b.query("node")["qos1"].get("qos1_commit_failed", 0))
+
+        undeliverable, handled, _ = asyncio.run(scenario())
+        print(f"receiver disk full: handled {len(handled)} ({len(set(handled))} distinct), sender "
+              f"verdict UNDELIVERABLE for {len(undeliverable)}")
+        assert sorted(set(handled)) == list(range(300))
+        assert undeliverable == []
+    finally:
+        for p in meshd_factory.procs:
+            p.kill()
+        subprocess.run(["umount", "-l", str(b.state_dir)])
