@@ -121,6 +121,13 @@ class StorageFull(MeshError):
     retryable = True
 
 
+class PublicationsMissed(MeshError):
+    """A gap notice: this subscriber's inbox was full and it missed publications.
+    ``details`` has ``topic`` and ``missed`` (how many since the last notice)."""
+
+    code = "PUBLICATIONS_MISSED"
+
+
 class DaemonUnreachable(MeshError, ConnectionError):
     """The local meshd daemon did not answer on its agent socket."""
 
@@ -182,6 +189,7 @@ ERRORS_BY_CODE: dict[str, type[MeshError]] = {
         Undeliverable,
         OutboxFull,
         StorageFull,
+        PublicationsMissed,
     )
 }
 
@@ -294,4 +302,6 @@ def error_from_wire(wire: Any) -> MeshError:
     )
     if cls is MeshError:
         err.code = code
+    if "topic" in wire and "missed" in wire:  # a gap notice (PUBLICATIONS_MISSED)
+        err.details = {"topic": wire["topic"], "missed": wire["missed"]}
     return err

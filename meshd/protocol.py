@@ -125,6 +125,7 @@ class ErrorCode:
     UNDELIVERABLE: Final = "UNDELIVERABLE"
     OUTBOX_FULL: Final = "OUTBOX_FULL"
     STORAGE_FULL: Final = "STORAGE_FULL"
+    PUBLICATIONS_MISSED: Final = "PUBLICATIONS_MISSED"
 
 
 HANDOFF_TOPIC: Final = "handoff-task"

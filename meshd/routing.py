@@ -13,6 +13,7 @@ it asks them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -48,6 +49,8 @@ AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
 _AGENT_DATA_KINDS = AGENT_DATA_KINDS
 _ANSWER_KINDS = frozenset({Kind.ERROR, Kind.REPLY})
 """Routed kinds that answer a call: delivered through the agent link's answer lane."""
+GAP_NOTICE_DELAY = 0.05
+"""Seconds over which missed publications are summed into one gap notice per topic."""
 OUTBOX_RETRY_AFTER = 1.0
 """Seconds an OUTBOX_FULL refusal suggests waiting before a retry."""
 
@@ -78,6 +81,8 @@ class Router:
         self.quiet = quiet
         self.after_flush = after_flush
         self.qos: Qos1Driver
+        self._gaps: dict[tuple[bytes, str], int] = {}  # (subscriber connection, topic) -> missed
+        self._gap_timer: asyncio.TimerHandle | None = None
 
     def on_mesh_checked(self, frames: list[Any]) -> None:
         """Keys mode: the ZAP User-Id (the authenticated key) must be the key the sender claims."""
@@ -362,10 +367,13 @@ class Router:
             if sub.name in skip:
                 continue
             try:
+                if self.link.has_backlog(sub.rid):
+                    raise zmq.Again
                 self.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
                 reached += 1
             except zmq.ZMQError:
                 self.stats["publish_local_dropped"] += 1
+                self.missed(sub, topic)
         local = self.directory.local
         remote = self.directory.remote_subscribers(topic) - sum(1 for n in durable if n not in local)
         if remote > 0:
@@ -399,10 +407,35 @@ class Router:
             if qos1 and sub.durable and any(k == frames[0] for k in map(P.topic_key, sub.durable)):
                 continue  # it gets its own qos-1 copy from the publisher's outbox
             try:
+                if self.link.has_backlog(sub.rid):
+                    raise zmq.Again
                 self.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
             except zmq.ZMQError:
                 self.stats["publish_local_dropped"] += 1
+                self.missed(sub, frames[0][:-1].decode("utf-8", "replace"))
         self.link.kick()
+
+    def missed(self, sub: LocalAgent, topic: str) -> None:
+        """``sub``'s inbox refused a publication on ``topic``: count it (per topic), and tell the
+        subscriber how many it missed in one gap notice per topic, soon (coalesced)."""
+        self.stats[f"publish_missed:{topic}"] += 1
+        key = (sub.rid, topic)
+        self._gaps[key] = self._gaps.get(key, 0) + 1
+        if self._gap_timer is None:
+            self._gap_timer = asyncio.get_running_loop().call_later(GAP_NOTICE_DELAY, self._send_gaps)
+
+    def _send_gaps(self) -> None:
+        self._gap_timer = None
+        gaps, self._gaps = self._gaps, {}
+        for (rid, topic), count in gaps.items():
+            agent = self.directory.local_by_rid.get(rid)
+            if agent is None:
+                continue  # it left
+            err = P.error_header(agent.name, None, P.ErrorCode.PUBLICATIONS_MISSED,
+                                 f"missed {count} publication(s) on topic {topic!r}: your inbox was full",
+                                 sender=f"meshd@{self.node_id}")
+            err[P.ERROR].update(topic=topic, missed=count)
+            self.link.send(rid, err)  # the answer lane: ahead of later publications
 
     def on_xpub(self, frames: list[bytes]) -> None:
         # Subscription notices from peers' SUBs; the XPUB applies them itself, we only count.
