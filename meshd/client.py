@@ -509,6 +509,8 @@ class Agent:
                                self.name, exc)
             return
         if unit is not None:
+            if self._dispatch.seen_unit(unit):
+                return  # handled (or running) already: a daemon restart redelivered it
             self._dispatch.begin_unit(unit, len(messages))
         for header, payload in messages:
             try:
