@@ -389,6 +389,9 @@ class Node:
         local_agents = getattr(self, "local_agents", None)
         if local_agents is not None:
             local_agents.stopping = True
+        routing = getattr(self, "routing", None)
+        if routing is not None:
+            routing.stopping = True
         for step in STOP_STEPS:
             try:
                 await getattr(self, f"_stop_{step}")()
@@ -422,6 +425,7 @@ class Node:
             await self._discovery.stop()
 
     async def _stop_sockets(self) -> None:
+        self._drain_agent_socket()
         if self._reactor is not None:
             self._reactor.close()
         if self.store is not None:
@@ -445,6 +449,24 @@ class Node:
         if self._socket_bound:  # never remove another daemon's socket after a failed start
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
+
+    def _drain_agent_socket(self) -> None:
+        """Route what agents sent and we have not read yet, so closing the socket loses none of
+        it (a qos-0 send in that buffer used to vanish with no word to its sender)."""
+        sock, routing = self.agents_sock, getattr(self, "routing", None)
+        if sock is None or routing is None:
+            return
+        drained = 0
+        with contextlib.suppress(zmq.ZMQError):
+            while drained < 100_000:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+                drained += 1
+                try:
+                    routing.on_agent(frames)
+                except Exception:
+                    log.exception("routing a message drained at shutdown failed")
+        if drained:
+            log.info("routed %d message(s) agents sent just before the shutdown", drained)
 
     async def _stop_workers(self) -> None:
         self.notifier.close()

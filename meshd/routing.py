@@ -81,6 +81,7 @@ class Router:
         self.quiet = quiet
         self.after_flush = after_flush
         self.qos: Qos1Driver
+        self.stopping = False  # set by node.py when the shutdown begins
         self._gaps: dict[tuple[bytes, str], int] = {}  # (subscriber connection, topic) -> missed
         self._gap_timer: asyncio.TimerHandle | None = None
 
@@ -168,6 +169,12 @@ class Router:
             return
         if agent is None:
             self.refuse(rid, header, frames, P.ErrorCode.NOT_REGISTERED, "register a name before sending")
+            return
+        if self.stopping and header.qos != 1:  # a qos-1 unit is stored and survives the restart
+            # Peers heard our BYE and drop what we would forward now: refuse, so the client holds
+            # the message and sends it again once registered with the next daemon.
+            self.refuse(rid, header, frames, P.ErrorCode.NOT_REGISTERED,
+                        "the daemon is stopping; register again with the next one")
             return
         if header.sender != agent.name:
             self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
