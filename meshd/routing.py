@@ -55,6 +55,17 @@ OUTBOX_RETRY_AFTER = 1.0
 """Seconds an OUTBOX_FULL refusal suggests waiting before a retry."""
 
 
+def _id_of(frames: list[bytes]) -> Any:
+    """The ``id`` of a refused frame set whose header still decodes (a wrong frame count), so the
+    sender's call is answered instead of timing out; None if there is none."""
+    if len(frames) < 3 or frames[1] != P.SIGNATURE:
+        return None
+    try:
+        return P.unpack_header(frames[2]).get(P.ID)
+    except (FrameError, TypeError):
+        return None
+
+
 class Router:
     """Moves messages between local agents and peers. Built by node.py once sockets exist."""
 
@@ -152,7 +163,7 @@ class Router:
             # A header that decoded but has a field out of range names its id, so the sender's
             # request fails at once instead of timing out.
             self.reject(exc, frames, origin="local agent", header=exc.fields)
-            corr = exc.fields.get(P.ID) if exc.fields else None
+            corr = exc.fields.get(P.ID) if exc.fields else _id_of(frames)
             self.link.send_error(rid, corr, P.ErrorCode.VALIDATION_FAILED, f"malformed message: {exc}")
             return
         kind = header.kind
