@@ -32,6 +32,7 @@ import msgpack
 from . import protocol as P
 from .backoff import backoff_delay
 from .errors import StateFileError
+from .outbox_bounds import OutboxBounds, unit_size
 from .protocol import FrameError
 
 __all__ = ["Acked", "Action", "Attempt", "Confirm", "DeliveryStore", "GiveUp", "NotStored", "OutboxBounds",
@@ -99,17 +100,6 @@ class StoreWriteFailed(Exception):
         super().__init__(str(cause))
         self.lost = lost
         self.cause = cause
-
-
-UNIT_OVERHEAD = 1024
-"""Bytes a unit costs in the outbox beyond its frames (entry, decoded header, index slots), so
-the byte bounds count memory, not just payload (measured with tracemalloc: about 1,050 bytes
-beyond the frames of a small send)."""
-
-
-def unit_size(frames: list[bytes]) -> int:
-    """What a unit counts against the outbox byte bounds."""
-    return UNIT_OVERHEAD + sum(len(f) for f in frames)
 
 
 class DeliveryStore:
@@ -365,16 +355,6 @@ class NotStored:
 
 
 Action = Confirm | Attempt | SendAcks | Acked | GiveUp | NotStored
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxBounds:
-    """How much the outbox holds, per destination and in total (the ``qos1_outbox_*`` settings)."""
-
-    total_units: int = 20_000
-    total_bytes: int = 128 * 1024 * 1024
-    per_dest_units: int = 5_000
-    per_dest_bytes: int = 32 * 1024 * 1024
 
 
 @dataclass(eq=False)

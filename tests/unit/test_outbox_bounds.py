@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from meshd import protocol as P
-from meshd.qos1 import UNIT_OVERHEAD, DeliveryStore, OutboxBounds, Qos1, unit_size
+from meshd.outbox_bounds import UNIT_OVERHEAD, OutboxBounds, unit_size
+from meshd.qos1 import DeliveryStore, Qos1
 
 
 def _unit(i: int, dest: str, size: int = 100) -> tuple[str, list[bytes]]:
