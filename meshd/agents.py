@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ import zmq
 from . import protocol as P
 from . import transport
 from .config import Settings
-from .directory import Directory, LocalAgent
+from .directory import Directory, LocalAgent, topic_cost
 from .liveness import PeerState, next_state
 from .peers import PeerTable
 from .plugins import PluginHost
@@ -40,29 +40,97 @@ log = logging.getLogger("meshd.node")
 
 
 class AgentLink:
-    """The local agent ROUTER (ipc, mode 0660): every message to a local agent leaves here."""
+    """The local agent ROUTER (ipc, mode 0660): every message to a local agent leaves here.
 
-    def __init__(self, sock: zmq.Socket[Any], reactor: transport.Reactor, node_id: str) -> None:
+    Answers (``ok``, daemon errors, error notices and replies routed to an agent) have a lane
+    of their own: what the connection's inbox (``inbox_cap``, the socket's high-water mark)
+    refuses waits here, per connection, up to ``backlog_max``, and goes out first as the agent
+    reads; while some wait, data for that connection is refused (``has_backlog``) so the
+    answers cannot starve. Past ``backlog_max`` an answer is dropped and counted
+    (``answers_dropped``): a client that keeps at most ``backlog_max`` calls in flight loses none.
+    """
+
+    FLUSH_INTERVAL = 0.005
+
+    def __init__(self, sock: zmq.Socket[Any], reactor: transport.Reactor, node_id: str, *,
+                 backlog_max: int = 1000, stats: Counter[str] | None = None) -> None:
         self.sock = sock
         self.reactor = reactor
         self.node_id = node_id
+        self.backlog_max = backlog_max
+        self.stats: Counter[str] = stats if stats is not None else Counter()
+        self._backlog: dict[bytes, deque[list[bytes]]] = {}
+        self._flush_timer: asyncio.TimerHandle | None = None
 
     def kick(self) -> None:
         """Re-check the socket after sends (its FD is edge-triggered)."""
         self.reactor.kick(self.sock)
 
     def send(self, rid: bytes, header: Mapping[str, Any], body: bytes = b"") -> bool:
-        try:
-            self.sock.send_multipart([rid, *P.frames(header, body)], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError:
-            return False
-        finally:
-            self.reactor.kick(self.sock)
+        return self.send_answer([rid, *P.frames(header, body)])
 
-    def send_error(self, rid: bytes, corr: Any, code: str, message: str) -> None:
-        """An error envelope from this daemon on the connection ``rid`` (no routing)."""
+    def has_backlog(self, rid: bytes) -> bool:
+        """Answers wait for this connection: data must not overtake them."""
+        return rid in self._backlog
+
+    def send_answer(self, frames: list[bytes]) -> bool:
+        """Send ``[rid, signature, header, payload]`` now, or keep it until the agent reads.
+
+        False if the connection is gone or its backlog is full (counted)."""
+        rid = frames[0]
+        waiting = self._backlog.get(rid)
+        if waiting is None:
+            try:
+                self.sock.send_multipart(frames, zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                waiting = self._backlog[rid] = deque()
+                self._schedule_flush()
+            except zmq.ZMQError:
+                return False  # the connection is gone
+            finally:
+                self.reactor.kick(self.sock)
+        if len(waiting) >= self.backlog_max:
+            self.stats["answers_dropped"] += 1
+            return False
+        waiting.append(frames)
+        self.stats["answers_held"] += 1
+        return True
+
+    def _schedule_flush(self) -> None:
+        if self._flush_timer is None:
+            with contextlib.suppress(RuntimeError):  # no loop: nothing to flush later
+                self._flush_timer = asyncio.get_running_loop().call_later(self.FLUSH_INTERVAL,
+                                                                          self.flush_backlog)
+
+    def flush_backlog(self) -> None:
+        """Send what waits, oldest first, as far as each connection's inbox takes it."""
+        self._flush_timer = None
+        for rid, waiting in list(self._backlog.items()):
+            try:
+                while waiting:
+                    self.sock.send_multipart(waiting[0], zmq.NOBLOCK)
+                    waiting.popleft()
+            except zmq.Again:
+                continue
+            except zmq.ZMQError:
+                self.stats["answers_dropped"] += len(waiting)  # the connection is gone
+                waiting.clear()
+            del self._backlog[rid]
+        self.reactor.kick(self.sock)
+        if self._backlog:
+            self._schedule_flush()
+
+    def forget(self, rid: bytes) -> None:
+        """The connection left: drop what waited for it."""
+        self._backlog.pop(rid, None)
+
+    def send_error(self, rid: bytes, corr: Any, code: str, message: str, *,
+                   retry_after: float | None = None) -> None:
+        """An error envelope from this daemon on the connection ``rid`` (no routing); with
+        ``retry_after`` it is marked retryable."""
         err = P.error_header(None, corr if isinstance(corr, str) else None, code, message,
+                             retry=retry_after is not None, retry_after=retry_after,
                              sender=f"meshd@{self.node_id}")
         self.send(rid, err)
 
@@ -87,6 +155,7 @@ class LocalAgents:
         self.stats = stats
         self.node_info = node_info
         self.stopping = False
+        self._dir_send_scheduled = False
         self.qos: Qos1Driver
         self.admin: Admin
 
@@ -147,6 +216,11 @@ class LocalAgents:
                                  f"invalid topic {P.safe_repr(topic)}")
             return
         if kind == Kind.SUBSCRIBE:
+            refused = self.subscription_refused(agent, str(topic), durable=header.qos == 1)
+            if refused is not None:
+                self.stats["refused_directory_bound"] += 1
+                self.link.send_error(rid, msg_id, P.ErrorCode.TOO_LARGE, refused)
+                return
             self.subscribe(agent, str(topic), durable=header.qos == 1)
         else:
             self.unsubscribe(agent, str(topic))
@@ -197,6 +271,11 @@ class LocalAgents:
             self.link.send_error(rid, msg_id, P.ErrorCode.NAME_TAKEN,
                                    f"name {name!r} is taken on node {peer.node_id} ({peer.name})")
             return
+        refused = self.registration_refused(agent, name, caps, meta)
+        if refused is not None:
+            self.stats["refused_directory_bound"] += 1
+            self.link.send_error(rid, msg_id, P.ErrorCode.TOO_LARGE, refused)
+            return
         if holder is None or holder.rid != rid:
             agent = LocalAgent(name=name, rid=rid, capabilities=caps, metadata=meta,
                                registered_at=time.time(),  # shown to people only
@@ -204,6 +283,7 @@ class LocalAgents:
             self.directory.add_local(agent)
         else:
             holder.capabilities, holder.metadata = caps, meta
+            self.directory.recount(holder)
         self.directory_changed()
         log.info("agent %r registered", name)
         if holder is None or holder.rid != rid:
@@ -216,7 +296,42 @@ class LocalAgents:
             "heartbeat_interval": s.heartbeat_interval, "stale_after": s.stale_after,
             "offline_after": s.offline_after, "inbox_cap": s.inbox_cap,
             "max_payload_bytes": s.max_payload_bytes, "max_header_bytes": P.MAX_HEADER_BYTES,
-            "max_batch": P.MAX_BATCH, "hop_limit": s.hop_limit}))
+            "max_batch": P.MAX_BATCH, "hop_limit": s.hop_limit,
+            # Calls a client may keep in flight and still get every answer (issue 8, item 6).
+            "in_flight_max": s.agent_answer_backlog}))
+
+    def registration_refused(self, agent: LocalAgent | None, name: str, caps: list[str],
+                             meta: dict[str, Any]) -> str | None:
+        """Why this registration would pass a directory bound (TOO_LARGE), or None."""
+        s = self.settings
+        own = len(P.pack([caps, meta]))
+        if own > s.agent_metadata_max_bytes:
+            return (f"capabilities and metadata take {own} bytes; the limit is "
+                    f"agent_metadata_max_bytes={s.agent_metadata_max_bytes}")
+        current = self.directory.record_bytes.get(name, 0) if agent is not None else 0
+        topics = sum(topic_cost(t, t in agent.durable) for t in agent.topics) if agent is not None else 0
+        total = (self.directory.estimated_bytes() - current + topics
+                 + self.directory.record_cost(name, caps, meta))
+        if total > s.directory_max_bytes:
+            return (f"this node's directory would take {total} bytes; the limit is "
+                    f"directory_max_bytes={s.directory_max_bytes}")
+        return None
+
+    def subscription_refused(self, agent: LocalAgent, topic: str, durable: bool) -> str | None:
+        """Why this subscription would pass a directory bound (TOO_LARGE), or None."""
+        s = self.settings
+        if topic in agent.topics:
+            grow = topic_cost(topic, durable) - topic_cost(topic, topic in agent.durable)
+        elif len(agent.topics) >= s.max_subscriptions_per_agent:
+            return (f"{agent.name!r} subscribes to {len(agent.topics)} topics; the limit is "
+                    f"max_subscriptions_per_agent={s.max_subscriptions_per_agent}")
+        else:
+            grow = topic_cost(topic, durable)
+        total = self.directory.estimated_bytes() + grow
+        if grow > 0 and total > s.directory_max_bytes:
+            return (f"this node's directory would take {total} bytes; the limit is "
+                    f"directory_max_bytes={s.directory_max_bytes}")
+        return None
 
     def alive(self, agent: LocalAgent) -> bool:
         """Probe with a PING: ROUTER_MANDATORY says at once whether the connection still exists."""
@@ -237,6 +352,7 @@ class LocalAgents:
         dropped = self.directory.remove_local(agent)
         if dropped is None:
             return
+        self.link.forget(agent.rid)
         self.peer_table.subscribe_all(dropped, zmq.UNSUBSCRIBE)
         log.info("agent %r removed: %s", agent.name, why)
         self.agent_event(agent, str(agent.state), "absent")
@@ -264,9 +380,24 @@ class LocalAgents:
         self.link.kick()
 
     def directory_changed(self) -> None:
+        """Bump the directory version now; tell peers once per loop turn, however many changes
+        (a burst of 1,000 subscriptions sends a handful of ``dir`` bodies, not 1,000)."""
         self.directory.bump()
+        if self._dir_send_scheduled:
+            return
+        self._dir_send_scheduled = True
+        try:
+            asyncio.get_running_loop().call_soon(self._send_directory)
+        except RuntimeError:  # no loop (unit tests): send now
+            self._send_directory()
+
+    def _send_directory(self) -> None:
+        self._dir_send_scheduled = False
+        if self.stopping:
+            return
         body = P.pack(self.directory.body())
         header = {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, P.VER: self.directory.version}
+        self.stats["directory_sent"] += 1
         for peer in self.peers.values():
             if peer.greeted and peer.state is not PeerState.OFFLINE:
                 self.peer_table.send(peer, header, body)

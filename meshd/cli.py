@@ -22,7 +22,7 @@ import zmq
 from . import __version__
 from .config import Settings, ensure_dirs, find_agent_socket, load_settings
 from .ctlfmt import print_json, table
-from .errors import ConfigError, MeshError
+from .errors import ConfigError, MeshError, StateFileError
 from .keyctl import run_keys
 from .keys import KeyFileError
 from .top import run_top
@@ -197,7 +197,11 @@ def meshd_main(argv: list[str] | None = None) -> int:
         print(f"meshd: config error: {exc}", file=sys.stderr)
         return 2
     except KeyFileError as exc:
-        print(f"meshd: key error: {exc}", file=sys.stderr)
+        print(f"meshd: cannot start: {exc}", file=sys.stderr)
+        return 2
+    except StateFileError as exc:
+        # Corrupt state: restarting cannot fix it (exit 2, which the systemd unit does not restart).
+        print(f"meshd: cannot start: {exc}", file=sys.stderr)
         return 2
     except PermissionError as exc:
         # A file or directory this user may not read or write: retrying cannot fix it (exit 2, which

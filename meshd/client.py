@@ -23,6 +23,7 @@ import contextlib
 import inspect
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,10 @@ CONTROL_TIMEOUT = 5.0
 SEND_QUEUE_LIMIT = 10_000
 REREGISTER_ATTEMPTS = 5
 """Tries to register again after the daemon forgot this agent (it restarted), with jittered backoff."""
+RESEND_WINDOW = 1000
+RESEND_WINDOW_BYTES = 8 * 1024 * 1024
+"""The last qos-0 sends (at most this many and bytes) kept so that one the daemon refused with
+NOT_REGISTERED (it restarted and forgot this agent) is sent again after registering again."""
 ERROR_LOG_EVERY = 1000
 PUBLISH_WINDOW = 4096
 """Publishes sent without ``reach=True`` that may await the daemon's confirmation at once; past
@@ -141,6 +146,9 @@ class Agent:
         self._hb_task: asyncio.Task[None] | None = None
         self._closed = False
         self._reregistering = False
+        self._recent_sends: OrderedDict[str, tuple[BatchKey, dict[str, Any], bytes]] = OrderedDict()
+        self._recent_bytes = 0
+        self._held_sends: list[tuple[str, tuple[BatchKey, dict[str, Any], bytes]]] = []
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -242,6 +250,7 @@ class Agent:
         data = self._payload(payload)
         if qos == 0:
             self._enqueue((P.TO, to, 0), header, data)
+            self._remember_send(msg_id, ((P.TO, to, 0), header, data))
             await self._backpressure()
             return msg_id
         loop = self._require_loop()
@@ -568,6 +577,8 @@ class Agent:
                                self.name, exc)
             return
         if unit is not None:
+            if self._dispatch.seen_unit(unit):
+                return  # handled (or running) already: a daemon restart redelivered it
             self._dispatch.begin_unit(unit, len(messages))
         for header, payload in messages:
             try:
@@ -653,11 +664,14 @@ class Agent:
             self.evicted = err
             log.warning("agent %s: %s", self.name, err.message)
         if err.code == P.ErrorCode.NOT_REGISTERED:
-            if not self._closed and not self._reregistering and self.evicted is None:
-                # The daemon restarted and forgot us: register again and restore subscriptions.
-                self._reregistering = True  # now, not when the task starts: one re-registration
-                self._dispatch.spawn(self._reregister())
-            return
+            if not self._closed and self.evicted is None:
+                # The daemon restarted and forgot us: register again and restore subscriptions;
+                # the qos-0 sends it refused go again then (the others are reported below).
+                unmatched = self._hold_refused(unmatched)
+                if not self._reregistering:
+                    self._reregistering = True  # now, not when the task starts: one re-registration
+                    self._dispatch.spawn(self._reregister())
+            unmatched = [t for t in unmatched if t is not None]
         if err.code == P.ErrorCode.CANCELLED:
             return  # the answer to our own cancel, after we stopped waiting: nothing to report
         for target in unmatched:
@@ -681,6 +695,42 @@ class Agent:
         return (code == P.ErrorCode.NOT_REGISTERED or self.node is None
                 or sender == f"{P.DAEMON_PREFIX}{self.node}")
 
+    def _remember_send(self, msg_id: str, item: tuple[BatchKey, dict[str, Any], bytes]) -> None:
+        """Keep a qos-0 send for a while: if the daemon refuses it NOT_REGISTERED, it goes again."""
+        self._recent_sends[msg_id] = item
+        self._recent_bytes += len(item[2])
+        while len(self._recent_sends) > RESEND_WINDOW or self._recent_bytes > RESEND_WINDOW_BYTES:
+            _, old = self._recent_sends.popitem(last=False)
+            self._recent_bytes -= len(old[2])
+
+    def _hold_refused(self, targets: list[Any]) -> list[Any]:
+        """Hold the refused qos-0 sends we still have (sent again after registering again);
+        return the targets we cannot send again (they are reported)."""
+        rest = []
+        for target in targets:
+            item = self._recent_sends.pop(str(target), None) if target is not None else None
+            if item is None or len(self._held_sends) >= RESEND_WINDOW:
+                rest.append(target)
+                continue
+            self._recent_bytes -= len(item[2])
+            self._held_sends.append((str(target), item))
+        return rest
+
+    def _release_held(self, err: MeshError | None) -> None:
+        """Registered again: send what was held (``err`` None), or report each one (``err``)."""
+        held, self._held_sends = self._held_sends, []
+        for msg_id, (key, header, data) in held:
+            if err is None:
+                self._enqueue(key, header, data)
+                self._remember_send(msg_id, (key, header, data))
+            else:
+                self.errors_received += 1
+                if self.on_error is not None:
+                    self.on_error(err, msg_id)
+        if held and err is None:
+            log.info("agent %s sent again %d message(s) its restarted daemon had refused", self.name,
+                     len(held))
+
     async def _reregister(self) -> None:
         try:
             for attempt in range(1, REREGISTER_ATTEMPTS + 1):
@@ -692,14 +742,17 @@ class Agent:
                             header[P.QOS] = 1
                         await self._control(header)
                     log.info("agent %s registered again after a daemon restart", self.name)
+                    self._release_held(None)
                     return
                 except (DaemonUnreachable, RequestTimeout) as exc:
                     if attempt == REREGISTER_ATTEMPTS or self._closed:
                         log.warning("agent %s could not register again: %s", self.name, exc)
+                        self._release_held(exc)
                         return
                     await asyncio.sleep(backoff_delay(attempt, 0.2, 5.0))
                 except MeshError as exc:  # NAME_TAKEN and the like: trying again will not help
                     log.warning("agent %s could not register again: %s", self.name, exc)
+                    self._release_held(exc)
                     return
         finally:
             self._reregistering = False

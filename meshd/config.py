@@ -190,6 +190,27 @@ class Settings(BaseModel):
         "to check answers against (a reply, error or progress to anyone else is refused); past it "
         "the oldest is forgotten and a late answer to it is refused.",
     )
+    agent_answer_backlog: int = Field(
+        default=1000, ge=16, le=100_000,
+        description="Daemon answers and error notices kept per agent connection while its inbox is "
+        "full (they never share the data inbox cap); a client with at most this many calls in flight "
+        "gets every answer. The register answer tells it as in_flight_max.",
+    )
+    max_subscriptions_per_agent: int = Field(
+        default=256, ge=1, le=10_000,
+        description="Topics one agent may subscribe to; more are refused with TOO_LARGE.",
+    )
+    agent_metadata_max_bytes: int = Field(
+        default=8 * 1024, ge=256, le=64 * 1024,
+        description="Largest capabilities plus metadata of one agent (msgpack bytes); larger "
+        "registrations are refused with TOO_LARGE.",
+    )
+    directory_max_bytes: int = Field(
+        default=512 * 1024, ge=16 * 1024, le=768 * 1024,
+        description="Largest directory this node sends its peers (all its agents' records, msgpack "
+        "bytes); a registration or subscription past it is refused with TOO_LARGE, so no legal "
+        "input makes a directory peers cannot take.",
+    )
     # delivery
     qos1_attempts: int = Field(
         default=3, ge=1, le=100,
@@ -204,6 +225,26 @@ class Settings(BaseModel):
         default=3600.0, gt=0,
         description="Seconds a qos-1 message may wait in the outbox (receiver absent, inbox full, "
         "peer unreachable) before it becomes a dead letter.",
+    )
+    qos1_outbox_max: int = Field(
+        default=20_000, ge=1,
+        description="qos-1 units (a single message or a batch) the outbox holds in total before "
+        "senders get OUTBOX_FULL.",
+    )
+    qos1_outbox_max_bytes: int = Field(
+        default=128 * 1024 * 1024, ge=1024 * 1024,
+        description="Bytes the qos-1 outbox holds in total (frames plus a per-unit overhead) before "
+        "senders get OUTBOX_FULL.",
+    )
+    qos1_outbox_per_dest_max: int = Field(
+        default=5_000, ge=1,
+        description="qos-1 units the outbox holds for one destination before its senders get "
+        "OUTBOX_FULL.",
+    )
+    qos1_outbox_per_dest_max_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024 * 1024,
+        description="Bytes the qos-1 outbox holds for one destination before its senders get "
+        "OUTBOX_FULL.",
     )
     dead_letter_capacity: int = Field(
         default=1024, ge=1, description="Dead letters kept in memory (oldest evicted first)."

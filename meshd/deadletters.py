@@ -10,14 +10,27 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["DeadLetters"]
+__all__ = ["FRAME_OVERHEAD", "LETTER_OVERHEAD", "DeadLetters", "letter_cost"]
+
+FRAME_OVERHEAD = 48
+"""Bytes one kept frame costs beyond its length: the bytes object (33, rounded up by the
+allocator) and its list slot. A letter of 10,000 two-byte frames costs 500 KB, not 20 KB."""
+
+LETTER_OVERHEAD = 1024
+"""Bytes one letter costs beyond its frames: its dict, the decoded header, the detail text."""
+
+
+def letter_cost(frames: list[bytes]) -> int:
+    """What a letter counts against the byte cap: close to the memory it really holds."""
+    return LETTER_OVERHEAD + sum(len(f) for f in frames) + FRAME_OVERHEAD * len(frames)
 
 
 class DeadLetters:
     """Bounded FIFO of undeliverable messages (oldest evicted), kept whole so they can be replayed.
 
-    Bounded twice: by count (``dead_letter_capacity``) and by bytes, so a burst of large
-    payloads cannot grow the daemon without limit.
+    Bounded twice: by count (``dead_letter_capacity``) and by bytes (:func:`letter_cost`, which
+    counts each frame's and each letter's overhead, not just payload bytes), so neither a burst of
+    large payloads nor of many-frame garbage can grow the daemon without limit.
     """
 
     def __init__(self, capacity: int = 1024, max_bytes: int = 64 * 1024 * 1024) -> None:
@@ -42,12 +55,17 @@ class DeadLetters:
             "frames": kept,
         }
         self._items[self.total] = letter
-        self._bytes += sum(len(f) for f in kept)
+        self._bytes += letter_cost(kept)
         while self._items and (len(self._items) > self.capacity or self._bytes > self.max_bytes):
             oldest = next(iter(self._items))
-            self._bytes -= sum(len(f) for f in self._items.pop(oldest)["frames"])
+            self._bytes -= letter_cost(self._items.pop(oldest)["frames"])
             self.evicted += 1
         return letter
+
+    @property
+    def counted_bytes(self) -> int:
+        """What the kept letters count against ``max_bytes``."""
+        return self._bytes
 
     def list(self) -> list[dict[str, Any]]:
         return list(self._items.values())
@@ -58,7 +76,7 @@ class DeadLetters:
     def pop(self, seq: int) -> dict[str, Any] | None:
         letter = self._items.pop(seq, None)
         if letter is not None:
-            self._bytes -= sum(len(f) for f in letter["frames"])
+            self._bytes -= letter_cost(letter["frames"])
         return letter
 
     def purge(self) -> int:

@@ -21,7 +21,17 @@ from . import protocol as P
 from .liveness import PeerState
 from .tools.names import SYSTEM_PREFIX
 
-__all__ = ["Directory", "LocalAgent", "loses_name", "record_reg"]
+__all__ = ["RECORD_OVERHEAD", "Directory", "LocalAgent", "loses_name", "record_reg", "topic_cost"]
+
+RECORD_OVERHEAD = 256
+"""Bytes an agent's ``dir`` record costs beyond its name, capabilities, metadata and topics (keys,
+node id, state, times): the directory budget counts with it."""
+
+
+def topic_cost(topic: str, durable: bool) -> int:
+    """Bytes one subscription adds to its agent's ``dir`` record (listed again if durable)."""
+    one = len(topic.encode()) + 3  # msgpack str header
+    return 2 * one if durable else one
 
 
 @dataclass(eq=False)
@@ -104,12 +114,35 @@ class Directory:
         self._remote_topic_counts: Counter[str] | None = None
         #: The registration Lamport clock: the largest counter seen here, in any record.
         self.reg_clock = 0
+        #: Local agent name -> the bytes its record costs without telemetry (see ``record_cost``).
+        self.record_bytes: dict[str, int] = {}
+        #: What peers accept in one ``dir`` body; past it, records go without telemetry.
+        self.body_limit = P.DEFAULT_MAX_PAYLOAD_BYTES - 64 * 1024
 
     # ------------------------------------------------------------------ this node's agents
 
     def body(self) -> dict[str, Any]:
-        """The ``dir`` body peers receive (HELLO, SYNC answers, changes)."""
-        return {"version": self.version, "agents": [a.record(self.node_id) for a in self.local.values()]}
+        """The ``dir`` body peers receive (HELLO, SYNC answers, changes).
+
+        Registrations and subscriptions are admitted against a budget (``directory_max_bytes``)
+        that leaves out telemetry; should the telemetry push the body past ``body_limit``, the
+        records go without it, so the body always fits what a peer accepts."""
+        body: dict[str, Any] = {"version": self.version,
+                                "agents": [a.record(self.node_id) for a in self.local.values()]}
+        if self.estimated_bytes() + 16 * 1024 * len(self.local) > self.body_limit and \
+                len(P.pack(body)) > self.body_limit:
+            for rec in body["agents"]:
+                rec["telemetry"] = {}
+        return body
+
+    @staticmethod
+    def record_cost(name: str, capabilities: list[str], metadata: dict[str, Any]) -> int:
+        """Bytes a new agent's record costs without topics and telemetry."""
+        return RECORD_OVERHEAD + len(P.pack([name, capabilities, metadata]))
+
+    def estimated_bytes(self) -> int:
+        """What this node's ``dir`` body costs without telemetry (an upper estimate)."""
+        return sum(self.record_bytes.values())
 
     def next_reg(self) -> int:
         """The counter for a registration now: one more than any this node has seen."""
@@ -123,6 +156,12 @@ class Directory:
     def add_local(self, agent: LocalAgent) -> None:
         self.local[agent.name] = agent
         self.local_by_rid[agent.rid] = agent
+        self.recount(agent)
+
+    def recount(self, agent: LocalAgent) -> None:
+        """Recompute what ``agent``'s record costs (after it registered or re-registered)."""
+        self.record_bytes[agent.name] = self.record_cost(agent.name, agent.capabilities, agent.metadata) + \
+            sum(topic_cost(t, t in agent.durable) for t in agent.topics)
 
     def remove_local(self, agent: LocalAgent) -> list[bytes] | None:
         """Forget ``agent`` (and its subscriptions). None if it was not the current holder of its
@@ -131,6 +170,7 @@ class Directory:
             return None
         del self.local[agent.name]
         self.local_by_rid.pop(agent.rid, None)
+        self.record_bytes.pop(agent.name, None)
         dropped = []
         for topic in list(agent.topics):
             _, key = self.unsubscribe(agent, topic)
@@ -143,6 +183,8 @@ class Directory:
         local subscriber: peers' SUB sockets must subscribe to it)."""
         changed = False
         if durable != (topic in agent.durable):
+            if topic in agent.topics:
+                self._charge(agent, topic_cost(topic, durable) - topic_cost(topic, not durable))
             if durable:
                 agent.durable.add(topic)
             else:
@@ -151,6 +193,7 @@ class Directory:
         if topic in agent.topics:
             return changed, None
         agent.topics.add(topic)
+        self._charge(agent, topic_cost(topic, durable))
         subs = self.local_topics.setdefault(topic, set())
         key = P.topic_key(topic)
         self.local_topic_keys[key] = subs
@@ -162,6 +205,7 @@ class Directory:
         """Idempotent. Returns (it was subscribed, the key nobody here subscribes to any more)."""
         if topic not in agent.topics:
             return False, None
+        self._charge(agent, -topic_cost(topic, topic in agent.durable))
         agent.topics.discard(topic)
         agent.durable.discard(topic)
         subs = self.local_topics.get(topic, set())
@@ -172,6 +216,10 @@ class Directory:
         key = P.topic_key(topic)
         self.local_topic_keys.pop(key, None)
         return True, key
+
+    def _charge(self, agent: LocalAgent, nbytes: int) -> None:
+        if agent.name in self.record_bytes and self.local.get(agent.name) is agent:
+            self.record_bytes[agent.name] += nbytes
 
     # ------------------------------------------------------------------ peers' agents
 

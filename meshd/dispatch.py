@@ -18,6 +18,7 @@ import functools
 import inspect
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from types import CoroutineType
@@ -29,7 +30,11 @@ from .errors import MeshError
 from .payloads import decode_payload
 from .protocol import Kind
 
-__all__ = ["ANY_TOPIC", "DEFER", "Dispatcher", "Handler", "Message"]
+__all__ = ["ANY_TOPIC", "DEFER", "HANDLED_WINDOW", "Dispatcher", "Handler", "Message"]
+
+HANDLED_WINDOW = 10_000
+"""qos-1 units an agent remembers having handled (docs/DELIVERY.md): a redelivery of one of them
+after its daemon restarted is acked again, not handled again."""
 
 log = logging.getLogger("meshd.client")
 
@@ -169,10 +174,26 @@ class Dispatcher:
         self._running: dict[str, tuple[asyncio.Task[Any], Message]] = {}
         self._delegated: dict[str, tuple[str, str]] = {}  # corr -> (delegate, who asked us)
         self._unit_left: dict[str, int] = {}
+        #: The last ``HANDLED_WINDOW`` qos-1 units this agent handled: a daemon that died before
+        #: writing their done-marks redelivers them, and they are acked again, not run again.
+        self._handled: OrderedDict[str, None] = OrderedDict()
+        self.redelivered = 0
         self._acks: list[str] = []
         self._ack_scheduled = False
 
     # ------------------------------------------------------------------------ incoming
+
+    def seen_unit(self, unit: str) -> bool:
+        """Is this qos-1 unit a redelivery? Handled already: ack it again; still running: its
+        ack follows when it is done. Either way the handlers must not run (again)."""
+        if unit in self._handled:
+            self.redelivered += 1
+            self._ack(unit)
+            return True
+        if unit in self._unit_left:
+            self.redelivered += 1
+            return True
+        return False
 
     def begin_unit(self, unit: str | None, messages: int) -> None:
         """A qos-1 unit of ``messages`` arrived; it is acked once each of them was handled."""
@@ -341,6 +362,12 @@ class Dispatcher:
             self._unit_left[unit] = left
             return
         self._unit_left.pop(unit, None)
+        self._handled[unit] = None
+        if len(self._handled) > HANDLED_WINDOW:
+            self._handled.popitem(last=False)
+        self._ack(unit)
+
+    def _ack(self, unit: str) -> None:
         self._acks.append(unit)
         if not self._ack_scheduled:
             self._ack_scheduled = True

@@ -105,6 +105,29 @@ class Undeliverable(MeshError):
     code = "UNDELIVERABLE"
 
 
+class OutboxFull(MeshError):
+    """The sending daemon's qos-1 outbox is at a bound (for that destination or in total):
+    the message was not accepted; retry later (``retry_after``)."""
+
+    code = "OUTBOX_FULL"
+    retryable = True
+
+
+class StorageFull(MeshError):
+    """The sending daemon could not write a qos-1 message to its outbox (disk full or an I/O
+    error): it was not stored and will not be sent; retry later (``retry_after``)."""
+
+    code = "STORAGE_FULL"
+    retryable = True
+
+
+class PublicationsMissed(MeshError):
+    """A gap notice: this subscriber's inbox was full and it missed publications.
+    ``details`` has ``topic`` and ``missed`` (how many since the last notice)."""
+
+    code = "PUBLICATIONS_MISSED"
+
+
 class DaemonUnreachable(MeshError, ConnectionError):
     """The local meshd daemon did not answer on its agent socket."""
 
@@ -123,6 +146,19 @@ class StartupError(MeshError, RuntimeError):
     def __init__(self, step: str, message: str) -> None:
         super().__init__(message)
         self.step = step
+
+
+class StateFileError(MeshError, RuntimeError):
+    """A file in the state dir is unreadable or corrupt: the daemon cannot start until it is
+    fixed. ``path`` names it, ``reason`` says what is wrong, ``fix`` what to do. Exit code 2."""
+
+    code = "STATE_ERROR"
+
+    def __init__(self, path: object, reason: str, fix: str) -> None:
+        super().__init__(f"{path}: {reason} (fix: {fix})")
+        self.path = str(path)
+        self.reason = reason
+        self.fix = fix
 
 
 class ConfigError(MeshError, ValueError):
@@ -151,6 +187,9 @@ ERRORS_BY_CODE: dict[str, type[MeshError]] = {
         DaemonUnreachable,
         Cancelled,
         Undeliverable,
+        OutboxFull,
+        StorageFull,
+        PublicationsMissed,
     )
 }
 
@@ -263,4 +302,6 @@ def error_from_wire(wire: Any) -> MeshError:
     )
     if cls is MeshError:
         err.code = code
+    if "topic" in wire and "missed" in wire:  # a gap notice (PUBLICATIONS_MISSED)
+        err.details = {"topic": wire["topic"], "missed": wire["missed"]}
     return err

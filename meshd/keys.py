@@ -119,6 +119,10 @@ def _cert_text(public: str, secret: str | None, comment: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+NODE_KEY_FIX = ("fix: restore it from a backup, or remove node.key and node.key_secret and start "
+                "again: the node gets a new key, which its peers must trust anew")
+
+
 def node_key_paths(state_dir: Path) -> tuple[Path, Path]:
     keys = state_dir / "keys"
     return keys / "node.key", keys / "node.key_secret"
@@ -147,9 +151,12 @@ def load_or_create_node_keys(state_dir: Path) -> KeyPair:
         except PermissionError as exc:
             raise unreadable(secret_path, exc) from None
         except (OSError, ValueError) as exc:
-            raise KeyFileError(f"{secret_path}: cannot read the node key: {exc}") from None
+            raise KeyFileError(f"{secret_path}: cannot read the node key: {exc} ({NODE_KEY_FIX})") from None
         if not secret_b:
-            raise KeyFileError(f"{secret_path}: no secret-key in the file")
+            raise KeyFileError(f"{secret_path}: no secret-key in the file ({NODE_KEY_FIX})")
+        if len(public_b) != 40 or len(secret_b) != 40:
+            raise KeyFileError(f"{secret_path}: the keys in it are not 40-character z85 CURVE keys "
+                               f"({NODE_KEY_FIX})")
         return KeyPair(public_b.decode(), secret_b.decode())
     public_b, secret_b = zmq.curve_keypair()
     public, secret = public_b.decode(), secret_b.decode()

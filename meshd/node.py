@@ -52,14 +52,14 @@ from .deadletters import DeadLetters
 from .directory import Directory
 from .discovery import Discovery, default_interfaces
 from .doctor import daemon_report
-from .errors import StartupError
+from .errors import StartupError, StateFileError
 from .liveness import PeerState
 from .logonce import LogOnce
 from .outcomes import Outcomes
 from .peers import Peer, PeerEvents, PeerTable
 from .plugins import PluginHost
 from .protocol import FrameError
-from .qos1 import DeliveryStore, Qos1
+from .qos1 import DeliveryStore, OutboxBounds, Qos1
 from .qos1_driver import Qos1Driver
 from .routing import Router
 from .sdnotify import Notifier
@@ -105,6 +105,10 @@ def load_node_id(state_dir: Path) -> str:
         log.warning("ignoring malformed node id in %s", path)
     except FileNotFoundError:
         pass
+    except (IsADirectoryError, UnicodeDecodeError) as exc:
+        raise StateFileError(path, "is a directory" if isinstance(exc, IsADirectoryError) else
+                             "is not text", "remove it and start again: the daemon makes a new node id "
+                             "(peers then see a new node)") from None
     node_id = os.urandom(8).hex()
     tmp = path.with_suffix(".tmp")
     make_private_file(tmp)
@@ -279,7 +283,11 @@ class Node:
     async def _start_delivery(self) -> None:
         s = self.settings
         self.store = DeliveryStore(s.state_dir / "delivery.db", seen_ttl=2 * s.qos1_ttl + 60.0)
-        machine = Qos1(self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout, ttl=s.qos1_ttl)
+        bounds = OutboxBounds(total_units=s.qos1_outbox_max, total_bytes=s.qos1_outbox_max_bytes,
+                              per_dest_units=s.qos1_outbox_per_dest_max,
+                              per_dest_bytes=s.qos1_outbox_per_dest_max_bytes)
+        machine = Qos1(self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout, ttl=s.qos1_ttl,
+                       bounds=bounds)
         self.qos = Qos1Driver(machine, node_id=self.node_id, stats=self.stats, outcomes=self.outcomes,
                               qos1_ttl=s.qos1_ttl)
 
@@ -309,7 +317,8 @@ class Node:
 
     def _build(self, agents_sock: zmq.Socket[Any], reactor: transport.Reactor) -> None:
         """Wire the parts that need the sockets: the agent link, agent control, routing, admin."""
-        link = AgentLink(agents_sock, reactor, self.node_id)
+        link = AgentLink(agents_sock, reactor, self.node_id, backlog_max=self.settings.agent_answer_backlog,
+                         stats=self.stats)
         self.local_agents = LocalAgents(
             self.settings, node_id=self.node_id, name=self.name, directory=self.directory,
             peer_table=self.peer_table, link=link, plugins=self.plugins, stats=self.stats,
@@ -417,6 +426,9 @@ class Node:
         local_agents = getattr(self, "local_agents", None)
         if local_agents is not None:
             local_agents.stopping = True
+        routing = getattr(self, "routing", None)
+        if routing is not None:
+            routing.stopping = True
         for step in STOP_STEPS:
             try:
                 await getattr(self, f"_stop_{step}")()
@@ -450,6 +462,7 @@ class Node:
             await self._discovery.stop()
 
     async def _stop_sockets(self) -> None:
+        self._drain_agent_socket()
         if self._reactor is not None:
             self._reactor.close()
         if self.store is not None:
@@ -473,6 +486,24 @@ class Node:
         if self._socket_bound:  # never remove another daemon's socket after a failed start
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
+
+    def _drain_agent_socket(self) -> None:
+        """Route what agents sent and we have not read yet, so closing the socket loses none of
+        it (a qos-0 send in that buffer used to vanish with no word to its sender)."""
+        sock, routing = self.agents_sock, getattr(self, "routing", None)
+        if sock is None or routing is None:
+            return
+        drained = 0
+        with contextlib.suppress(zmq.ZMQError):
+            while drained < 100_000:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+                drained += 1
+                try:
+                    routing.on_agent(frames)
+                except Exception:
+                    log.exception("routing a message drained at shutdown failed")
+        if drained:
+            log.info("routed %d message(s) agents sent just before the shutdown", drained)
 
     async def _stop_workers(self) -> None:
         self.notifier.close()

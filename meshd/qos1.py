@@ -25,18 +25,24 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgpack
 
 from . import protocol as P
 from .backoff import backoff_delay
+from .errors import StateFileError
+from .outbox_bounds import OutboxBounds, unit_size
 from .protocol import FrameError
 from .statefiles import make_private_file
 
-__all__ = ["Acked", "Action", "Attempt", "Confirm", "DeliveryStore", "GiveUp", "OutboxEntry", "Qos1",
-           "SendAcks"]
+__all__ = ["Acked", "Action", "Attempt", "Confirm", "DeliveryStore", "GiveUp", "NotStored", "OutboxBounds",
+           "OutboxEntry", "Qos1", "SendAcks", "StoreWriteFailed", "unit_size"]
 
 log = logging.getLogger("meshd.delivery")
+
+DELIVERY_DB_FIX = ("stop meshd, move the file (and its -wal and -shm files) aside, and start again: "
+                   "the qos-1 messages still in it are then not sent; or restore it from a backup")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -46,6 +52,16 @@ CREATE TABLE IF NOT EXISTS outbox (
     attempts INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL,
     expires REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quarantine (
+    id TEXT PRIMARY KEY,
+    dest TEXT,
+    frames BLOB,
+    attempts INTEGER,
+    created REAL,
+    expires REAL,
+    reason TEXT NOT NULL,
+    at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS seen (
     id TEXT PRIMARY KEY,
@@ -80,8 +96,21 @@ class OutboxEntry:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+class StoreWriteFailed(Exception):
+    """A commit failed (disk full, I/O error): ``lost`` are the new units that were not stored."""
+
+    def __init__(self, lost: list[OutboxEntry], cause: sqlite3.Error) -> None:
+        super().__init__(str(cause))
+        self.lost = lost
+        self.cause = cause
+
+
 class DeliveryStore:
-    """The outbox and the seen-set of one node (``<state_dir>/delivery.db``)."""
+    """The outbox and the seen-set of one node (``<state_dir>/delivery.db``).
+
+    It keeps the outbox's size per destination and in total (units and bytes, see
+    :func:`unit_size`) so the machine can refuse a unit that would pass a bound.
+    """
 
     def __init__(self, path: Path | str, seen_ttl: float = 24 * 3600.0, *,
                  wall: Callable[[], float] = time.time,
@@ -93,51 +122,102 @@ class DeliveryStore:
         self.seen_ttl = seen_ttl
         self._wall = wall
         self._monotonic = monotonic
+        self.quarantined = 0
         if str(path) != ":memory:":
             make_private_file(Path(path))  # 0600, and so its -wal and -shm (issue 8)
-        self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")  # "accepted" means on disk (RELIABILITY.md)
-        self.db.executescript(_SCHEMA)
+        try:
+            self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")  # "accepted" means on disk (RELIABILITY.md)
+            self.db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StateFileError(path, f"not a usable SQLite database ({exc})", DELIVERY_DB_FIX) from None
         self.outbox: dict[str, OutboxEntry] = {}
-        self.seen: dict[str, float] = {}  # unit id -> monotonic time it was done
+        self.dest_units: Counter[str] = Counter()
+        self.dest_bytes: Counter[str] = Counter()
+        self.total_bytes = 0
+        self.seen: dict[str, float] = {}
         self.seen_origin: dict[str, str] = {}
         self._add: list[OutboxEntry] = []
         self._update: dict[str, OutboxEntry] = {}
         self._delete: list[str] = []
         self._seen_add: list[tuple[str, float, str]] = []
         self.commits = 0
-        self._load()
+        try:
+            self._load()
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise StateFileError(path, f"cannot be read ({exc})", DELIVERY_DB_FIX) from None
 
     def _load(self) -> None:
         now = self._wall()
         now_m = self._monotonic()
         self.db.execute("DELETE FROM seen WHERE at < ?", (now - self.seen_ttl,))
+        bad: list[tuple[tuple[Any, ...], str]] = []
         for row in self.db.execute("SELECT id, dest, frames, attempts, created, expires FROM outbox"):
-            frames = msgpack.unpackb(row[2], raw=False)
-            header: P.Header | None = None
-            with contextlib.suppress(FrameError, IndexError, TypeError):  # decoded once, here
-                header = P.decode_header(frames[1])
-            created, expires = float(row[4]), float(row[5])
-            # The TTL left, by this host's wall clock across the restart, never more than the TTL.
-            left = min(max(expires - now, 0.0), max(expires - created, 0.0))
-            entry = OutboxEntry(id=row[0], dest=row[1], frames=list(frames), attempts=int(row[3]),
-                                created=created, expires=expires, durable=True,
-                                sender=header.sender or "" if header else "", header=header,
-                                expires_m=now_m + left, created_m=now_m - min(max(now - created, 0.0), left))
+            entry = self._entry_from_row(row, now, now_m)
+            if isinstance(entry, str):
+                bad.append((row, entry))
+                continue
+            self._count(entry, 1)
             self.outbox[entry.id] = entry
+        if bad:
+            self._quarantine(bad, now)
         for msg_id, at, origin in self.db.execute("SELECT id, at, origin FROM seen"):
             self.seen[msg_id] = now_m - min(max(now - at, 0.0), self.seen_ttl)
             self.seen_origin[msg_id] = origin
         if self.outbox:
             log.info("resuming %d qos-1 message(s) from the outbox", len(self.outbox))
 
+    @staticmethod
+    def _entry_from_row(row: tuple[Any, ...], now: float, now_m: float) -> OutboxEntry | str:
+        """A stored unit, or why the row cannot be one (then it is quarantined). ``now`` is the
+        wall clock (stored times are wall-clock, read back only here), ``now_m`` the monotonic one."""
+        try:
+            frames = msgpack.unpackb(row[2], raw=False)
+            if not isinstance(frames, list) or len(frames) < 3 or \
+                    not all(isinstance(f, bytes) for f in frames):
+                return "frames are not a list of at least 3 byte strings"
+            header = P.decode_header(frames[1])  # decoded once, here
+            created, expires = float(row[4]), float(row[5])
+            # The TTL left, by this host's wall clock across the restart, never more than the TTL.
+            left = min(max(expires - now, 0.0), max(expires - created, 0.0))
+            return OutboxEntry(id=str(row[0]), dest=str(row[1]), frames=list(frames),
+                               attempts=int(row[3]), created=created, expires=expires, durable=True,
+                               sender=header.sender or "", header=header, expires_m=now_m + left,
+                               created_m=now_m - min(max(now - created, 0.0), left))
+        except (FrameError, ValueError, TypeError, IndexError, msgpack.ExtraData) as exc:
+            return f"{type(exc).__name__}: {exc}"[:200]
+
+    def _quarantine(self, bad: list[tuple[tuple[Any, ...], str]], now: float) -> None:
+        """Move unreadable outbox rows aside (table ``quarantine``): kept, reported, never sent."""
+        self.db.execute("BEGIN")
+        self.db.executemany(
+            "INSERT OR REPLACE INTO quarantine (id, dest, frames, attempts, created, expires, reason, at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [(*row, why, now) for row, why in bad])
+        self.db.executemany("DELETE FROM outbox WHERE id = ?", [(row[0],) for row, _ in bad])
+        self.db.execute("COMMIT")
+        self.quarantined = len(bad)
+        log.warning("quarantined %d unreadable qos-1 row(s) of %s into its table 'quarantine' (first: "
+                    "%s: %s); they are not sent", len(bad), self.path, bad[0][0][0], bad[0][1])
+
     # ------------------------------------------------------------------ sender side
 
     def stage(self, entry: OutboxEntry) -> None:
         """Add a unit; it is durable (and may be confirmed and forwarded) after ``flush``."""
+        if entry.id not in self.outbox:
+            self._count(entry, 1)
         self.outbox[entry.id] = entry
         self._add.append(entry)
+
+    def _count(self, entry: OutboxEntry, sign: int) -> None:
+        size = unit_size(entry.frames)
+        self.dest_units[entry.dest] += sign
+        self.dest_bytes[entry.dest] += sign * size
+        self.total_bytes += sign * size
+        if self.dest_units[entry.dest] <= 0:
+            del self.dest_units[entry.dest]
+            self.dest_bytes.pop(entry.dest, None)
 
     def record_attempt(self, entry: OutboxEntry) -> None:
         """Persist the attempt counter, so a restart does not grant fresh attempts."""
@@ -148,6 +228,7 @@ class DeliveryStore:
         """An ack (or a dead letter) ends a unit's life."""
         entry = self.outbox.pop(msg_id, None)
         if entry is not None:
+            self._count(entry, -1)
             self._update.pop(msg_id, None)
             self._delete.append(msg_id)
         return entry
@@ -180,8 +261,8 @@ class DeliveryStore:
         if not self.dirty:
             return []
         added = [e for e in self._add if e.id in self.outbox]
-        self.db.execute("BEGIN")
         try:
+            self.db.execute("BEGIN")
             if added:
                 self.db.executemany(
                     "INSERT OR REPLACE INTO outbox (id, dest, frames, attempts, created, expires) "
@@ -198,8 +279,19 @@ class DeliveryStore:
                 self.db.executemany("INSERT OR IGNORE INTO seen (id, at, origin) VALUES (?, ?, ?)",
                                     self._seen_add)
             self.db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
+            # The new units were not stored: forget them (their senders are told); what was
+            # already durable keeps its pending updates, deletes and done-marks for the next try.
+            for e in added:
+                self.outbox.pop(e.id, None)
+                self._count(e, -1)
+            self._add = []
+            raise StoreWriteFailed(added, exc) from exc
         except BaseException:
-            self.db.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
             raise
         self.commits += 1
         self._add, self._update, self._delete, self._seen_add = [], {}, [], []
@@ -266,7 +358,17 @@ class GiveUp:
     why: str
 
 
-Action = Confirm | Attempt | SendAcks | Acked | GiveUp
+@dataclass(frozen=True, slots=True)
+class NotStored:
+    """The commit failed: this new unit was not stored and will not be sent. Tell ``rid`` (its
+    client, if any) at once, with ``why``."""
+
+    entry: OutboxEntry
+    rid: bytes | None
+    why: str
+
+
+Action = Confirm | Attempt | SendAcks | Acked | GiveUp | NotStored
 
 
 @dataclass(eq=False)
@@ -291,8 +393,9 @@ class Qos1:
 
     def __init__(self, store: DeliveryStore, *, attempts: int, ack_timeout: float, ttl: float,
                  monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 jitter: float = 0.0) -> None:
+                 jitter: float = 0.0, bounds: OutboxBounds | None = None) -> None:
         self.store = store
+        self.bounds = bounds or OutboxBounds()
         self.max_attempts = attempts
         self.ack_timeout = ack_timeout
         self.ttl = ttl
@@ -303,6 +406,8 @@ class Qos1:
         self._delivering: dict[str, _Delivering] = {}
         self._acks_out: dict[str, list[str]] = {}
         self.stats: Counter[str] = Counter()
+        #: Why the last commit failed (disk full...), or None once a commit succeeds again.
+        self.storage_error: str | None = None
 
     @property
     def needs_flush(self) -> bool:
@@ -310,6 +415,27 @@ class Qos1:
         return self.store.dirty or bool(self._acks_out) or bool(self._confirm_to)
 
     # ------------------------------------------------------------------ sender side
+
+    def refusal(self, unit_id: str, dest: str, frames: list[bytes]) -> str | None:
+        """Why a new unit for ``dest`` would pass an outbox bound (None: it fits).
+
+        A unit already in the outbox (a client's retry) always fits: it is confirmed again."""
+        store, b = self.store, self.bounds
+        if unit_id in store.outbox:
+            return None
+        size = unit_size(frames)
+        if store.dest_units[dest] + 1 > b.per_dest_units:
+            why = f"{store.dest_units[dest]} unit(s) wait for {dest!r} (qos1_outbox_per_dest_max)"
+        elif store.dest_bytes[dest] + size > b.per_dest_bytes:
+            why = f"{store.dest_bytes[dest]} bytes wait for {dest!r} (qos1_outbox_per_dest_max_bytes)"
+        elif len(store.outbox) + 1 > b.total_units:
+            why = f"{len(store.outbox)} unit(s) wait in the outbox (qos1_outbox_max)"
+        elif store.total_bytes + size > b.total_bytes:
+            why = f"{store.total_bytes} bytes wait in the outbox (qos1_outbox_max_bytes)"
+        else:
+            return None
+        self.stats["refused_outbox_full"] += 1
+        return f"qos-1 outbox full: {why}; retry later"
 
     def accept(self, rid: bytes | None, sender: str, unit_id: str, dest: str, frames: list[bytes],
                header: P.Header | None = None) -> None:
@@ -444,9 +570,25 @@ class Qos1:
     def flush(self) -> list[Action]:
         """Group commit, then what waited for it: confirmations, first tries, acks to senders.
 
-        Raises what SQLite raises (nothing staged is then confirmed)."""
+        A failed commit (disk full, I/O error) returns ``NotStored`` for each new unit (none is
+        confirmed or sent) and sets ``storage_error``; updates, deletes and done-marks of units
+        already stored wait for the next commit; acks of handled units go out all the same."""
         actions: list[Action] = []
-        durable = self.store.flush()
+        try:
+            durable = self.store.flush()
+        except StoreWriteFailed as exc:
+            self.storage_error = str(exc)
+            self.stats["not_stored"] += len(exc.lost)
+            actions.extend(NotStored(e, self._confirm_to.pop(e.id, None), str(exc)) for e in exc.lost)
+            # The handlers did finish: ack from memory (the done-marks are kept in memory and
+            # written once the disk takes them), so the sender's verdict matches what happened.
+            # The price: a crash of this daemon before they are written can repeat a handler
+            # for a unit retried after the crash (DELIVERY.md).
+            acks, self._acks_out = self._acks_out, {}
+            actions.extend(SendAcks(origin, ids) for origin, ids in acks.items())
+            self.stats["acked_unwritten"] += sum(len(ids) for ids in acks.values())
+            return actions
+        self.storage_error = None
         for entry in durable:
             rid = self._confirm_to.pop(entry.id, None)
             if rid is not None:

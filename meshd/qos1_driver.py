@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from . import protocol as P
 from .outcomes import Outcomes
 from .protocol import FrameError, Kind
-from .qos1 import Acked, Action, Attempt, Confirm, GiveUp, OutboxEntry, Qos1, SendAcks
+from .qos1 import Acked, Action, Attempt, Confirm, GiveUp, NotStored, OutboxEntry, Qos1, SendAcks
 
 if TYPE_CHECKING:
     from .agents import AgentLink
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 __all__ = ["Qos1Driver"]
 
 log = logging.getLogger("meshd.node")
+
+STORAGE_RETRY = 1.0
+"""Seconds between commit attempts while the outbox cannot be written (disk full)."""
 
 
 class Qos1Driver:
@@ -47,6 +50,7 @@ class Qos1Driver:
         self.qos1_ttl = qos1_ttl
         self.stopping = False
         self._flush_scheduled = False
+        self._retry: asyncio.TimerHandle | None = None
         self._after_flush: list[Callable[[], Any]] = []
         # Wired by node.py once the sockets exist.
         self.router: Router
@@ -66,7 +70,8 @@ class Qos1Driver:
 
     def info(self) -> dict[str, Any]:
         m = self.machine
-        return {"pending": m.pending, "in_flight": m.in_flight, **m.stats, "commits": m.store.commits}
+        return {"pending": m.pending, "in_flight": m.in_flight, **m.stats, "commits": m.store.commits,
+                "quarantined": m.store.quarantined}
 
     # ------------------------------------------------------------------ events in
 
@@ -74,6 +79,10 @@ class Qos1Driver:
                header: P.Header | None = None) -> None:
         self.machine.accept(rid, sender, unit_id, dest, frames, header)
         self._maybe_flush()
+
+    def refusal(self, unit_id: str, dest: str, frames: list[bytes]) -> str | None:
+        """Why the outbox cannot take this new unit (OUTBOX_FULL), or None."""
+        return self.machine.refusal(unit_id, dest, frames)
 
     def is_ours(self, unit_id: str | None) -> bool:
         return unit_id is not None and self.machine.is_ours(unit_id)
@@ -135,19 +144,32 @@ class Qos1Driver:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        try:
-            actions = self.machine.flush()
-        except Exception:
-            # The disk failed us: nothing staged is confirmed; clients time out and may retry.
-            log.exception("qos-1 commit failed")
+        was = self.machine.storage_error
+        actions = self.machine.flush()
+        now = self.machine.storage_error
+        if now is not None:
             self.stats["qos1_commit_failed"] += 1
-            return
+            if was is None:  # one line per state change, not one per commit
+                log.error("qos-1 storage failed: %s (%s): new qos-1 messages are refused with "
+                          "STORAGE_FULL until a commit succeeds; stored ones keep being sent",
+                          now, self.machine.store.path)
+        elif was is not None:
+            log.warning("qos-1 storage recovered (%s)", self.machine.store.path)
         self.perform(actions)
         after, self._after_flush = self._after_flush, []
         for action in after:
             action()
-        if self.machine.store.dirty:
+        if now is not None:
+            if self.machine.needs_flush and self._retry is None and not self.stopping:
+                # What waits (acks, updates of stored units) is written once space returns, not
+                # only when some unrelated send comes along.
+                self._retry = asyncio.get_running_loop().call_later(STORAGE_RETRY, self._retry_flush)
+        elif self.machine.store.dirty:
             self.schedule_flush()
+
+    def _retry_flush(self) -> None:
+        self._retry = None
+        self.schedule_flush()
 
     # ------------------------------------------------------------------ actions out
 
@@ -163,6 +185,8 @@ class Qos1Driver:
                 self._acked(action.entry)
             elif isinstance(action, GiveUp):
                 self._give_up(action.entry, action.why)
+            elif isinstance(action, NotStored):
+                self._not_stored(action)
 
     def _attempt(self, entry: OutboxEntry) -> None:
         if entry.header is None:  # stored by an older daemon and no longer decodable
@@ -184,6 +208,20 @@ class Qos1Driver:
         if self.outcomes.enabled:
             topic = entry.header.topic if entry.header is not None else None
             self.outcomes.delivered(entry.id, entry.sender, entry.dest, topic, entry.created_m)
+
+    def _not_stored(self, action: NotStored) -> None:
+        entry, message = action.entry, f"qos-1 message not stored: {action.why}; it will not be sent"
+        if action.rid is None:  # a durable copy of a publication: nobody waits for it, keep it
+            self.router.dead_letter(P.ErrorCode.STORAGE_FULL, f"to {entry.dest!r}: {message}", entry.frames,
+                                    entry.header)
+            return
+        ids: list[Any] = [entry.id]
+        if entry.header is not None and entry.header.kind == Kind.BATCH:
+            with contextlib.suppress(FrameError):  # name each message, not the batch
+                ids = [h.get(P.ID) for h, _ in P.split_batch(entry.frames)]
+        for msg_id in ids:
+            self.link.send_error(action.rid, msg_id, P.ErrorCode.STORAGE_FULL, message,
+                                 retry_after=STORAGE_RETRY)
 
     def _give_up(self, entry: OutboxEntry, why: str) -> None:
         header = entry.header

@@ -13,6 +13,7 @@ it asks them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -66,6 +67,23 @@ def _declares(header: P.Header, kinds: frozenset[str]) -> bool:
     return isinstance(declared, list) and any(isinstance(k, str) and k in kinds for k in declared)
 _AGENT_DATA_KINDS = AGENT_DATA_KINDS
 _AUTHORIZED_KINDS = frozenset({Kind.SEND, Kind.REQUEST, Kind.PUBLISH})
+_LANE_KINDS = frozenset({Kind.ERROR, Kind.REPLY})
+"""Routed kinds that answer a call: delivered through the agent link's answer lane."""
+GAP_NOTICE_DELAY = 0.05
+"""Seconds over which missed publications are summed into one gap notice per topic."""
+OUTBOX_RETRY_AFTER = 1.0
+"""Seconds an OUTBOX_FULL refusal suggests waiting before a retry."""
+
+
+def _id_of(frames: list[bytes]) -> Any:
+    """The ``id`` of a refused frame set whose header still decodes (a wrong frame count), so the
+    sender's call is answered instead of timing out; None if there is none."""
+    if len(frames) < 3 or frames[1] != P.SIGNATURE:
+        return None
+    try:
+        return P.unpack_header(frames[2]).get(P.ID)
+    except (FrameError, TypeError):
+        return None
 
 
 class Router:
@@ -100,6 +118,9 @@ class Router:
         self._drop_notice_until: dict[str, float] = {}  # publisher -> monotonic (DROP_NOTICE_S)
         #: Requests handed to local agents and not answered yet: answers are checked against it.
         self.open_requests = OpenRequests(settings.max_open_requests, stats)
+        self.stopping = False  # set by node.py when the shutdown begins
+        self._gaps: dict[tuple[bytes, str], int] = {}  # (subscriber connection, topic) -> missed
+        self._gap_timer: asyncio.TimerHandle | None = None
 
     def on_mesh_checked(self, frames: list[Any]) -> None:
         """Keys mode: the ZAP User-Id (the authenticated key) must be the key the sender claims."""
@@ -189,7 +210,7 @@ class Router:
             # A header that decoded but has a field out of range names its id, so the sender's
             # request fails at once instead of timing out.
             self.reject(exc, frames, origin="local agent", header=exc.fields)
-            corr = exc.fields.get(P.ID) if exc.fields else None
+            corr = exc.fields.get(P.ID) if exc.fields else _id_of(frames)
             self.link.send_error(rid, corr, P.ErrorCode.VALIDATION_FAILED, f"malformed message: {exc}")
             return
         kind = header.kind
@@ -210,6 +231,12 @@ class Router:
             return
         if agent is None:
             self.refuse(rid, header, frames, P.ErrorCode.NOT_REGISTERED, "register a name before sending")
+            return
+        if self.stopping and header.qos != 1:  # a qos-1 unit is stored and survives the restart
+            # Peers heard our BYE and drop what we would forward now: refuse, so the client holds
+            # the message and sends it again once registered with the next daemon.
+            self.refuse(rid, header, frames, P.ErrorCode.NOT_REGISTERED,
+                        "the daemon is stopping; register again with the next one")
             return
         if header.sender != agent.name:
             self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
@@ -260,6 +287,11 @@ class Router:
             if kind not in (Kind.SEND, Kind.BATCH) or not isinstance(unit_id, str):
                 self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
                              "qos 1 applies to send (single or batched) with a string id")
+                return
+            full = self.qos.refusal(unit_id, to, frames[1:])
+            if full is not None:
+                self.refuse(rid, header, frames, P.ErrorCode.OUTBOX_FULL, full,
+                            retry_after=OUTBOX_RETRY_AFTER)
                 return
             self.qos.accept(rid, agent.name, unit_id, to, frames[1:], header)
             return
@@ -386,7 +418,7 @@ class Router:
                 self.open_requests.opened(agent.name, corr, requester, deadline)
 
     def refuse(self, rid: bytes, header: P.Header, frames: list[bytes], code: str,
-                message: str) -> None:
+                message: str, *, retry_after: float | None = None) -> None:
         """Refuse an agent's message at the edge: one error per message, batches included."""
         self.stats[f"refused_{code.lower()}"] += 1
         ids: list[Any] = [header.id]
@@ -394,7 +426,7 @@ class Router:
             with contextlib.suppress(FrameError):
                 ids = [h.get(P.ID) for h, _ in P.split_batch(frames[1:])]
         for msg_id in ids:
-            self.link.send_error(rid, msg_id, code, message)
+            self.link.send_error(rid, msg_id, code, message, retry_after=retry_after)
 
     def route(self, to: str, header: P.Header, msg: list[bytes]) -> str | None:
         """Deliver ``msg`` (signature, header, payload frames) to agent ``to`` wherever it is.
@@ -435,7 +467,16 @@ class Router:
                                            and _declares(header, _REQUEST_KIND)):
             self._record_requests(agent, header, msg)
         code: str | None = None
+        if header.kind in _LANE_KINDS:  # the answer lane: never silenced by the data inbox cap
+            if self.link.send_answer([agent.rid, *msg]):
+                self.stats["delivered"] += 1
+                return None
+            return self.bounce(header, msg, P.ErrorCode.INBOX_FULL,
+                               f"{self.link.backlog_max} answers wait for {agent.name!r} already",
+                               origin=origin)
         try:
+            if self.link.has_backlog(agent.rid):
+                raise zmq.Again  # answers wait for this agent: they go first
             self.link.sock.send_multipart([agent.rid, *msg], zmq.NOBLOCK)
             self.stats["delivered"] += 1
         except zmq.Again:
@@ -505,22 +546,33 @@ class Router:
         if header.qos == 1:
             durable = self.directory.durable_subscribers(topic)
             unit_id = str(header.id)
+            units: list[tuple[str, str, list[bytes]]] = []
             for name in durable:
                 unit_header = dict(header.fields)
                 unit_header[P.TO] = name
                 unit_header[P.ID] = f"{unit_id}>{name}"
-                self.qos.accept(None, agent.name, unit_header[P.ID], name,
-                                P.frames(unit_header, msg[2]))
+                units.append((name, unit_header[P.ID], [P.SIGNATURE, P.pack(unit_header), *msg[2:]]))
+            for name, copy_id, copy in units:  # all copies or none
+                full = self.qos.refusal(copy_id, name, copy)
+                if full is not None:
+                    self.refuse(agent.rid, header, [agent.rid, *msg], P.ErrorCode.OUTBOX_FULL, full,
+                                retry_after=OUTBOX_RETRY_AFTER)
+                    return
+            for name, copy_id, copy in units:
+                self.qos.accept(None, agent.name, copy_id, name, copy)
             reached += len(durable)
         skip = set(durable)
         for sub in self.directory.local_topics.get(topic, ()):
             if sub.name in skip:
                 continue
             try:
+                if self.link.has_backlog(sub.rid):
+                    raise zmq.Again
                 self.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
                 reached += 1
             except zmq.ZMQError:
                 self.stats["publish_local_dropped"] += 1
+                self.missed(sub, topic)
                 self.publication_dropped(sub.name, msg)
         local = self.directory.local
         remote = self.directory.remote_subscribers(topic) - sum(1 for n in durable if n not in local)
@@ -555,9 +607,12 @@ class Router:
             if qos1 and sub.durable and any(k == frames[0] for k in map(P.topic_key, sub.durable)):
                 continue  # it gets its own qos-1 copy from the publisher's outbox
             try:
+                if self.link.has_backlog(sub.rid):
+                    raise zmq.Again
                 self.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
             except zmq.ZMQError:
                 self.stats["publish_local_dropped"] += 1
+                self.missed(sub, frames[0][:-1].decode("utf-8", "replace"))
                 self.publication_dropped(sub.name, msg)
         self.link.kick()
 
@@ -586,6 +641,28 @@ class Router:
                              sender=f"meshd@{self.node_id}")
         err[P.TOPIC] = topic
         self.route(publisher, P.header_from_map(err), P.frames(err))
+
+    def missed(self, sub: LocalAgent, topic: str) -> None:
+        """``sub``'s inbox refused a publication on ``topic``: count it (per topic), and tell the
+        subscriber how many it missed in one gap notice per topic, soon (coalesced)."""
+        self.stats[f"publish_missed:{topic}"] += 1
+        key = (sub.rid, topic)
+        self._gaps[key] = self._gaps.get(key, 0) + 1
+        if self._gap_timer is None:
+            self._gap_timer = asyncio.get_running_loop().call_later(GAP_NOTICE_DELAY, self._send_gaps)
+
+    def _send_gaps(self) -> None:
+        self._gap_timer = None
+        gaps, self._gaps = self._gaps, {}
+        for (rid, topic), count in gaps.items():
+            agent = self.directory.local_by_rid.get(rid)
+            if agent is None:
+                continue  # it left
+            err = P.error_header(agent.name, None, P.ErrorCode.PUBLICATIONS_MISSED,
+                                 f"missed {count} publication(s) on topic {topic!r}: your inbox was full",
+                                 sender=f"meshd@{self.node_id}")
+            err[P.ERROR].update(topic=topic, missed=count)
+            self.link.send(rid, err)  # the answer lane: ahead of later publications
 
     def on_xpub(self, frames: list[bytes]) -> None:
         # Subscription notices from peers' SUBs; the XPUB applies them itself, we only count.

@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 from ..client import DEFER, Agent, Message
 from ..config import Settings
-from ..errors import Forbidden, MeshError, NotWired, QuotaExceeded, ValidationFailed
+from ..errors import Forbidden, MeshError, NotWired, QuotaExceeded, StateFileError, ValidationFailed
 from ..plugins import PluginHost
 from .builtin import BUILTIN_PLUGIN_NAME, BuiltinTools
 from .names import TOPIC_APPROVALS, TOPIC_CALL, TOPIC_LIST, TOPIC_TASK_EVENTS, system_agent_name
@@ -112,6 +113,12 @@ class SystemAgent:
         try:
             service = TaskService(agent, self.settings.state_dir / "tasks.db", self.settings, emit=self.emit)
             await service.start()
+        except sqlite3.DatabaseError as exc:  # a corrupt tasks.db: the operator must act (exit 2)
+            raise StateFileError(self.settings.state_dir / "tasks.db",
+                                 f"not a usable SQLite database ({exc})",
+                                 "stop meshd, move the file (and its -wal and -shm files) aside, and start "
+                                 "again: the tasks and plans in it are then forgotten; or restore it from "
+                                 "a backup") from None
         except Exception as exc:
             log.exception("the task service failed to start; task tools will fail with NOT_WIRED")
             self.not_wired["tasks"] = f"the task service failed to start: {exc}"

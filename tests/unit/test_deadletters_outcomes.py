@@ -11,12 +11,12 @@ from meshd.protocol import Kind
 
 
 def test_dead_letters_are_bounded_by_count_and_bytes() -> None:
-    d = DeadLetters(capacity=3, max_bytes=1000)
+    d = DeadLetters(capacity=3, max_bytes=4000)  # a letter costs its frames + 48 per frame + 1 KiB
     for i in range(5):
         d.add("r", f"detail {i}", [b"x" * 10], {P.ID: str(i)})
     assert [x["seq"] for x in d.list()] == [3, 4, 5] and d.total == 5 and d.evicted == 2
-    d.add("big", "", [b"y" * 900])
-    d.add("big", "", [b"y" * 900])
+    d.add("big", "", [b"y" * 1500])
+    d.add("big", "", [b"y" * 1500])
     assert [x["seq"] for x in d.list()] == [7] and d.get(7) is not None
     assert d.pop(7) is not None and d.list() == [] and d.purge() == 0
 

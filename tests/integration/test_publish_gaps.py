@@ -1,0 +1,80 @@
+"""Issue 8, item 9: a subscriber whose inbox is full misses publications; it is told how many,
+per topic (a gap notice, like NATS's slow-consumer signal), and the daemon counts them per topic.
+Real daemons; the subscriber is a raw client that reads nothing until the publisher is done."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgpack
+import zmq
+
+from meshd import Agent
+from meshd import protocol as P
+from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until
+
+
+def _stuck_subscriber(ctx: zmq.Context[Any], proc: MeshdProcess, name: str, topic: str) -> zmq.Socket[Any]:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 10)
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    sock.connect(f"ipc://{proc.socket}")
+    for header, body in (({"kind": "register", "id": "r1"}, msgpack.packb({"name": name})),
+                         ({"kind": "subscribe", "id": "s1", "topic": topic}, b"")):
+        sock.send_multipart([P.SIGNATURE, msgpack.packb(header), body])
+        kind = "ping"
+        while kind == "ping":  # the daemon may probe its connections meanwhile
+            assert sock.poll(5000)
+            kind = msgpack.unpackb(sock.recv_multipart()[1])["kind"]
+        assert kind == "ok"
+    return sock
+
+
+def test_a_subscriber_is_told_how_many_publications_it_missed(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    ctx: zmq.Context[Any] = zmq.Context()
+    n = 3000
+    try:
+        local = _stuck_subscriber(ctx, a, "slow-local", "news")
+        remote = _stuck_subscriber(ctx, b, "slow-remote", "news")
+
+        def heartbeat() -> None:
+            for sock in (local, remote):
+                sock.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "agent_hb"}), msgpack.packb({})])
+
+        async def publish() -> None:
+            async with Agent("pub", socket=a.socket) as pub:
+                async def remote_listed() -> bool:
+                    return any(x["name"] == "slow-remote" and "news" in x.get("topics", ())
+                               for x in await pub.agents())
+                await async_wait_until(remote_listed)
+                for i in range(n):
+                    await pub.publish("news", {"i": i, "pad": "x" * 200})
+                    if i % 200 == 0:  # alive, just not reading
+                        heartbeat()
+        asyncio.run(publish())
+        figures = {}
+        for name, sock in (("local", local), ("remote", remote)):
+            received = missed = notices = 0
+            while sock.poll(1500):
+                heartbeat()
+                header = msgpack.unpackb(sock.recv_multipart()[1])
+                if header.get("kind") == "publish":
+                    received += 1
+                elif header.get("kind") == "error" and header["error"]["code"] == "PUBLICATIONS_MISSED":
+                    assert header["error"]["topic"] == "news"
+                    missed += int(header["error"]["missed"])
+                    notices += 1
+            figures[name] = (received, missed, notices)
+        counted = {p.name: p.query("node")["stats"].get("publish_missed:news", 0) for p in (a, b)}
+        print(f"publication gaps: {n} published; (received, missed, notices) {figures}; "
+              f"daemon counters {counted}")
+        for name, (received, missed, _) in figures.items():
+            assert received + missed == n, (name, received, missed)
+        assert counted == {"a": figures["local"][1], "b": figures["remote"][1]}
+    finally:
+        ctx.destroy(0)
