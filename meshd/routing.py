@@ -75,6 +75,17 @@ OUTBOX_RETRY_AFTER = 1.0
 """Seconds an OUTBOX_FULL refusal suggests waiting before a retry."""
 
 
+def _publications_in(msg: list[bytes]) -> int:
+    """How many publications a refused publication message holds: 1, or a publishing batch's
+    members (decoded only here, on the drop path)."""
+    try:
+        if P.unpack_header(msg[1]).get(P.KIND) != Kind.BATCH:
+            return 1
+        return max(len(P.split_batch(msg)), 1)
+    except (FrameError, TypeError, IndexError):
+        return 1
+
+
 def _id_of(frames: list[bytes]) -> Any:
     """The ``id`` of a refused frame set whose header still decodes (a wrong frame count), so the
     sender's call is answered instead of timing out; None if there is none."""
@@ -572,7 +583,7 @@ class Router:
                 reached += 1
             except zmq.ZMQError:
                 self.stats["publish_local_dropped"] += 1
-                self.missed(sub, topic)
+                self.missed(sub, topic, _publications_in(msg))
                 self.publication_dropped(sub.name, msg)
         local = self.directory.local
         remote = self.directory.remote_subscribers(topic) - sum(1 for n in durable if n not in local)
@@ -612,7 +623,7 @@ class Router:
                 self.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
             except zmq.ZMQError:
                 self.stats["publish_local_dropped"] += 1
-                self.missed(sub, frames[0][:-1].decode("utf-8", "replace"))
+                self.missed(sub, frames[0][:-1].decode("utf-8", "replace"), _publications_in(msg))
                 self.publication_dropped(sub.name, msg)
         self.link.kick()
 
@@ -642,12 +653,13 @@ class Router:
         err[P.TOPIC] = topic
         self.route(publisher, P.header_from_map(err), P.frames(err))
 
-    def missed(self, sub: LocalAgent, topic: str) -> None:
-        """``sub``'s inbox refused a publication on ``topic``: count it (per topic), and tell the
-        subscriber how many it missed in one gap notice per topic, soon (coalesced)."""
-        self.stats[f"publish_missed:{topic}"] += 1
+    def missed(self, sub: LocalAgent, topic: str, count: int = 1) -> None:
+        """``sub``'s inbox refused ``count`` publications on ``topic`` (a publishing batch holds
+        several): count them (per topic), and tell the subscriber how many it missed in one gap
+        notice per topic, soon (coalesced)."""
+        self.stats[f"publish_missed:{topic}"] += count
         key = (sub.rid, topic)
-        self._gaps[key] = self._gaps.get(key, 0) + 1
+        self._gaps[key] = self._gaps.get(key, 0) + count
         if self._gap_timer is None:
             self._gap_timer = asyncio.get_running_loop().call_later(GAP_NOTICE_DELAY, self._send_gaps)
 
