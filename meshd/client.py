@@ -13,6 +13,10 @@ registration and heartbeats. The layers under it, like nats.py's parser apart fr
   a ``SendQueue`` that never blocks the loop for writing;
 * :mod:`meshd.payloads` encodes payloads (msgpack); daemons never decode them.
 
+Parts the ``Agent`` owns: :mod:`meshd.client_incoming` (frame sets from the daemon: answers,
+errors, work), :mod:`meshd.resend` (qos-0 sends held across a daemon restart, re-registration),
+:mod:`meshd.publish_window` (publishes awaiting confirmation).
+
 Must not touch: daemon internals; nothing here parses frames or builds batches by hand.
 """
 
@@ -20,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -31,7 +34,9 @@ from typing import Any
 import zmq
 
 from . import protocol as P
-from .batching import Batcher, BatchKey, split_incoming
+from .batching import Batcher, BatchKey
+from .client_incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
+from .client_incoming import Incoming
 from .dispatch import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from .errors import (
     DaemonUnreachable,
@@ -39,12 +44,11 @@ from .errors import (
     RequestTimeout,
     TooLarge,
     ValidationFailed,
-    error_from_wire,
 )
 from .logonce import LogOnce
 from .paths import find_agent_socket
-from .payloads import decode_payload, encode_payload
-from .protocol import FrameError, Kind
+from .payloads import encode_payload
+from .protocol import Kind
 from .publish_window import PUBLISH_WINDOW as PUBLISH_WINDOW
 from .publish_window import PublishWindow
 from .resend import REREGISTER_ATTEMPTS as REREGISTER_ATTEMPTS
@@ -55,12 +59,8 @@ from .transport import Reactor, SendQueue, agent_dealer
 log = logging.getLogger("meshd.client")
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
-_STATE_CHANGING = frozenset({P.ErrorCode.NAME_TAKEN, P.ErrorCode.NOT_REGISTERED})
-"""Error codes that change this agent's state; honoured only from its own daemon."""
 CONTROL_TIMEOUT = 5.0
 SEND_QUEUE_LIMIT = 10_000
-ERROR_LOG_EVERY = 1000
-"""Errors nobody handles (no ``on_error``) are logged once per code, then every this many."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,7 @@ class Agent:
         self._dispatch = Dispatcher(name, enqueue=self._enqueue, push=self._push, encode=self._payload,
                                     schedule=self._call_soon, closed=lambda: self._closed)
         self._log_once = LogOnce(log, capacity=64)
+        self._incoming = Incoming(self)  # frame sets from the daemon (meshd/client_incoming.py)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sock: zmq.Socket[Any] | None = None
         self._reactor: Reactor | None = None
@@ -163,7 +164,7 @@ class Agent:
         self._sock = sock
         self._reactor = Reactor(self._loop)
         self._sendq = SendQueue(sock, self._reactor, self._loop, SEND_QUEUE_LIMIT // self.batch_max)
-        self._reactor.add(sock, self._on_frames)
+        self._reactor.add(sock, self._incoming.on_frames)
         await self._register()
         self._hb_task = asyncio.create_task(self._heartbeat_loop(), name=f"meshd-agent-hb-{self.name}")
 
@@ -538,132 +539,9 @@ class Agent:
         if sendq is not None and len(sendq) > sendq.limit:
             await sendq.writable.wait()
 
-    # ----------------------------------------------------------------------------- incoming
-
-    def _on_frames(self, frames: list[bytes]) -> None:
-        """One frame set from the daemon (called by the reactor): answers, errors, or work."""
-        try:
-            messages, unit = split_incoming(frames)
-        except FrameError as exc:
-            self._log_once.log(f"frame:{exc.reason}", "agent %s: dropped a frame set it cannot parse: %s",
-                               self.name, exc)
-            return
-        if unit is not None:
-            if self._dispatch.seen_unit(unit):
-                return  # handled (or running) already: a daemon restart redelivered it
-            self._dispatch.begin_unit(unit, len(messages))
-        for header, payload in messages:
-            try:
-                self._on_message(header, payload, unit)
-            except Exception:
-                log.exception("agent %s: dropped a message that could not be handled", self.name)
-
-    def _on_message(self, header: dict[str, Any], payload: bytes, unit: str | None = None) -> None:
-        kind = header[P.KIND]
-        if kind in (Kind.SEND, Kind.REQUEST, Kind.PUBLISH):
-            self._dispatch.dispatch(header, payload, unit)
-            return
-        self._dispatch.unit_done(unit)
-        if kind == Kind.OK:
-            self._resolve(header.get(P.CORR), header, payload)
-        elif kind == Kind.REPLY:
-            fut = self._pending.get(str(header.get(P.CORR)))
-            if fut is not None and not fut.done():
-                fut.set_result(decode_payload(payload))
-        elif kind == Kind.ERROR:
-            self._on_error(header)
-        elif kind == Kind.PROGRESS:
-            cb = self._progress_cbs.get(str(header.get(P.CORR)))
-            if cb is not None:
-                try:
-                    result = cb(str(header.get(P.NOTE, "working")))
-                    if inspect.iscoroutine(result):
-                        self._dispatch.spawn(result)
-                except Exception:
-                    log.exception("agent %s: on_progress callback raised", self.name)
-        elif kind == Kind.CANCEL:
-            self._dispatch.cancel(header)
-
-    def _resolve(self, corr: Any, header: dict[str, Any], payload: bytes) -> None:
-        members = self._batch_members.pop(str(corr), None)
-        if members is not None:
-            for member in members:
-                self._resolve(member, header, payload)
-            return
-        fut = self._pending.get(str(corr))
-        if fut is None:
-            self._window.confirmed(str(corr))
-            return
-        if fut.done():
-            return
-        if P.COUNT in header:
-            fut.set_result(header[P.COUNT])
-        else:
-            fut.set_result(decode_payload(payload) if payload else None)
-
     def _on_error(self, header: dict[str, Any]) -> None:
-        err = error_from_wire(header.get(P.ERROR))
-        corr = header.get(P.CORR)
-        if err.code == P.ErrorCode.INBOX_FULL and P.TOPIC in header and self._loop is not None:
-            # A subscriber's inbox dropped our publications: the next publish waits retry_after.
-            self._window.pause(self._loop.time() + min(err.retry_after or 0.1, 1.0))
-        ids = header.get(P.IDS)
-        if isinstance(ids, list):
-            targets: list[Any] = ids  # one envelope for a refused batch: one id per message
-        else:
-            members = self._batch_members.pop(str(corr), None) if corr else None
-            targets = members if members is not None else [corr]
-        if err.code in _STATE_CHANGING and not self._from_own_daemon(header, err.code):
-            # Only our own daemon may evict us or tell us to register again (issue 8): another
-            # agent (or another daemon) sending NAME_TAKEN must not make this agent give up its name.
-            self.forged_errors += 1
-            self._log_once.log(f"forged:{err.code}", "agent %s: ignored a %s error from %r (only its "
-                               "own daemon may send that)", self.name, err.code, header.get(P.FROM))
-            return
-        unmatched = []
-        for target in targets:
-            fut = self._pending.get(str(target))
-            if fut is not None and not fut.done():
-                fut.set_exception(err)
-            else:
-                unmatched.append(target)
-                self._window.confirmed(str(target))
-        if err.code == P.ErrorCode.NAME_TAKEN and unmatched and not self._resend.reregistering:
-            # Evicted: the same name was registered elsewhere during a partition and that
-            # registration was earlier. This agent no longer owns its name; calls now raise.
-            self.evicted = err
-            log.warning("agent %s: %s", self.name, err.message)
-        if err.code == P.ErrorCode.NOT_REGISTERED:
-            if not self._closed and self.evicted is None:
-                # The daemon restarted and forgot us: register again and restore subscriptions;
-                # the qos-0 sends it refused go again then (the others are reported below).
-                unmatched = self._resend.hold(unmatched)
-                if not self._resend.reregistering:
-                    self._resend.reregistering = True  # now, not when the task starts: one at a time
-                    self._dispatch.spawn(self._resend.reregister(self._reregister, lambda: self._closed))
-            unmatched = [t for t in unmatched if t is not None]
-        if err.code == P.ErrorCode.CANCELLED:
-            return  # the answer to our own cancel, after we stopped waiting: nothing to report
-        for target in unmatched:
-            self.errors_received += 1
-            if self.on_error is not None:
-                self.on_error(err, str(target) if target else None)
-                continue
-            logged = self._log_once.log(f"error:{err.code}", "agent %s: %s (%s; %d errors so far)",
-                                        self.name, err.message, err.code, self.errors_received)
-            if not logged and self.errors_received % ERROR_LOG_EVERY == 0:
-                log.warning("agent %s: %s (%s; %d errors so far)", self.name, err.message, err.code,
-                            self.errors_received)
-
-    def _from_own_daemon(self, header: dict[str, Any], code: str) -> bool:
-        """Did our own daemon send this (``from`` is ``meshd@<its node id>``)? Agents cannot set it:
-        the daemon refuses any ``from`` but the agent's registered name, and names have no '@'.
-        NOT_REGISTERED is taken from any daemon: a restarted one may have a new node id."""
-        sender = header.get(P.FROM)
-        if not isinstance(sender, str) or not sender.startswith(P.DAEMON_PREFIX):
-            return False
-        return (code == P.ErrorCode.NOT_REGISTERED or self.node is None
-                or sender == f"{P.DAEMON_PREFIX}{self.node}")
+        """An error envelope from the daemon (``Incoming.on_error``, meshd/client_incoming.py)."""
+        self._incoming.on_error(header)
 
     def _report_held(self, err: MeshError, msg_id: str) -> None:
         """A held send that cannot go again (registering again failed): report it."""
