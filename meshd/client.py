@@ -13,6 +13,10 @@ registration and heartbeats. The layers under it, like nats.py's parser apart fr
   a ``SendQueue`` that never blocks the loop for writing;
 * :mod:`meshd.payloads` encodes payloads (msgpack); daemons never decode them.
 
+Parts the ``Agent`` owns: :mod:`meshd.client_incoming` (frame sets from the daemon: answers,
+errors, work), :mod:`meshd.resend` (qos-0 sends held across a daemon restart, re-registration),
+:mod:`meshd.publish_window` (publishes awaiting confirmation).
+
 Must not touch: daemon internals; nothing here parses frames or builds batches by hand.
 """
 
@@ -20,10 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +34,9 @@ from typing import Any
 import zmq
 
 from . import protocol as P
-from .backoff import backoff_delay
-from .batching import Batcher, BatchKey, split_incoming
+from .batching import Batcher, BatchKey
+from .client_incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
+from .client_incoming import Incoming
 from .dispatch import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from .errors import (
     DaemonUnreachable,
@@ -41,33 +44,23 @@ from .errors import (
     RequestTimeout,
     TooLarge,
     ValidationFailed,
-    error_from_wire,
 )
 from .logonce import LogOnce
 from .paths import find_agent_socket
-from .payloads import decode_payload, encode_payload
-from .protocol import FrameError, Kind
+from .payloads import encode_payload
+from .protocol import Kind
+from .publish_window import PUBLISH_WINDOW as PUBLISH_WINDOW
+from .publish_window import PublishWindow
+from .resend import REREGISTER_ATTEMPTS as REREGISTER_ATTEMPTS
+from .resend import RESEND_WINDOW as RESEND_WINDOW
+from .resend import ResendHold
 from .transport import Reactor, SendQueue, agent_dealer
 
 log = logging.getLogger("meshd.client")
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
-_STATE_CHANGING = frozenset({P.ErrorCode.NAME_TAKEN, P.ErrorCode.NOT_REGISTERED})
-"""Error codes that change this agent's state; honoured only from its own daemon."""
 CONTROL_TIMEOUT = 5.0
 SEND_QUEUE_LIMIT = 10_000
-REREGISTER_ATTEMPTS = 5
-"""Tries to register again after the daemon forgot this agent (it restarted), with jittered backoff."""
-RESEND_WINDOW = 1000
-RESEND_WINDOW_BYTES = 8 * 1024 * 1024
-"""The last qos-0 sends (at most this many and bytes) kept so that one the daemon refused with
-NOT_REGISTERED (it restarted and forgot this agent) is sent again after registering again."""
-ERROR_LOG_EVERY = 1000
-PUBLISH_WINDOW = 4096
-"""Publishes sent without ``reach=True`` that may await the daemon's confirmation at once; past
-it, ``publish`` waits until half are confirmed (at most CONTROL_TIMEOUT), so a fast loop is paced
-by its daemon and the table of unconfirmed ids stays bounded."""
-"""Errors nobody handles (no ``on_error``) are logged once per code, then every this many."""
 
 
 @dataclass(frozen=True)
@@ -130,27 +123,29 @@ class Agent:
         self._batch_members: dict[str, list[str]] = {}
         self._progress_cbs: dict[str, Callable[[str], Any]] = {}
         self._expiring: dict[str, float] = {}  # msg id -> monotonic deadline (swept, no timer each)
-        self._unconfirmed: set[str] = set()  # ids of publishes nobody awaits (PUBLISH_WINDOW)
-        self._publish_room = asyncio.Event()
-        self._publish_paused_until = 0.0  # loop time: a subscriber's inbox dropped our publications
+        self._window = PublishWindow(CONTROL_TIMEOUT)  # publishes nobody awaits (meshd/publish_window.py)
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
                                 push=self._push, schedule=self._call_soon, busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
         self._dispatch = Dispatcher(name, enqueue=self._enqueue, push=self._push, encode=self._payload,
                                     schedule=self._call_soon, closed=lambda: self._closed)
         self._log_once = LogOnce(log, capacity=64)
+        self._incoming = Incoming(self)  # frame sets from the daemon (meshd/client_incoming.py)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sock: zmq.Socket[Any] | None = None
         self._reactor: Reactor | None = None
         self._sendq: SendQueue | None = None
         self._hb_task: asyncio.Task[None] | None = None
         self._closed = False
-        self._reregistering = False
-        self._recent_sends: OrderedDict[str, tuple[BatchKey, dict[str, Any], bytes]] = OrderedDict()
-        self._recent_bytes = 0
-        self._held_sends: list[tuple[str, tuple[BatchKey, dict[str, Any], bytes]]] = []
+        # qos-0 sends a restarted daemon refused, sent again once registered (meshd/resend.py)
+        self._resend = ResendHold(name, enqueue=self._enqueue, report=self._report_held)
 
     # ----------------------------------------------------------------------------- lifecycle
+
+    @property
+    def _unconfirmed(self) -> set[str]:
+        """Ids of publishes nobody awaits, not confirmed yet (the :class:`PublishWindow`'s)."""
+        return self._window.unconfirmed
 
     async def __aenter__(self) -> Agent:
         await self.connect()
@@ -169,7 +164,7 @@ class Agent:
         self._sock = sock
         self._reactor = Reactor(self._loop)
         self._sendq = SendQueue(sock, self._reactor, self._loop, SEND_QUEUE_LIMIT // self.batch_max)
-        self._reactor.add(sock, self._on_frames)
+        self._reactor.add(sock, self._incoming.on_frames)
         await self._register()
         self._hb_task = asyncio.create_task(self._heartbeat_loop(), name=f"meshd-agent-hb-{self.name}")
 
@@ -198,7 +193,7 @@ class Agent:
             if not fut.done():
                 fut.set_exception(DaemonUnreachable("agent closed"))
         self._pending.clear()
-        self._unconfirmed.clear()
+        self._window.unconfirmed.clear()
         if self._reactor is not None:
             self._reactor.close()
         if self._sendq is not None:
@@ -250,7 +245,7 @@ class Agent:
         data = self._payload(payload)
         if qos == 0:
             self._enqueue((P.TO, to, 0), header, data)
-            self._remember_send(msg_id, ((P.TO, to, 0), header, data))
+            self._resend.remember(msg_id, ((P.TO, to, 0), header, data))
             await self._backpressure()
             return msg_id
         loop = self._require_loop()
@@ -385,12 +380,12 @@ class Agent:
             header[P.HEADERS] = headers
         data = self._payload(payload)
         if qos == 0 and not reach:
-            if self._publish_paused_until:
-                await self._publish_pause(loop)
-            self._unconfirmed.add(msg_id)
+            window = self._window
+            await window.wait_pause(loop)
+            window.unconfirmed.add(msg_id)
             self._enqueue((P.TOPIC, topic, 0), header, data)
-            if len(self._unconfirmed) > PUBLISH_WINDOW:
-                await self._wait_publish_room()
+            if window.full():
+                await window.wait_room(self.socket_path)
             else:
                 await self._backpressure()
             return None
@@ -404,28 +399,6 @@ class Agent:
         finally:
             self._pending.pop(msg_id, None)
             self._expiring.pop(msg_id, None)
-
-    async def _wait_publish_room(self) -> None:
-        self._publish_room.clear()
-        try:
-            await asyncio.wait_for(self._publish_room.wait(), CONTROL_TIMEOUT)
-        except TimeoutError:
-            self._unconfirmed.clear()  # they will not be confirmed now: do not wait for them again
-            raise DaemonUnreachable(f"meshd at {self.socket_path} did not confirm "
-                                    f"{PUBLISH_WINDOW} publishes within {CONTROL_TIMEOUT:g} s") from None
-
-    async def _publish_pause(self, loop: asyncio.AbstractEventLoop) -> None:
-        """A subscriber's daemon said INBOX_FULL for our publications: let it catch up."""
-        wait = self._publish_paused_until - loop.time()
-        self._publish_paused_until = 0.0
-        if wait > 0:
-            await asyncio.sleep(wait)
-
-    def _publish_confirmed(self, msg_id: str) -> None:
-        unconfirmed = self._unconfirmed
-        unconfirmed.discard(msg_id)
-        if len(unconfirmed) <= PUBLISH_WINDOW // 2:
-            self._publish_room.set()
 
     async def subscribe(self, topic: str, *, durable: bool = False) -> None:
         """Receive publications on ``topic`` (idempotent).
@@ -566,196 +539,24 @@ class Agent:
         if sendq is not None and len(sendq) > sendq.limit:
             await sendq.writable.wait()
 
-    # ----------------------------------------------------------------------------- incoming
-
-    def _on_frames(self, frames: list[bytes]) -> None:
-        """One frame set from the daemon (called by the reactor): answers, errors, or work."""
-        try:
-            messages, unit = split_incoming(frames)
-        except FrameError as exc:
-            self._log_once.log(f"frame:{exc.reason}", "agent %s: dropped a frame set it cannot parse: %s",
-                               self.name, exc)
-            return
-        if unit is not None:
-            if self._dispatch.seen_unit(unit):
-                return  # handled (or running) already: a daemon restart redelivered it
-            self._dispatch.begin_unit(unit, len(messages))
-        for header, payload in messages:
-            try:
-                self._on_message(header, payload, unit)
-            except Exception:
-                log.exception("agent %s: dropped a message that could not be handled", self.name)
-
-    def _on_message(self, header: dict[str, Any], payload: bytes, unit: str | None = None) -> None:
-        kind = header[P.KIND]
-        if kind in (Kind.SEND, Kind.REQUEST, Kind.PUBLISH):
-            self._dispatch.dispatch(header, payload, unit)
-            return
-        self._dispatch.unit_done(unit)
-        if kind == Kind.OK:
-            self._resolve(header.get(P.CORR), header, payload)
-        elif kind == Kind.REPLY:
-            fut = self._pending.get(str(header.get(P.CORR)))
-            if fut is not None and not fut.done():
-                fut.set_result(decode_payload(payload))
-        elif kind == Kind.ERROR:
-            self._on_error(header)
-        elif kind == Kind.PROGRESS:
-            cb = self._progress_cbs.get(str(header.get(P.CORR)))
-            if cb is not None:
-                try:
-                    result = cb(str(header.get(P.NOTE, "working")))
-                    if inspect.iscoroutine(result):
-                        self._dispatch.spawn(result)
-                except Exception:
-                    log.exception("agent %s: on_progress callback raised", self.name)
-        elif kind == Kind.CANCEL:
-            self._dispatch.cancel(header)
-
-    def _resolve(self, corr: Any, header: dict[str, Any], payload: bytes) -> None:
-        members = self._batch_members.pop(str(corr), None)
-        if members is not None:
-            for member in members:
-                self._resolve(member, header, payload)
-            return
-        fut = self._pending.get(str(corr))
-        if fut is None:
-            if self._unconfirmed:
-                self._publish_confirmed(str(corr))
-            return
-        if fut.done():
-            return
-        if P.COUNT in header:
-            fut.set_result(header[P.COUNT])
-        else:
-            fut.set_result(decode_payload(payload) if payload else None)
-
     def _on_error(self, header: dict[str, Any]) -> None:
-        err = error_from_wire(header.get(P.ERROR))
-        corr = header.get(P.CORR)
-        if err.code == P.ErrorCode.INBOX_FULL and P.TOPIC in header and self._loop is not None:
-            # A subscriber's inbox dropped our publications: the next publish waits retry_after.
-            self._publish_paused_until = self._loop.time() + min(err.retry_after or 0.1, 1.0)
-        ids = header.get(P.IDS)
-        if isinstance(ids, list):
-            targets: list[Any] = ids  # one envelope for a refused batch: one id per message
-        else:
-            members = self._batch_members.pop(str(corr), None) if corr else None
-            targets = members if members is not None else [corr]
-        if err.code in _STATE_CHANGING and not self._from_own_daemon(header, err.code):
-            # Only our own daemon may evict us or tell us to register again (issue 8): another
-            # agent (or another daemon) sending NAME_TAKEN must not make this agent give up its name.
-            self.forged_errors += 1
-            self._log_once.log(f"forged:{err.code}", "agent %s: ignored a %s error from %r (only its "
-                               "own daemon may send that)", self.name, err.code, header.get(P.FROM))
-            return
-        unmatched = []
-        for target in targets:
-            fut = self._pending.get(str(target))
-            if fut is not None and not fut.done():
-                fut.set_exception(err)
-            else:
-                unmatched.append(target)
-                if self._unconfirmed:
-                    self._publish_confirmed(str(target))
-        if err.code == P.ErrorCode.NAME_TAKEN and unmatched and not self._reregistering:
-            # Evicted: the same name was registered elsewhere during a partition and that
-            # registration was earlier. This agent no longer owns its name; calls now raise.
-            self.evicted = err
-            log.warning("agent %s: %s", self.name, err.message)
-        if err.code == P.ErrorCode.NOT_REGISTERED:
-            if not self._closed and self.evicted is None:
-                # The daemon restarted and forgot us: register again and restore subscriptions;
-                # the qos-0 sends it refused go again then (the others are reported below).
-                unmatched = self._hold_refused(unmatched)
-                if not self._reregistering:
-                    self._reregistering = True  # now, not when the task starts: one re-registration
-                    self._dispatch.spawn(self._reregister())
-            unmatched = [t for t in unmatched if t is not None]
-        if err.code == P.ErrorCode.CANCELLED:
-            return  # the answer to our own cancel, after we stopped waiting: nothing to report
-        for target in unmatched:
-            self.errors_received += 1
-            if self.on_error is not None:
-                self.on_error(err, str(target) if target else None)
-                continue
-            logged = self._log_once.log(f"error:{err.code}", "agent %s: %s (%s; %d errors so far)",
-                                        self.name, err.message, err.code, self.errors_received)
-            if not logged and self.errors_received % ERROR_LOG_EVERY == 0:
-                log.warning("agent %s: %s (%s; %d errors so far)", self.name, err.message, err.code,
-                            self.errors_received)
+        """An error envelope from the daemon (``Incoming.on_error``, meshd/client_incoming.py)."""
+        self._incoming.on_error(header)
 
-    def _from_own_daemon(self, header: dict[str, Any], code: str) -> bool:
-        """Did our own daemon send this (``from`` is ``meshd@<its node id>``)? Agents cannot set it:
-        the daemon refuses any ``from`` but the agent's registered name, and names have no '@'.
-        NOT_REGISTERED is taken from any daemon: a restarted one may have a new node id."""
-        sender = header.get(P.FROM)
-        if not isinstance(sender, str) or not sender.startswith(P.DAEMON_PREFIX):
-            return False
-        return (code == P.ErrorCode.NOT_REGISTERED or self.node is None
-                or sender == f"{P.DAEMON_PREFIX}{self.node}")
-
-    def _remember_send(self, msg_id: str, item: tuple[BatchKey, dict[str, Any], bytes]) -> None:
-        """Keep a qos-0 send for a while: if the daemon refuses it NOT_REGISTERED, it goes again."""
-        self._recent_sends[msg_id] = item
-        self._recent_bytes += len(item[2])
-        while len(self._recent_sends) > RESEND_WINDOW or self._recent_bytes > RESEND_WINDOW_BYTES:
-            _, old = self._recent_sends.popitem(last=False)
-            self._recent_bytes -= len(old[2])
-
-    def _hold_refused(self, targets: list[Any]) -> list[Any]:
-        """Hold the refused qos-0 sends we still have (sent again after registering again);
-        return the targets we cannot send again (they are reported)."""
-        rest = []
-        for target in targets:
-            item = self._recent_sends.pop(str(target), None) if target is not None else None
-            if item is None or len(self._held_sends) >= RESEND_WINDOW:
-                rest.append(target)
-                continue
-            self._recent_bytes -= len(item[2])
-            self._held_sends.append((str(target), item))
-        return rest
-
-    def _release_held(self, err: MeshError | None) -> None:
-        """Registered again: send what was held (``err`` None), or report each one (``err``)."""
-        held, self._held_sends = self._held_sends, []
-        for msg_id, (key, header, data) in held:
-            if err is None:
-                self._enqueue(key, header, data)
-                self._remember_send(msg_id, (key, header, data))
-            else:
-                self.errors_received += 1
-                if self.on_error is not None:
-                    self.on_error(err, msg_id)
-        if held and err is None:
-            log.info("agent %s sent again %d message(s) its restarted daemon had refused", self.name,
-                     len(held))
+    def _report_held(self, err: MeshError, msg_id: str) -> None:
+        """A held send that cannot go again (registering again failed): report it."""
+        self.errors_received += 1
+        if self.on_error is not None:
+            self.on_error(err, msg_id)
 
     async def _reregister(self) -> None:
-        try:
-            for attempt in range(1, REREGISTER_ATTEMPTS + 1):
-                try:
-                    await self._register()
-                    for topic, durable in list(self._topics.items()):
-                        header: dict[str, Any] = {P.KIND: Kind.SUBSCRIBE, P.TOPIC: topic}
-                        if durable:
-                            header[P.QOS] = 1
-                        await self._control(header)
-                    log.info("agent %s registered again after a daemon restart", self.name)
-                    self._release_held(None)
-                    return
-                except (DaemonUnreachable, RequestTimeout) as exc:
-                    if attempt == REREGISTER_ATTEMPTS or self._closed:
-                        log.warning("agent %s could not register again: %s", self.name, exc)
-                        self._release_held(exc)
-                        return
-                    await asyncio.sleep(backoff_delay(attempt, 0.2, 5.0))
-                except MeshError as exc:  # NAME_TAKEN and the like: trying again will not help
-                    log.warning("agent %s could not register again: %s", self.name, exc)
-                    self._release_held(exc)
-                    return
-        finally:
-            self._reregistering = False
+        """Register again and restore the subscriptions (``ResendHold.reregister`` retries it)."""
+        await self._register()
+        for topic, durable in list(self._topics.items()):
+            header: dict[str, Any] = {P.KIND: Kind.SUBSCRIBE, P.TOPIC: topic}
+            if durable:
+                header[P.QOS] = 1
+            await self._control(header)
 
     def heartbeat(self) -> None:
         """Send one heartbeat now, with :attr:`telemetry` (``queue_depth`` defaults to the handlers

@@ -14,6 +14,7 @@ each owning its state (docs/architecture.md draws them):
   deadletters.py  the bounded dead-letter FIFO
   admin.py      meshctl's queries and dead-letter operations
   outcomes.py   collaboration outcomes for observer plugins
+  timers.py     what the periodic loops do (this module starts and stops them)
 
 This module must not hold routing or protocol logic: it only composes. Parts never call each
 other through the node's attributes; they get what they need when built (see ``_build``).
@@ -66,6 +67,7 @@ from .sdnotify import Notifier
 from .security import Security
 from .statefiles import make_private_file
 from .supervise import supervised
+from .timers import TimerLoops
 from .view import MetricsSnapshot
 
 __all__ = ["START_STEPS", "STOP_STEPS", "Node", "load_node_id"]
@@ -152,6 +154,7 @@ class Node:
         self._reactor: transport.Reactor | None = None
         self._discovery: Discovery | None = None
         self._timers: list[asyncio.Task[None]] = []
+        self.timer_loops = TimerLoops(self)  # what the timers do (meshd/timers.py)
         self._stopping = False
         self._socket_bound = False
         self._sockets: list[zmq.Socket[Any]] = []
@@ -353,11 +356,12 @@ class Node:
             self.peer_table.dial_static(endpoint)
 
     async def _start_timers(self) -> None:
-        self._timer(self._heartbeat_loop, "meshd-heartbeat")
-        self._timer(self._liveness_loop, "meshd-liveness")
-        self._timer(self._qos_loop, "meshd-qos1")
+        loops = self.timer_loops
+        self._timer(loops.heartbeat_loop, "meshd-heartbeat")
+        self._timer(loops.liveness_loop, "meshd-liveness")
+        self._timer(loops.qos_loop, "meshd-qos1")
         if self.security.trust is not None and self.security.trust.mode == "keys":
-            self._timer(self._trust_loop, "meshd-trust")
+            self._timer(loops.trust_loop, "meshd-trust")
         if self.settings.address_poll_interval > 0:  # follow address changes (meshd/addrwatch.py)
             watcher = AddressWatcher(
                 self.settings, self.interfaces, router=self.router, xpub=self.xpub,
@@ -393,7 +397,7 @@ class Node:
         await self.system.start()
         self.ready.set()
         self.notifier.ready(self.status_line())
-        self._timer(self._status_loop, "meshd-status")
+        self._timer(self.timer_loops.status_loop, "meshd-status")
 
     def _timer(self, loop: Callable[[], Awaitable[None]], name: str) -> None:
         """Start a background loop, supervised: restarted if it raises (meshd/supervise.py)."""
@@ -565,77 +569,13 @@ class Node:
     def _telemetry(self) -> dict[str, Any]:
         return self.local_agents.telemetry()
 
-    # ----------------------------------------------------------------------------- timers
-
-    async def _qos_loop(self) -> None:
-        ticks = 0
-        while True:
-            await asyncio.sleep(0.05)
-            self.qos.tick()
-            ticks += 1
-            if self.outcomes.inflight and ticks % 20 == 0:
-                self.outcomes.expire()
-            if ticks % 20 == 0:  # every second
-                self._take_snapshot()
-            if ticks % 1200 == 0:  # every minute
-                self.qos.housekeeping(self.settings.qos1_ack_timeout)
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            self.peer_table.beat()
-            await asyncio.sleep(self.settings.heartbeat_interval)
-
-    async def _liveness_loop(self) -> None:
-        tick = min(0.25, self.settings.heartbeat_interval / 2)
-        while True:
-            await asyncio.sleep(tick)
-            now = time.monotonic()
-            self.peer_table.check_liveness(now)
-            self.local_agents.check_liveness(now)
-
-    async def _trust_loop(self) -> None:
-        """Apply changes to the authorized-keys folder without a restart."""
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                changed = self.security.reload()
-            except OSError as exc:
-                self._quiet.log(f"trust:{exc}", "cannot read authorized keys: %s", exc)
-                continue
-            if changed:
-                self.apply_trust_change()
-
     def apply_trust_change(self) -> None:
         """Cut off peers whose key is no longer trusted; dial discovered ones that now are."""
         self.peer_table.apply_trust_change()
 
     def status_line(self) -> str:
         """One line for systemd's STATUS= and logs: peers and agents counted."""
-        clones = self.peer_table.clones
-        alarm = (f"DUPLICATE NODE ID {self.node_id} (cloned state dir? meshd reset-identity); "
-                 if clones.self_duplicate else "")
-        alarm += f"duplicate peer ids: {', '.join(clones.found)}; " if clones.found else ""
-        return (f"{alarm}{self.peer_table.online_count()}/{len(self.peer_table)} peers online, "
-                f"{self.directory.own_count()} local agents, {self.directory.remote_count()} remote "
-                f"agents, mesh {self.settings.mesh!r}")
-
-    async def _status_loop(self) -> None:
-        """STATUS= when it changes (checked every second) and WATCHDOG=1 at half of WatchdogSec."""
-        watchdog = self.notifier.watchdog_interval()
-        tick = min(1.0, watchdog) if watchdog else 1.0
-        last_status = ""
-        last_ping = 0.0
-        while True:
-            line = self.status_line()
-            if line != last_status:
-                self.notifier.status(line)
-                last_status = line
-            now = time.monotonic()
-            if watchdog and now - last_ping >= watchdog:
-                # The loop turning is the health signal: a wedged routing loop stops the pings.
-                self.notifier.watchdog()
-                last_ping = now
-            await asyncio.sleep(tick)
+        return self.timer_loops.status_line()
 
     # ----------------------------------------------------------------------------- queries
 

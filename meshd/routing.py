@@ -4,8 +4,9 @@ Owns: the mesh ROUTER's and the local socket's data path. A frame set is decoded
 :class:`~meshd.protocol.Header` (``on_mesh``, ``on_agent``); the edge checks of docs/PROTOCOL.md
 §8.5 run in ``on_agent``; ``route`` resolves ``name[@node]`` to a local agent (``deliver_local``)
 or a peer (its DEALER); what cannot go anywhere is ``bounce``-d to its sender as one error
-envelope; ``publish`` fans a publication out (and stages qos-1 copies for durable subscribers);
-``on_topic`` hands a peer's publication to local subscribers; malformed input is ``reject``-ed
+envelope; ``publish`` fans a publication out and ``on_topic`` hands a peer's publication to local
+subscribers, both through the ``Publications`` it composes (meshd/publishing.py, with the gap
+notices and the INBOX_FULL notice to publishers); malformed input is ``reject``-ed
 (counted, dead-lettered). Forwarding sends the raw frames it received: nothing is re-encoded.
 It must not own peer state (peers.py), agent records (directory.py) or the outbox (qos1.py):
 it asks them.
@@ -13,9 +14,7 @@ it asks them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections import Counter
@@ -37,6 +36,7 @@ from .outcomes import Outcomes
 from .peers import PeerTable
 from .plugins import PluginHost
 from .protocol import FrameError, Kind
+from .publishing import OUTBOX_RETRY_AFTER, Publications
 from .security import Security
 from .tools.names import system_agent_name
 from .tools.policy import Authorizer
@@ -49,11 +49,6 @@ __all__ = ["AGENT_DATA_KINDS", "Router"]
 log = logging.getLogger("meshd.node")
 
 AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
-DROP_NOTICE_S = 0.1
-"""A publisher whose publications a full subscriber inbox dropped hears INBOX_FULL at most this
-often (its client pauses publishing that long)."""
-MAX_DROP_NOTICES = 1024
-"""Publishers remembered for that rate limit; the oldest is forgotten past this."""
 _ANSWER_KINDS = frozenset({Kind.REPLY, Kind.ERROR, Kind.PROGRESS})
 _CHECKED_KINDS = _ANSWER_KINDS | {Kind.REQUEST}
 _REQUEST_KIND = frozenset({Kind.REQUEST})
@@ -69,21 +64,6 @@ _AGENT_DATA_KINDS = AGENT_DATA_KINDS
 _AUTHORIZED_KINDS = frozenset({Kind.SEND, Kind.REQUEST, Kind.PUBLISH})
 _LANE_KINDS = frozenset({Kind.ERROR, Kind.REPLY})
 """Routed kinds that answer a call: delivered through the agent link's answer lane."""
-GAP_NOTICE_DELAY = 0.05
-"""Seconds over which missed publications are summed into one gap notice per topic."""
-OUTBOX_RETRY_AFTER = 1.0
-"""Seconds an OUTBOX_FULL refusal suggests waiting before a retry."""
-
-
-def _publications_in(msg: list[bytes]) -> int:
-    """How many publications a refused publication message holds: 1, or a publishing batch's
-    members (decoded only here, on the drop path)."""
-    try:
-        if P.unpack_header(msg[1]).get(P.KIND) != Kind.BATCH:
-            return 1
-        return max(len(P.split_batch(msg)), 1)
-    except (FrameError, TypeError, IndexError):
-        return 1
 
 
 def _id_of(frames: list[bytes]) -> Any:
@@ -126,12 +106,11 @@ class Router:
         # meshd_authorize on agents' own send/request/publish: None (no cost) unless a plugin has it
         self.authorizer = Authorizer(plugins.authorize) if plugins.wants_authorize() else None
         self._system_agent = system_agent_name(node_id)
-        self._drop_notice_until: dict[str, float] = {}  # publisher -> monotonic (DROP_NOTICE_S)
         #: Requests handed to local agents and not answered yet: answers are checked against it.
         self.open_requests = OpenRequests(settings.max_open_requests, stats)
         self.stopping = False  # set by node.py when the shutdown begins
-        self._gaps: dict[tuple[bytes, str], int] = {}  # (subscriber connection, topic) -> missed
-        self._gap_timer: asyncio.TimerHandle | None = None
+        #: The publish path: fan-out, a peer's publications, gap notices, INBOX_FULL to publishers.
+        self.publications = Publications(self)
 
     def on_mesh_checked(self, frames: list[Any]) -> None:
         """Keys mode: the ZAP User-Id (the authenticated key) must be the key the sender claims."""
@@ -550,131 +529,12 @@ class Router:
         return code
 
     def publish(self, agent: LocalAgent, topic: str, header: P.Header, msg: list[bytes]) -> None:
-        """Fan a publication out: PUB/SUB for everyone, and for a qos-1 publication one outbox
-        unit per durable subscriber (who then gets it only that way, exactly once)."""
-        reached = 0
-        durable: list[str] = []
-        if header.qos == 1:
-            durable = self.directory.durable_subscribers(topic)
-            unit_id = str(header.id)
-            units: list[tuple[str, str, list[bytes]]] = []
-            for name in durable:
-                unit_header = dict(header.fields)
-                unit_header[P.TO] = name
-                unit_header[P.ID] = f"{unit_id}>{name}"
-                units.append((name, unit_header[P.ID], [P.SIGNATURE, P.pack(unit_header), *msg[2:]]))
-            for name, copy_id, copy in units:  # all copies or none
-                full = self.qos.refusal(copy_id, name, copy)
-                if full is not None:
-                    self.refuse(agent.rid, header, [agent.rid, *msg], P.ErrorCode.OUTBOX_FULL, full,
-                                retry_after=OUTBOX_RETRY_AFTER)
-                    return
-            for name, copy_id, copy in units:
-                self.qos.accept(None, agent.name, copy_id, name, copy)
-            reached += len(durable)
-        skip = set(durable)
-        for sub in self.directory.local_topics.get(topic, ()):
-            if sub.name in skip:
-                continue
-            try:
-                if self.link.has_backlog(sub.rid):
-                    raise zmq.Again
-                self.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
-                reached += 1
-            except zmq.ZMQError:
-                self.stats["publish_local_dropped"] += 1
-                self.missed(sub, topic, _publications_in(msg))
-                self.publication_dropped(sub.name, msg)
-        local = self.directory.local
-        remote = self.directory.remote_subscribers(topic) - sum(1 for n in durable if n not in local)
-        if remote > 0:
-            try:
-                self.xpub.send_multipart([P.topic_key(topic), *msg], zmq.NOBLOCK)
-                reached += remote
-            except zmq.ZMQError:
-                self.stats["publish_remote_dropped"] += 1
-            self.reactor.kick(self.xpub)
-        self.stats["published"] += 1
-        ack = {P.KIND: Kind.OK, P.CORR: header.id, P.COUNT: reached}
-        if durable:  # confirmed once the durable copies are on disk
-            self.after_flush(functools.partial(self.link.send, agent.rid, ack))
-        else:
-            self.link.send(agent.rid, ack)
+        """Fan a publication out (meshd/publishing.py: ``Publications.publish``)."""
+        self.publications.publish(agent, topic, header, msg)
 
     def on_topic(self, frames: list[bytes]) -> None:
-        """A publication from a peer's XPUB: hand it to the local subscribers."""
-        subs = self.directory.local_topic_keys.get(frames[0])
-        if not subs or len(frames) < 4 or frames[1] != P.SIGNATURE:
-            self.stats["topic_dropped"] += 1
-            return
-        msg = frames[1:]
-        qos1: bool | None = None
-        for sub in list(subs):
-            if sub.durable and qos1 is None:
-                try:
-                    qos1 = P.unpack_header(msg[1]).get(P.QOS) == 1
-                except FrameError:
-                    qos1 = False
-            if qos1 and sub.durable and any(k == frames[0] for k in map(P.topic_key, sub.durable)):
-                continue  # it gets its own qos-1 copy from the publisher's outbox
-            try:
-                if self.link.has_backlog(sub.rid):
-                    raise zmq.Again
-                self.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                self.stats["publish_local_dropped"] += 1
-                self.missed(sub, frames[0][:-1].decode("utf-8", "replace"), _publications_in(msg))
-                self.publication_dropped(sub.name, msg)
-        self.link.kick()
-
-    def publication_dropped(self, subscriber: str, msg: list[bytes]) -> None:
-        """A full inbox refused a qos-0 publication (or publishing batch): it is lost for that
-        subscriber (counted by the caller). Tell its publisher INBOX_FULL with ``topic`` and
-        ``retry_after``, at most once per DROP_NOTICE_S, so its client slows down instead of
-        losing more in silence."""
-        try:
-            header = P.unpack_header(msg[1])
-        except FrameError:
-            return
-        publisher, pub_id, topic = header.get(P.FROM), header.get(P.ID), header.get(P.TOPIC)
-        if not isinstance(publisher, str) or not isinstance(pub_id, str) or not isinstance(topic, str):
-            return
-        now = time.monotonic()
-        if now < self._drop_notice_until.get(publisher, 0.0):
-            return
-        self._drop_notice_until.pop(publisher, None)
-        self._drop_notice_until[publisher] = now + DROP_NOTICE_S
-        if len(self._drop_notice_until) > MAX_DROP_NOTICES:
-            self._drop_notice_until.pop(next(iter(self._drop_notice_until)))
-        err = P.error_header(publisher, pub_id, P.ErrorCode.INBOX_FULL,
-                             f"inbox of subscriber {subscriber!r} is full: publications on {topic!r} "
-                             "were dropped", retry=True, retry_after=DROP_NOTICE_S,
-                             sender=f"meshd@{self.node_id}")
-        err[P.TOPIC] = topic
-        self.route(publisher, P.header_from_map(err), P.frames(err))
-
-    def missed(self, sub: LocalAgent, topic: str, count: int = 1) -> None:
-        """``sub``'s inbox refused ``count`` publications on ``topic`` (a publishing batch holds
-        several): count them (per topic), and tell the subscriber how many it missed in one gap
-        notice per topic, soon (coalesced)."""
-        self.stats[f"publish_missed:{topic}"] += count
-        key = (sub.rid, topic)
-        self._gaps[key] = self._gaps.get(key, 0) + count
-        if self._gap_timer is None:
-            self._gap_timer = asyncio.get_running_loop().call_later(GAP_NOTICE_DELAY, self._send_gaps)
-
-    def _send_gaps(self) -> None:
-        self._gap_timer = None
-        gaps, self._gaps = self._gaps, {}
-        for (rid, topic), count in gaps.items():
-            agent = self.directory.local_by_rid.get(rid)
-            if agent is None:
-                continue  # it left
-            err = P.error_header(agent.name, None, P.ErrorCode.PUBLICATIONS_MISSED,
-                                 f"missed {count} publication(s) on topic {topic!r}: your inbox was full",
-                                 sender=f"meshd@{self.node_id}")
-            err[P.ERROR].update(topic=topic, missed=count)
-            self.link.send(rid, err)  # the answer lane: ahead of later publications
+        """A publication from a peer's XPUB: hand it to the local subscribers (``Publications``)."""
+        self.publications.on_topic(frames)
 
     def on_xpub(self, frames: list[bytes]) -> None:
         # Subscription notices from peers' SUBs; the XPUB applies them itself, we only count.

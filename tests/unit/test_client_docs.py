@@ -8,13 +8,25 @@ from pathlib import Path
 
 import pytest
 
-from meshd import batching, blocking, client, dispatch, payloads, transport
+from meshd import (
+    batching,
+    blocking,
+    client,
+    client_incoming,
+    dispatch,
+    payloads,
+    publish_window,
+    resend,
+    transport,
+)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
 MODULES = {"batching": batching, "payloads": payloads, "dispatch": dispatch, "transport": transport,
-           "client": client, "blocking": blocking}
+           "client": client, "blocking": blocking, "publish_window": publish_window, "resend": resend}
 CLASSES = {"Agent": client.Agent, "Batcher": batching.Batcher, "Dispatcher": dispatch.Dispatcher,
-           "SendQueue": transport.SendQueue, "Reactor": transport.Reactor, "Message": dispatch.Message}
+           "SendQueue": transport.SendQueue, "Reactor": transport.Reactor, "Message": dispatch.Message,
+           "PublishWindow": publish_window.PublishWindow, "ResendHold": resend.ResendHold,
+           "Incoming": client_incoming.Incoming}
 DOTTED = re.compile(r"`([A-Za-z_]+)\.([A-Za-z_]+)(?:\([^`]*\))?`")
 
 

@@ -1,0 +1,66 @@
+"""The client's publish window: how many fire-and-forget publishes may await confirmation.
+
+Owns: the ids of qos-0 publishes sent without ``reach=True`` that the daemon has not confirmed
+yet (at most ``PUBLISH_WINDOW`` before ``publish`` waits for half of them), and the pause a
+subscriber's INBOX_FULL asks for.
+
+Must not touch: the socket, the batcher, the futures of awaited calls. The ``Agent``
+(meshd/client.py) owns one (composition) and tells it what was sent and confirmed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from .errors import DaemonUnreachable
+
+PUBLISH_WINDOW = 4096
+"""Publishes sent without ``reach=True`` that may await the daemon's confirmation at once; past
+it, ``publish`` waits until half are confirmed (at most the control time-out), so a fast loop is
+paced by its daemon and the table of unconfirmed ids stays bounded."""
+
+
+class PublishWindow:
+    """Unconfirmed publish ids, the event that says there is room again, and the INBOX_FULL pause."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.unconfirmed: set[str] = set()
+        self.room = asyncio.Event()
+        self.paused_until = 0.0  # loop time: a subscriber's inbox dropped our publications
+
+    def full(self) -> bool:
+        return len(self.unconfirmed) > PUBLISH_WINDOW
+
+    async def wait_room(self, daemon: object) -> None:
+        """Wait until half the window is confirmed; DaemonUnreachable (naming ``daemon``) if not
+        within ``timeout``."""
+        self.room.clear()
+        try:
+            await asyncio.wait_for(self.room.wait(), self.timeout)
+        except TimeoutError:
+            self.unconfirmed.clear()  # they will not be confirmed now: do not wait for them again
+            raise DaemonUnreachable(f"meshd at {daemon} did not confirm "
+                                    f"{PUBLISH_WINDOW} publishes within {self.timeout:g} s") from None
+
+    def pause(self, until: float) -> None:
+        """A subscriber's daemon said INBOX_FULL: the next publish waits until loop time ``until``."""
+        self.paused_until = until
+
+    async def wait_pause(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A subscriber's daemon said INBOX_FULL for our publications: let it catch up."""
+        if not self.paused_until:
+            return
+        wait = self.paused_until - loop.time()
+        self.paused_until = 0.0
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    def confirmed(self, msg_id: str) -> None:
+        """The daemon confirmed (or refused) publish ``msg_id``: it no longer uses the window."""
+        unconfirmed = self.unconfirmed
+        if not unconfirmed:
+            return
+        unconfirmed.discard(msg_id)
+        if len(unconfirmed) <= PUBLISH_WINDOW // 2:
+            self.room.set()

@@ -1,0 +1,192 @@
+"""The daemon's publish path: fan-out, a peer's publications, gap notices, INBOX_FULL to publishers.
+
+Owns: ``Publications.publish`` (PUB/SUB for everyone, and for a qos-1 publication one outbox unit
+per durable subscriber), ``Publications.on_topic`` (a peer's publication to the local
+subscribers), the gap notices (``Publications.missed`` sums what a full inbox refused per
+subscriber and topic into one PUBLICATIONS_MISSED, soon) and the INBOX_FULL notice to a
+publisher (``Publications.publication_dropped``, rate-limited, the publishers remembered bounded
+by ``MAX_DROP_NOTICES``).
+
+Must not touch: the edge checks and routing decisions (routing.py: the ``Router`` composes this
+and is the one way out, ``Router.route`` and ``Router.refuse``), peer state, agent records (it
+reads the directory), the outbox (it asks the ``Qos1Driver``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from typing import TYPE_CHECKING
+
+import zmq
+
+from . import protocol as P
+from .directory import LocalAgent
+from .protocol import FrameError, Kind
+
+if TYPE_CHECKING:
+    from .routing import Router
+
+DROP_NOTICE_S = 0.1
+"""A publisher whose publications a full subscriber inbox dropped hears INBOX_FULL at most this
+often (its client pauses publishing that long)."""
+MAX_DROP_NOTICES = 1024
+"""Publishers remembered for that rate limit; the oldest is forgotten past this."""
+GAP_NOTICE_DELAY = 0.05
+"""Seconds over which missed publications are summed into one gap notice per topic."""
+OUTBOX_RETRY_AFTER = 1.0
+"""Seconds an OUTBOX_FULL refusal suggests waiting before a retry."""
+
+
+def _publications_in(msg: list[bytes]) -> int:
+    """How many publications a refused publication message holds: 1, or a publishing batch's
+    members (decoded only here, on the drop path)."""
+    try:
+        if P.unpack_header(msg[1]).get(P.KIND) != Kind.BATCH:
+            return 1
+        return max(len(P.split_batch(msg)), 1)
+    except (FrameError, TypeError, IndexError):
+        return 1
+
+
+class Publications:
+    """The publish path of one daemon; built and owned by its ``Router``."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self._drop_notice_until: dict[str, float] = {}  # publisher -> monotonic (DROP_NOTICE_S)
+        self._gaps: dict[tuple[bytes, str], int] = {}  # (subscriber connection, topic) -> missed
+        self._gap_timer: asyncio.TimerHandle | None = None
+
+    def publish(self, agent: LocalAgent, topic: str, header: P.Header, msg: list[bytes]) -> None:
+        """Fan a publication out: PUB/SUB for everyone, and for a qos-1 publication one outbox
+        unit per durable subscriber (who then gets it only that way, exactly once)."""
+        r = self.router
+        reached = 0
+        durable: list[str] = []
+        if header.qos == 1:
+            durable = r.directory.durable_subscribers(topic)
+            unit_id = str(header.id)
+            units: list[tuple[str, str, list[bytes]]] = []
+            for name in durable:
+                unit_header = dict(header.fields)
+                unit_header[P.TO] = name
+                unit_header[P.ID] = f"{unit_id}>{name}"
+                units.append((name, unit_header[P.ID], [P.SIGNATURE, P.pack(unit_header), *msg[2:]]))
+            for name, copy_id, copy in units:  # all copies or none
+                full = r.qos.refusal(copy_id, name, copy)
+                if full is not None:
+                    r.refuse(agent.rid, header, [agent.rid, *msg], P.ErrorCode.OUTBOX_FULL, full,
+                                retry_after=OUTBOX_RETRY_AFTER)
+                    return
+            for name, copy_id, copy in units:
+                r.qos.accept(None, agent.name, copy_id, name, copy)
+            reached += len(durable)
+        skip = set(durable)
+        for sub in r.directory.local_topics.get(topic, ()):
+            if sub.name in skip:
+                continue
+            try:
+                if r.link.has_backlog(sub.rid):
+                    raise zmq.Again
+                r.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
+                reached += 1
+            except zmq.ZMQError:
+                r.stats["publish_local_dropped"] += 1
+                self.missed(sub, topic, _publications_in(msg))
+                self.publication_dropped(sub.name, msg)
+        local = r.directory.local
+        remote = r.directory.remote_subscribers(topic) - sum(1 for n in durable if n not in local)
+        if remote > 0:
+            try:
+                r.xpub.send_multipart([P.topic_key(topic), *msg], zmq.NOBLOCK)
+                reached += remote
+            except zmq.ZMQError:
+                r.stats["publish_remote_dropped"] += 1
+            r.reactor.kick(r.xpub)
+        r.stats["published"] += 1
+        ack = {P.KIND: Kind.OK, P.CORR: header.id, P.COUNT: reached}
+        if durable:  # confirmed once the durable copies are on disk
+            r.after_flush(functools.partial(r.link.send, agent.rid, ack))
+        else:
+            r.link.send(agent.rid, ack)
+
+    def on_topic(self, frames: list[bytes]) -> None:
+        """A publication from a peer's XPUB: hand it to the local subscribers."""
+        r = self.router
+        subs = r.directory.local_topic_keys.get(frames[0])
+        if not subs or len(frames) < 4 or frames[1] != P.SIGNATURE:
+            r.stats["topic_dropped"] += 1
+            return
+        msg = frames[1:]
+        qos1: bool | None = None
+        for sub in list(subs):
+            if sub.durable and qos1 is None:
+                try:
+                    qos1 = P.unpack_header(msg[1]).get(P.QOS) == 1
+                except FrameError:
+                    qos1 = False
+            if qos1 and sub.durable and any(k == frames[0] for k in map(P.topic_key, sub.durable)):
+                continue  # it gets its own qos-1 copy from the publisher's outbox
+            try:
+                if r.link.has_backlog(sub.rid):
+                    raise zmq.Again
+                r.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                r.stats["publish_local_dropped"] += 1
+                self.missed(sub, frames[0][:-1].decode("utf-8", "replace"), _publications_in(msg))
+                self.publication_dropped(sub.name, msg)
+        r.link.kick()
+
+    def publication_dropped(self, subscriber: str, msg: list[bytes]) -> None:
+        """A full inbox refused a qos-0 publication (or publishing batch): it is lost for that
+        subscriber (counted by the caller). Tell its publisher INBOX_FULL with ``topic`` and
+        ``retry_after``, at most once per DROP_NOTICE_S, so its client slows down instead of
+        losing more in silence."""
+        r = self.router
+        try:
+            header = P.unpack_header(msg[1])
+        except FrameError:
+            return
+        publisher, pub_id, topic = header.get(P.FROM), header.get(P.ID), header.get(P.TOPIC)
+        if not isinstance(publisher, str) or not isinstance(pub_id, str) or not isinstance(topic, str):
+            return
+        now = time.monotonic()
+        if now < self._drop_notice_until.get(publisher, 0.0):
+            return
+        self._drop_notice_until.pop(publisher, None)
+        self._drop_notice_until[publisher] = now + DROP_NOTICE_S
+        if len(self._drop_notice_until) > MAX_DROP_NOTICES:
+            self._drop_notice_until.pop(next(iter(self._drop_notice_until)))
+        err = P.error_header(publisher, pub_id, P.ErrorCode.INBOX_FULL,
+                             f"inbox of subscriber {subscriber!r} is full: publications on {topic!r} "
+                             "were dropped", retry=True, retry_after=DROP_NOTICE_S,
+                             sender=f"meshd@{r.node_id}")
+        err[P.TOPIC] = topic
+        r.route(publisher, P.header_from_map(err), P.frames(err))
+
+    def missed(self, sub: LocalAgent, topic: str, count: int = 1) -> None:
+        """``sub``'s inbox refused ``count`` publications on ``topic`` (a publishing batch holds
+        several): count them (per topic), and tell the subscriber how many it missed in one gap
+        notice per topic, soon (coalesced)."""
+        r = self.router
+        r.stats[f"publish_missed:{topic}"] += count
+        key = (sub.rid, topic)
+        self._gaps[key] = self._gaps.get(key, 0) + count
+        if self._gap_timer is None:
+            self._gap_timer = asyncio.get_running_loop().call_later(GAP_NOTICE_DELAY, self._send_gaps)
+
+    def _send_gaps(self) -> None:
+        r = self.router
+        self._gap_timer = None
+        gaps, self._gaps = self._gaps, {}
+        for (rid, topic), count in gaps.items():
+            agent = r.directory.local_by_rid.get(rid)
+            if agent is None:
+                continue  # it left
+            err = P.error_header(agent.name, None, P.ErrorCode.PUBLICATIONS_MISSED,
+                                 f"missed {count} publication(s) on topic {topic!r}: your inbox was full",
+                                 sender=f"meshd@{r.node_id}")
+            err[P.ERROR].update(topic=topic, missed=count)
+            r.link.send(rid, err)  # the answer lane: ahead of later publications
