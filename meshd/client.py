@@ -174,6 +174,7 @@ class Agent:
         if isinstance(info, dict):
             self.node = info.get("node")
             self.node_name = info.get("node_name")
+            self._window.fit_daemon(info.get("in_flight_max"))
 
     async def close(self) -> None:
         """Unregister (best effort) and release the socket. Idempotent."""

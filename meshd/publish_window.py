@@ -23,14 +23,22 @@ paced by its daemon and the table of unconfirmed ids stays bounded."""
 class PublishWindow:
     """Unconfirmed publish ids, the event that says there is room again, and the INBOX_FULL pause."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, size: int = PUBLISH_WINDOW) -> None:
         self.timeout = timeout
+        #: At most PUBLISH_WINDOW, and at most half the daemon's ``in_flight_max`` (the answers it
+        #: keeps for a connection that is not reading): past that its confirmations would be dropped.
+        self.size = size
         self.unconfirmed: set[str] = set()
         self.room = asyncio.Event()
         self.paused_until = 0.0  # loop time: a subscriber's inbox dropped our publications
 
+    def fit_daemon(self, in_flight_max: object) -> None:
+        """The daemon's register answer said how many answers it keeps per connection."""
+        if isinstance(in_flight_max, int) and in_flight_max > 0:
+            self.size = max(1, min(PUBLISH_WINDOW, in_flight_max // 2))
+
     def full(self) -> bool:
-        return len(self.unconfirmed) > PUBLISH_WINDOW
+        return len(self.unconfirmed) > self.size
 
     async def wait_room(self, daemon: object) -> None:
         """Wait until half the window is confirmed; DaemonUnreachable (naming ``daemon``) if not
@@ -41,7 +49,7 @@ class PublishWindow:
         except TimeoutError:
             self.unconfirmed.clear()  # they will not be confirmed now: do not wait for them again
             raise DaemonUnreachable(f"meshd at {daemon} did not confirm "
-                                    f"{PUBLISH_WINDOW} publishes within {self.timeout:g} s") from None
+                                    f"{self.size} publishes within {self.timeout:g} s") from None
 
     def pause(self, until: float) -> None:
         """A subscriber's daemon said INBOX_FULL: the next publish waits until loop time ``until``."""
@@ -62,5 +70,5 @@ class PublishWindow:
         if not unconfirmed:
             return
         unconfirmed.discard(msg_id)
-        if len(unconfirmed) <= PUBLISH_WINDOW // 2:
+        if len(unconfirmed) <= self.size // 2:
             self.room.set()

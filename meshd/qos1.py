@@ -123,8 +123,11 @@ class DeliveryStore:
         self._wall = wall
         self._monotonic = monotonic
         self.quarantined = 0
-        if str(path) != ":memory:":
-            make_private_file(Path(path))  # 0600, and so its -wal and -shm (issue 8)
+        try:
+            if str(path) != ":memory:":
+                make_private_file(Path(path))  # 0600, and so its -wal and -shm (issue 8)
+        except OSError as exc:
+            raise StateFileError(path, f"cannot be opened ({exc.strerror or exc})", DELIVERY_DB_FIX) from None
         try:
             self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")

@@ -113,7 +113,7 @@ class SystemAgent:
         try:
             service = TaskService(agent, self.settings.state_dir / "tasks.db", self.settings, emit=self.emit)
             await service.start()
-        except sqlite3.DatabaseError as exc:  # a corrupt tasks.db: the operator must act (exit 2)
+        except (sqlite3.DatabaseError, OSError) as exc:  # a corrupt or unusable tasks.db: exit 2
             raise StateFileError(self.settings.state_dir / "tasks.db",
                                  f"not a usable SQLite database ({exc})",
                                  "stop meshd, move the file (and its -wal and -shm files) aside, and start "

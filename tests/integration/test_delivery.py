@@ -259,7 +259,10 @@ def test_inbox_full_backpressure_and_bounded_memory(meshd_factory: MeshdFactory)
     try:
         counts = asyncio.run(flood())
         print(f"inbox test: {counts}")
-        assert counts["inbox_full"] > 10_000  # the sender's own inbox may drop some of the errors
+        # The flooder keeps far more than in_flight_max sends unanswered, so past the answer lane's
+        # room (agent_answer_backlog, 1000) its INBOX_FULL notices are dropped and counted at the
+        # daemon (PROTOCOL.md, "The answer lane"); at least the lane's worth always arrives.
+        assert counts["inbox_full"] > 1_000
         assert counts["rss_growth_kib"] < 30 * 1024, counts  # bounded by HWMs, not by what is offered
         assert b.alive() and a.alive()
     finally:
