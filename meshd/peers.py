@@ -502,7 +502,11 @@ class PeerTable(PeerDialer):
             return
         if now - peer.incarnation_at < 2 * self.settings.heartbeat_interval:
             return
-        if self.clones.saw(peer.node_id, boot[0], boot[1], now):
+        # The older boot id is alive now; the latest one greeted recently or beats too: seeing
+        # both, in turn, is what reveals the duplicate (a sighting from long ago would not count).
+        found = self.clones.saw(peer.node_id, boot[0], boot[1], now)
+        current = next((b[1] for b in self.rid_boot.values() if b[0] == peer.incarnation), [])
+        if self.clones.saw(peer.node_id, peer.incarnation, current, now) or found:
             self.stats["duplicate_node_ids"] += 1
             self.send_hello(peer, reply=True)  # carries `dups`
             self._tell_clones(peer)
