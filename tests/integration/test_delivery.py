@@ -263,7 +263,9 @@ def test_inbox_full_backpressure_and_bounded_memory(meshd_factory: MeshdFactory)
         # room (agent_answer_backlog, 1000) its INBOX_FULL notices are dropped and counted at the
         # daemon (PROTOCOL.md, "The answer lane"); at least the lane's worth always arrives.
         assert counts["inbox_full"] > 1_000
-        assert counts["rss_growth_kib"] < 30 * 1024, counts  # bounded by HWMs, not by what is offered
+        # Bounded by HWMs and the answer lane, not by what is offered: measured 9-35 MiB over runs
+        # for 50,000 sends, and 18 MiB for 150,000 (allocator and socket buffers vary by run).
+        assert counts["rss_growth_kib"] < 64 * 1024, counts
         assert b.alive() and a.alive()
     finally:
         stuck.close(0)
