@@ -87,11 +87,21 @@ class RssWatch(threading.Thread):
         self.pid, self.stop = pid, threading.Event()
         self.start_kib = self.peak_kib = self.end_kib = _rss_kib(pid)
 
+        self.steps: list[int] = []  # RSS after each fifth of each target's frames
+
     def run(self) -> None:
         while not self.stop.wait(0.5):
-            rss = _rss_kib(self.pid)
-            if rss:
-                self.peak_kib, self.end_kib = max(self.peak_kib, rss), rss
+            self.sample()
+
+    def sample(self) -> int:
+        rss = _rss_kib(self.pid)
+        if rss:
+            self.peak_kib, self.end_kib = max(self.peak_kib, rss), rss
+        return rss
+
+    def step(self, i: int, n: int) -> None:
+        if n >= 5 and (i + 1) % (n // 5) == 0:
+            self.steps.append(self.sample() // 1024)
 
 
 class Traffic(threading.Thread):
@@ -197,6 +207,46 @@ def _describe(frames: list[bytes]) -> str:
     return f"{len(frames)} frames, sig {frames[0][:8]!r} header {head}" if frames else "?"
 
 
+class RegisteredTarget:
+    """Fuzz the agent socket from a connection registered as ``fz-fuzz``: its frames pass the
+    registration check and reach routing, the qos-1 outbox, batches and the live agents' client
+    library. What it is answered is drained, not checked (what a registered sender is owed
+    depends on the directory and on the agents)."""
+
+    NAME = "fz-fuzz"
+
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 100_000)
+        self.sock.connect(endpoint)
+        self.received = 0
+        self.register()
+
+    def register(self) -> None:
+        self.sock.send_multipart(P.frames({P.KIND: P.Kind.REGISTER, P.ID: "fz-reg"},
+                                          P.pack({"name": self.NAME})))
+        end = time.monotonic() + 10
+        while time.monotonic() < end and self.sock.poll(200):
+            if _corr(self.sock.recv_multipart()) == "fz-reg":
+                return
+        raise RuntimeError("the fuzzing connection could not register")
+
+    def send(self, i: int, frames: list[bytes]) -> None:
+        if max(map(len, frames)) > MAX_FRAME:
+            return  # it would close this connection (the unchecked one above covers that)
+        if i % 1000 == 999:  # a fuzzed unregister may have dropped the name
+            self.sock.send_multipart(P.frames({P.KIND: P.Kind.REGISTER, P.ID: P.new_id()},
+                                              P.pack({"name": self.NAME})))
+        self.sock.send_multipart(frames)
+        while self.sock.poll(0):
+            self.sock.recv_multipart()
+            self.received += 1
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
 class MeshTarget:
     """Fuzz a mesh ROUTER: a connection that never greets, and a fake peer that did."""
 
@@ -235,7 +285,7 @@ class MeshTarget:
         self.hellos += 1
 
     def send(self, i: int, frames: list[bytes]) -> None:
-        if i % 500 == 0:  # a fuzzed bye or hello may have un-greeted it
+        if i % 100 == 0:  # a fuzzed bye or hello may have un-greeted it
             self.hello()
         (self.peer if i % 2 else self.stranger).send_multipart(frames)
         while self.inbox.poll(0):
@@ -273,14 +323,16 @@ def _settled_stats(socket: Path, limit_s: float = 60.0) -> dict[str, Any]:
 
 
 def run_campaign(frames: int, mesh_frames: int, seed: int = 1, workdir: Path | None = None,
-                 pool_size: int = 2000) -> dict[str, Any]:
+                 pool_size: int = 2000, registered_frames: int | None = None) -> dict[str, Any]:
     """Fuzz a plaintext daemon (agent socket + mesh port) and a CURVE one (mesh port, with a
     trusted key); returns the figures."""
     base = workdir or Path(tempfile.mkdtemp(prefix="mfz-", dir="/tmp"))
+    registered_frames = frames // 2 if registered_frames is None else registered_frames
     t0 = time.monotonic()
     pool = G.draw_pool(pool_size, seed)
     results: dict[str, Any] = {"pool": len(pool), "pool_s": round(time.monotonic() - t0, 1),
-                               "frames_agent": 0, "frames_mesh_plain": 0, "frames_mesh_curve": 0,
+                               "frames_agent": 0, "frames_agent_registered": 0, "frames_mesh_plain": 0,
+                               "frames_mesh_curve": 0,
                                "addressable": 0, "answered": 0, "unanswered": 0, "crashes": 0,
                                "tracebacks": 0, "guarded_errors": 0, "answers_dropped": 0,
                                "requests_ok": 0, "requests_failed": 0}
@@ -305,20 +357,33 @@ def run_campaign(frames: int, mesh_frames: int, seed: int = 1, workdir: Path | N
             if not secure:
                 agent = AgentTarget(ctx, f"ipc://{d.socket}")
                 gen = G.Mutator(pool, seed)
-                for _ in range(frames):
+                for i in range(frames):
                     agent.send(gen.next())
+                    rss.step(i, frames)
                 results.update({k: results[k] + v if isinstance(v, int) else v
                                 for k, v in agent.finish().items()})
                 results["frames_agent"] = frames
                 results["agent_s"] = round(time.monotonic() - t1, 1)
+                t1 = time.monotonic()
+                registered = RegisteredTarget(ctx, f"ipc://{d.socket}")
+                gen = G.Mutator(pool, seed + 3, targets=["fz-echo", "fz-ask", "nobody", "fz-fuzz"],
+                                sender=RegisteredTarget.NAME)
+                for i in range(registered_frames):
+                    registered.send(i, gen.next())
+                    rss.step(i, registered_frames)
+                registered.close()
+                results["frames_agent_registered"] = registered_frames
+                results["agent_registered_s"] = round(time.monotonic() - t1, 1)
             t2 = time.monotonic()
             info = _node_info(d.socket)
             server = info["public_key"] if secure else None
             mesh = MeshTarget(ctx, d, str(info["routers"][0]),
                               (public, secret, server.encode()) if server else None)
-            gen = G.Mutator(pool, seed + 1 + secure)
+            targets = ["fz-echo", "fz-ask", f"fz-echo@{info['node']}"]
+            gen = G.Mutator(pool, seed + 1 + secure, targets=targets)
             for i in range(mesh_frames):
                 mesh.send(i, gen.next())
+                rss.step(i, mesh_frames)
             mesh.close()
             stats = _settled_stats(d.socket)  # the daemon has worked through what was queued
             results[f"frames_mesh_{label}"] = mesh_frames
@@ -337,25 +402,30 @@ def run_campaign(frames: int, mesh_frames: int, seed: int = 1, workdir: Path | N
             if rss is not None:
                 rss.stop.set()
                 results[f"rss_kib_{label}"] = f"{rss.start_kib}/{rss.peak_kib}/{rss.end_kib}"
+                results[f"rss_mib_steps_{label}"] = "/".join(map(str, rss.steps))
             results["tracebacks"] += _log_tracebacks(d)
             results["requests_ok"] += traffic.ok
             results["requests_failed"] += traffic.failed
             if traffic.errors:
                 results[f"request_errors_{label}"] = dict(traffic.errors)
     ctx.term()
-    results["frames"] = results["frames_agent"] + results["frames_mesh_plain"] + results["frames_mesh_curve"]
+    results["frames"] = sum(results[k] for k in ("frames_agent", "frames_agent_registered",
+                                                 "frames_mesh_plain", "frames_mesh_curve"))
     return results
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=100_000, help="frames at the agent socket")
+    parser.add_argument("--registered-frames", type=int, default=None,
+                        help="frames from a registered connection (default: half of --frames)")
     parser.add_argument("--mesh-frames", type=int, default=100_000, help="frames at each mesh port")
     parser.add_argument("--pool", type=int, default=3000, help="hypothesis examples drawn once")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     t0 = time.monotonic()
-    results = run_campaign(args.frames, args.mesh_frames, args.seed, pool_size=args.pool)
+    results = run_campaign(args.frames, args.mesh_frames, args.seed, pool_size=args.pool,
+                           registered_frames=args.registered_frames)
     results["seconds"] = round(time.monotonic() - t0, 1)
     print(" ".join(f"{k}={v}" for k, v in results.items() if k != "unanswered_samples"))
     for sample in results.get("unanswered_samples", []):

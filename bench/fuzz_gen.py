@@ -84,10 +84,17 @@ class Mutator:
     NASTY_FLOATS = [math.nan, math.inf, -math.inf, -0.0, 0.5, 1e308, -1e-308, 3.0, 30000.0]
 
     def __init__(self, pool: list[tuple[bytes, Any, list[bytes]]], seed: int, *,
-                 kinds: list[str] | None = None) -> None:
+                 kinds: list[str] | None = None, targets: list[str] | None = None,
+                 sender: str | None = None) -> None:
         self.pool = pool
         self.rng = random.Random(seed)
         self.kinds = kinds or ALL_KINDS
+        #: Live agents some headers are addressed to (a fifth of them), so hostile messages reach
+        #: their client library too, not only the daemon's checks.
+        self.targets = targets or []
+        #: A registered connection's name, put in ``from`` of most headers (else they are refused
+        #: at the first check).
+        self.sender = sender
         self.serial = 0
 
     def nasty(self) -> Any:
@@ -128,6 +135,12 @@ class Mutator:
                 h.pop(r.choice(list(h)), None)
             else:
                 h[r.choice(KEYS)] = self.nasty()
+        if self.targets and r.random() < 0.2:
+            h["to"] = r.choice(self.targets)
+            h["kind"] = r.choice([Kind.SEND, Kind.REQUEST, Kind.REPLY, Kind.ERROR, Kind.PROGRESS, Kind.CANCEL,
+                                  Kind.BATCH, h.get("kind")])
+        if self.sender is not None and r.random() < 0.8:
+            h["from"] = self.sender
         if h.get("kind") == Kind.ADMIN and r.random() < 0.7:
             h["op"] = r.choice(ADMIN_OPS)
         if h.get("kind") == Kind.QUERY and r.random() < 0.7:

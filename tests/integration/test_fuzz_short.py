@@ -18,7 +18,7 @@ def test_fuzz_short_run(tmp_path: Path) -> None:
     spec.loader.exec_module(fuzz)
     results = fuzz.run_campaign(frames=3000, mesh_frames=1500, seed=7, workdir=tmp_path, pool_size=200)
     print("fuzz short run:", " ".join(f"{k}={v}" for k, v in results.items()))
-    assert results["frames"] == 3000 + 2 * 1500
+    assert results["frames"] == 3000 + 1500 + 2 * 1500  # agent socket: unregistered + registered
     assert results["crashes"] == 0 and results["tracebacks"] == 0
     assert results["addressable"] > 500 and results["unanswered"] == 0, results["unanswered_samples"]
     assert results["guarded_errors"] == 0 and results["answers_dropped"] == 0
