@@ -364,6 +364,7 @@ def run_campaign(frames: int, mesh_frames: int, seed: int = 1, workdir: Path | N
                                 for k, v in agent.finish().items()})
                 results["frames_agent"] = frames
                 results["agent_s"] = round(time.monotonic() - t1, 1)
+                results["answers_dropped_agent"] = _node_info(d.socket)["stats"].get("answers_dropped", 0)
                 t1 = time.monotonic()
                 registered = RegisteredTarget(ctx, f"ipc://{d.socket}")
                 gen = G.Mutator(pool, seed + 3, targets=["fz-echo", "fz-ask", "nobody", "fz-fuzz"],
@@ -389,6 +390,8 @@ def run_campaign(frames: int, mesh_frames: int, seed: int = 1, workdir: Path | N
             results[f"frames_mesh_{label}"] = mesh_frames
             results[f"mesh_{label}_s"] = round(time.monotonic() - t2, 1)
             results["guarded_errors"] += stats.get("agent_input_errors", 0)
+            # Past the agent phase, dropped answers are those the fake peer's replies and errors
+            # flooded at the live agents, past their answer lane (in_flight_max, docs/PROTOCOL.md §8.2).
             results["answers_dropped"] += stats.get("answers_dropped", 0)
             results[f"malformed_{label}"] = stats.get("malformed", 0)
             results[f"peer_greeted_{label}"] = mesh.received > 0

@@ -21,6 +21,6 @@ def test_fuzz_short_run(tmp_path: Path) -> None:
     assert results["frames"] == 3000 + 1500 + 2 * 1500  # agent socket: unregistered + registered
     assert results["crashes"] == 0 and results["tracebacks"] == 0
     assert results["addressable"] > 500 and results["unanswered"] == 0, results["unanswered_samples"]
-    assert results["guarded_errors"] == 0 and results["answers_dropped"] == 0
+    assert results["guarded_errors"] == 0 and results["answers_dropped_agent"] == 0
     assert results["peer_greeted_plain"] and results["peer_greeted_curve"]
     assert results["requests_ok"] > 0 and results["requests_failed"] == 0
