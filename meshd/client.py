@@ -175,6 +175,10 @@ class Agent:
             self.node = info.get("node")
             self.node_name = info.get("node_name")
             self._window.fit_daemon(info.get("in_flight_max"))
+            beat = info.get("heartbeat_interval")  # PROTOCOL.md §8.2: beat at least this often
+            if isinstance(beat, (int, float)) and not isinstance(beat, bool) \
+                    and 0 < beat < self.heartbeat_interval:
+                self.heartbeat_interval = float(beat)
 
     async def close(self) -> None:
         """Unregister (best effort) and release the socket. Idempotent."""
