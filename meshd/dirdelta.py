@@ -14,9 +14,10 @@ It must not touch the records themselves (directory.py applies a delta and decid
 conflicts), sockets (it sends through the peer table) or agents (the node's ``evict`` callback
 removes a local agent that lost its name).
 
-Test hook: ``MESHD_TEST_DROP_DIR_DELTA=N`` makes the daemon ignore the N-th delta it receives, as
-if the network had lost it (counted as ``dir_delta_dropped_by_test``); the version-gap rule must
-then repair the directory. Never set it in production.
+Test hook: ``MESHD_TEST_DROP_DIR_DELTA=<agent name>`` makes the daemon ignore the first delta it
+receives that changes that agent's record, as if the network had lost it (counted as
+``dir_delta_dropped_by_test``); the version-gap rule must then repair the directory. Never set it
+in production.
 """
 
 from __future__ import annotations
@@ -171,9 +172,7 @@ class DirectoryUpdates:
         #: Peers whose last full directory said they take deltas (``deltas: true``).
         self.delta_peers: set[str] = set()
         self._scheduled = False
-        drop = os.environ.get("MESHD_TEST_DROP_DIR_DELTA", "")
-        self._drop_nth = int(drop) if drop.isdigit() else 0
-        self._received = 0
+        self._drop_for = os.environ.get("MESHD_TEST_DROP_DIR_DELTA", "")  # the test hook above
 
     # ------------------------------------------------------------------ sending
 
@@ -253,8 +252,9 @@ class DirectoryUpdates:
         self._evict(peer, losers)
 
     def _received_delta(self, peer: Peer, body: dict[str, Any]) -> None:
-        self._received += 1
-        if self._received == self._drop_nth:
+        if self._drop_for and any(isinstance(ch, dict) and ch.get("name") == self._drop_for
+                                  for ch in body.get("changes") or ()):
+            self._drop_for = ""
             self.stats["dir_delta_dropped_by_test"] += 1
             return
         where = delta_window(peer.dir_version, body)
