@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from typing import Any
 
 from meshd import protocol as P
-from meshd.dirdelta import ChangeJournal, delta_window
+from meshd.dirdelta import ChangeJournal, DirectoryUpdates, delta_window
 from meshd.directory import Directory, LocalAgent
+from meshd.liveness import PeerState
+from meshd.peers import Peer
 
 
 def _agent(name: str, reg: int = 1, rid: bytes = b"") -> LocalAgent:
@@ -139,3 +142,96 @@ def test_name_conflicts_on_deltas_follow_the_full_directory_rule() -> None:
     assert d.host_of("w") == "cccc" and "w" not in d.records_of("aaaa")
     d.apply_delta("aaaa", [{"name": "x", "rec": {"name": "x", "node": "aaaa", "reg": 400}}])
     assert d.next_reg() == 401  # the registration counter stays a Lamport clock on deltas
+
+
+class _Wire:
+    """Stands in for the peer table's sockets: what DirectoryUpdates sent, to whom."""
+
+    def __init__(self, *peers: Peer) -> None:
+        self.peers = {p.node_id: p for p in peers}
+        self.stopping = False
+        self.sent: list[tuple[str, str, Any]] = []
+
+    def send(self, peer: Peer, header: dict[str, Any], body: bytes = b"") -> bool:
+        self.sent.append((peer.node_id, header[P.KIND], P.unpack_body(body) if body else None))
+        return True
+
+
+def _updates(*peers: Peer) -> tuple[DirectoryUpdates, _Wire, Counter[str]]:
+    stats: Counter[str] = Counter()
+    updates = DirectoryUpdates(Directory("aaaa"), stats, max_bytes=64 * 1024)
+    wire = _Wire(*peers)
+    updates.peer_table = wire  # type: ignore[assignment]
+    return updates, wire, stats
+
+
+def _greeted(node_id: str) -> Peer:
+    return Peer(node_id=node_id, greeted=True, state=PeerState.ONLINE)
+
+
+def test_a_peer_that_takes_deltas_gets_them_and_an_older_one_full_directories() -> None:
+    """Mixed versions: a daemon whose full body does not say ``deltas: true`` keeps getting full
+    directories (it would not understand a delta); the other gets only what changed."""
+    new, old = _greeted("nnnn"), _greeted("oooo")
+    updates, wire, stats = _updates(new, old)
+    updates.received(new, {"version": 0, "deltas": True, "agents": []})
+    updates.received(old, {"version": 0, "agents": []})  # a daemon from before deltas
+    d = updates.directory
+    agent = _agent("a")
+    d.add_local(agent)
+    for i in range(20):
+        d.subscribe(agent, f"topic-{i}")
+    d.bump()
+    updates.flush()
+    d.subscribe(agent, "one-more")
+    d.bump()
+    updates.flush()
+    updates.flush()  # nothing changed since: nothing sent
+    to_new = [body for node, _, body in wire.sent if node == "nnnn"]
+    to_old = [body for node, _, body in wire.sent if node == "oooo"]
+    assert [c["name"] for c in to_new[0]["changes"]] == ["a"]  # registered: the whole record
+    assert sorted(to_new[0]["changes"][0]["rec"]["topics"]) == sorted(f"topic-{i}" for i in range(20))
+    assert to_new[1] == {"base": 1, "version": 2, "changes": [{"name": "a", "sub": ["one-more"]}]}
+    assert all("agents" in b and "base" not in b for b in to_old) and len(to_old) == 2
+    assert d.announced == 2 and stats["dir_delta_sent"] == 2 and stats["dir_full_sent"] == 2
+    assert updates.announced_version() == 2
+
+
+def test_the_receiver_applies_skips_or_resyncs_on_a_gap() -> None:
+    peer = _greeted("pppp")
+    updates, wire, stats = _updates(peer)
+    updates.received(peer, {"version": 3, "deltas": True, "agents": [
+        {"name": "s", "node": "pppp", "reg": 1, "topics": ["x"]}]})
+    assert peer.dir_version == 3
+    updates.received(peer, {"base": 3, "version": 4, "changes": [{"name": "s", "sub": ["y"]}]})
+    assert peer.dir_version == 4 and updates.directory.remote_subscribers("y") == 1
+    updates.received(peer, {"base": 2, "version": 4, "changes": [{"name": "s", "unsub": ["y"]}]})
+    assert stats["dir_delta_skipped"] == 1 and updates.directory.remote_subscribers("y") == 1
+    assert wire.sent == []
+    updates.received(peer, {"base": 5, "version": 6, "changes": [{"name": "s", "unsub": ["y"]}]})  # 4->5 lost
+    assert stats["dir_delta_gap"] == 1 and peer.dir_version == 4
+    assert wire.sent == [("pppp", P.Kind.SYNC, None)]
+    updates.received(peer, {"base": 6, "version": 7, "changes": []})  # behind: one sync per 0.5 s
+    assert stats["dir_delta_gap"] == 2 and len(wire.sent) == 1
+    updates.received(peer, {"version": 7, "deltas": True, "agents": []})  # the sync's answer
+    assert peer.dir_version == 7 and updates.directory.host_of("s") is None
+
+
+def test_more_changes_than_the_journal_holds_go_as_the_full_directory() -> None:
+    peer = _greeted("nnnn")
+    updates, wire, stats = _updates(peer)
+    updates.received(peer, {"version": 0, "deltas": True, "agents": []})
+    updates.journal.max_bytes = 2000
+    d = updates.directory
+    agent = _agent("a")
+    d.add_local(agent)
+    d.bump()
+    updates.flush()
+    for i in range(200):  # about 2,400 bytes of topics in one round
+        d.subscribe(agent, f"topic-{i:04d}")
+    assert updates.journal.overflow
+    d.bump()
+    updates.flush()
+    [_first, (_node, kind, body)] = wire.sent
+    assert kind == P.Kind.DIRECTORY and "base" not in body and len(body["agents"][0]["topics"]) == 200
+    assert stats["dir_full_sent"] == 1 and stats["dir_delta_sent"] == 1 and not updates.journal
