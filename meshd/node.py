@@ -50,6 +50,7 @@ from .agents import AgentLink, LocalAgents
 from .builtin_plugins import JsonlDeadLetterSink
 from .config import Settings
 from .deadletters import DeadLetters
+from .dirdelta import DirectoryUpdates
 from .directory import Directory
 from .discovery import Discovery, default_interfaces
 from .doctor import daemon_report
@@ -178,18 +179,22 @@ class Node:
         # the FIFO; ``dead_letters(limit)`` is the NodeView's read of it
         self.dead_letter_fifo = DeadLetters(settings.dead_letter_capacity)
         self.directory = Directory()
+        self.dir_updates = DirectoryUpdates(self.directory, self.stats,
+                                            max_bytes=settings.directory_max_bytes)
         self.security = Security(settings)
         self.peer_table = PeerTable(
             settings, node_id="", name=self.name, incarnation=self.incarnation, security=self.security,
             stats=self.stats, quiet=self._quiet, interfaces=self.interfaces, max_frame=self._max_frame,
             events=PeerEvents(
-                state_changed=self._peer_state_changed, directory=self._apply_directory,
+                state_changed=self._peer_state_changed, directory=self.dir_updates.received,
                 restarted=self._peer_restarted, acks=self._peer_acks, reject=self._reject_control,
                 topic_message=self._on_topic, topic_keys=lambda: self.directory.local_topic_keys.keys(),
-                directory_body=self.directory.body, directory_version=lambda: self.directory.version,
+                directory_body=self.dir_updates.snapshot,
+                directory_version=self.dir_updates.announced_version,
                 telemetry=self._telemetry,
             ),
         )
+        self.dir_updates.peer_table = self.peer_table
         self.store: DeliveryStore | None = None
         self.qos: Qos1Driver
         self.agents_sock: zmq.Socket[Any] | None = None
@@ -337,6 +342,7 @@ class Node:
         self.qos.router, self.qos.link = self.routing, link
         self.qos.peer_table, self.qos.directory = self.peer_table, self.directory
         self.local_agents.admin = self.admin
+        self.local_agents.updates, self.dir_updates.evict = self.dir_updates, self.local_agents.evict
         self.admin.router = self.routing
         self.admin.doctor = lambda: daemon_report(self.settings, self.interfaces, self.peer_table,
                                                   {"router": self.router_port, "pub": self.pub_port})
@@ -553,15 +559,6 @@ class Node:
 
     def _reject_control(self, exc: FrameError, frames: list[bytes], origin: str) -> None:
         self.routing.reject(exc, frames, origin=origin)
-
-    def _apply_directory(self, peer: Peer, body: Any) -> None:
-        applied = self.directory.apply_node(peer.node_id, body)
-        if applied is None:
-            self.stats["bad_directory"] += 1
-            return
-        peer.dir_version, losers = applied
-        for mine in losers:
-            self.local_agents.evict(mine, f"name {mine.name!r} is registered on node {peer.node_id} too")
 
     def _on_topic(self, frames: list[bytes]) -> None:
         self.routing.on_topic(frames)
