@@ -337,6 +337,7 @@ class Node:
         self.qos.router, self.qos.link = self.routing, link
         self.qos.peer_table, self.qos.directory = self.peer_table, self.directory
         self.local_agents.admin = self.admin
+        self.local_agents.handover.hold_registrations()  # answered at READY (meshd/handover.py)
         self.admin.router = self.routing
         self.admin.doctor = lambda: daemon_report(self.settings, self.interfaces, self.peer_table,
                                                   {"router": self.router_port, "pub": self.pub_port})
@@ -396,6 +397,7 @@ class Node:
         self.system = SystemAgent(self, self._system_token)
         await self.system.start()
         self.ready.set()
+        self.local_agents.handover.open_registrations()
         self.notifier.ready(self.status_line())
         self._timer(self.timer_loops.status_loop, "meshd-status")
 
@@ -430,6 +432,7 @@ class Node:
         local_agents = getattr(self, "local_agents", None)
         if local_agents is not None:
             local_agents.stopping = True
+            local_agents.handover.begin()  # DAEMON_STOPPING to each agent: it holds its sends
         routing = getattr(self, "routing", None)
         if routing is not None:
             routing.stopping = True
@@ -466,7 +469,8 @@ class Node:
             await self._discovery.stop()
 
     async def _stop_sockets(self) -> None:
-        self._drain_agent_socket()
+        if getattr(self, "local_agents", None) is not None:  # read the agents' last words, answer them
+            await self.local_agents.handover.finish(self.agents_sock, self.routing.on_agent)
         if self._reactor is not None:
             self._reactor.close()
         if self.store is not None:
@@ -490,24 +494,6 @@ class Node:
         if self._socket_bound:  # never remove another daemon's socket after a failed start
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
-
-    def _drain_agent_socket(self) -> None:
-        """Route what agents sent and we have not read yet, so closing the socket loses none of
-        it (a qos-0 send in that buffer used to vanish with no word to its sender)."""
-        sock, routing = self.agents_sock, getattr(self, "routing", None)
-        if sock is None or routing is None:
-            return
-        drained = 0
-        with contextlib.suppress(zmq.ZMQError):
-            while drained < 100_000:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-                drained += 1
-                try:
-                    routing.on_agent(frames)
-                except Exception:
-                    log.exception("routing a message drained at shutdown failed")
-        if drained:
-            log.info("routed %d message(s) agents sent just before the shutdown", drained)
 
     async def _stop_workers(self) -> None:
         self.notifier.close()
