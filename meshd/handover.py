@@ -114,7 +114,15 @@ class AgentHandover:
     # ------------------------------------------------------------------ shutdown
 
     def begin(self) -> None:
-        """Tell every registered agent that this daemon is stopping."""
+        """Tell every registered agent that this daemon is stopping (and refuse the registrations
+        still deferred, if it stops before READY)."""
+        if self._settle is not None:
+            self._settle.cancel()
+            self._settle = None
+        self.starting = False
+        deferred, self._deferred = self._deferred, []
+        for rid, msg_id, _ in deferred:
+            self.answered(rid, msg_id)
         for rid in list(self.directory.local_by_rid):
             self.notified.add(rid)
             self.link.send_error(rid, None, P.ErrorCode.DAEMON_STOPPING,

@@ -196,3 +196,14 @@ def test_registrations_open_after_the_settle_time_and_past_the_bound() -> None:
         await async_wait_until(lambda: not handover.starting, timeout=5, what="registrations open")
         assert len(registered) == DEFER_MAX
     asyncio.run(run())
+
+
+def test_a_stop_before_ready_refuses_the_deferred_registrations() -> None:
+    async def run() -> None:
+        handover, link, _, registered = _handover([])
+        handover.hold_registrations(settle=60)
+        assert handover.defer(b"p", "1", _register_frames("producer"))
+        handover.begin()
+        assert registered == [] and link.errors == [(b"p", "1", P.ErrorCode.DAEMON_STOPPING)]
+        assert not handover.starting
+    asyncio.run(run())
