@@ -7,9 +7,10 @@ stop runs in this order (docs/DELIVERY.md, "qos 0 across a restart of the sender
 1. :meth:`AgentHandover.begin`, when the shutdown begins: every registered agent gets a
    ``DAEMON_STOPPING`` notice (no ``corr``). A client then stops sending (it holds its qos-0
    sends) and registers again; this daemon refuses that ``register`` with ``DAEMON_STOPPING``
-   and notes the connection as *answered* (:meth:`AgentHandover.answered`): the socket is a
-   FIFO pipe, so everything that agent sent before has been read (qos-0 messages are refused
-   ``NOT_REGISTERED`` while stopping, and the client holds those too).
+   (:meth:`AgentHandover.answered`): the socket is a FIFO pipe both ways, so everything that
+   agent sent before has been read (qos-0 messages are refused ``NOT_REGISTERED`` while
+   stopping, and the client holds those too), and once the client registers a second time it
+   has read that refusal, hence every refusal before it: the connection has *answered*.
 2. :meth:`AgentHandover.finish`, at the sockets step: wait until every notified agent that is
    still registered has answered (at most ``STOP_GRACE`` seconds), read what is left on the
    socket (the last drain), and wait until the answer lane has handed over every answer (at
@@ -58,6 +59,9 @@ STOP_RETRY_AFTER = 0.2
 START_SETTLE = 2.0
 """Seconds after the agent socket is bound at most before registrations are answered (normally
 they are at READY; a plugin that registers an agent during start-up waits no longer than this)."""
+ANSWER_ROUNDS = 2
+"""``register`` messages that make a connection answered: the second proves the client read the
+refusal of the first, and so every answer queued before it."""
 DEFER_MAX = 1000
 """Registrations kept for READY at most; past it a ``register`` is answered at once."""
 DRAIN_MAX = 100_000
@@ -76,7 +80,7 @@ class AgentHandover:
         #: Registers a connection (``rid``, ``id``, frames): LocalAgents' register path.
         self.register = register
         self.notified: set[bytes] = set()
-        self._answered: set[bytes] = set()
+        self._answered: Counter[bytes] = Counter()  # rid -> registers while stopping
         self.starting = False
         self._deferred: list[tuple[bytes, Any, list[bytes]]] = []
         self._settle: asyncio.TimerHandle | None = None
@@ -132,7 +136,7 @@ class AgentHandover:
 
     def answered(self, rid: bytes, msg_id: Any) -> None:
         """A ``register`` while stopping: what that connection sent before is read. Refuse it."""
-        self._answered.add(rid)
+        self._answered[rid] += 1
         self.link.send_error(rid, msg_id, P.ErrorCode.DAEMON_STOPPING,
                              "the daemon is stopping: register again with the next one",
                              retry_after=STOP_RETRY_AFTER)
@@ -140,7 +144,7 @@ class AgentHandover:
     def unanswered(self) -> list[bytes]:
         """Notified connections still registered that have not answered yet."""
         return [rid for rid in self.notified
-                if rid not in self._answered and rid in self.directory.local_by_rid]
+                if self._answered[rid] < ANSWER_ROUNDS and rid in self.directory.local_by_rid]
 
     async def finish(self, sock: zmq.Socket[Any] | None, on_agent: Callable[[list[bytes]], None],
                      grace: float = STOP_GRACE) -> None:

@@ -151,6 +151,8 @@ def test_the_stop_notice_goes_to_every_agent_and_a_register_answers_it() -> None
     assert sorted(link.errors) == [(r, None, P.ErrorCode.DAEMON_STOPPING) for r in (b"a", b"b", b"c")]
     handover.answered(b"a", "reg-1")
     assert link.errors[-1] == (b"a", "reg-1", P.ErrorCode.DAEMON_STOPPING)
+    assert b"a" in handover.unanswered()  # it has not read that refusal yet
+    handover.answered(b"a", "reg-2")  # now it has: and every answer queued before it
     del directory.local_by_rid[b"b"]  # it left: nothing to wait for
     assert handover.unanswered() == [b"c"]
 
@@ -160,7 +162,8 @@ def test_finish_waits_for_answers_and_drains_the_socket_in_bounds() -> None:
         handover, _, _, _ = _handover([b"a", b"slow"])
         handover.begin()
         loop = asyncio.get_running_loop()
-        loop.call_later(0.01, handover.answered, b"a", "r")
+        loop.call_later(0.01, handover.answered, b"a", "r1")
+        loop.call_later(0.02, handover.answered, b"a", "r2")
         await handover.finish(None, lambda frames: None, grace=0.2)
         assert handover.unanswered() == [b"slow"]  # the grace passed: counted, not waited for
         assert handover.stats["stop_unanswered"] == 1
