@@ -17,15 +17,16 @@ stop runs in this order (docs/DELIVERY.md, "qos 0 across a restart of the sender
    most ``STOP_GRACE`` more). Then node.py closes the socket.
 
 When the next daemon starts, agents register again before it has met its peers, and what they
-held would bounce ``NO_SUCH_AGENT``. So while the daemon starts (from the sockets step,
-:meth:`AgentHandover.hold_registrations`, until READY, at most ``START_SETTLE`` seconds), a
+held would bounce ``NO_SUCH_AGENT`` or ``PEER_UNREACHABLE``. So while the daemon starts (from the
+sockets step, :meth:`AgentHandover.hold_registrations`, until READY and every peer it knows is
+online both ways or gone (:func:`peers_settled`), at most ``START_SETTLE`` seconds), a
 ``register`` waits (:meth:`AgentHandover.defer`) and is answered then
 (:meth:`AgentHandover.open_registrations`); the daemons' own system agent registers at once.
 
 Owns: the set of notified connections (at most the registered agents), the two bounded waits,
 and the registrations deferred during start-up (at most ``DEFER_MAX``; past it, at once).
 Must not touch: routing decisions (drained frames go to the router's ``on_agent``), the agent
-records (it reads the directory), peers, the outbox.
+records (it reads the directory), peers (it reads their states), the outbox.
 """
 
 from __future__ import annotations
@@ -35,19 +36,20 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from . import protocol as P
 from .directory import Directory
+from .liveness import PeerState
 from .tools.names import SYSTEM_PREFIX
 
 if TYPE_CHECKING:
     from .agents import AgentLink
 
-__all__ = ["START_SETTLE", "STOP_GRACE", "AgentHandover"]
+__all__ = ["START_SETTLE", "STOP_GRACE", "AgentHandover", "peers_settled"]
 
 log = logging.getLogger("meshd.node")
 
@@ -69,6 +71,13 @@ DRAIN_MAX = 100_000
 _POLL = 0.005
 
 
+def peers_settled(peers: Iterable[Any]) -> bool:
+    """Every peer known (``meshd.peers.Peer`` records) is online both ways, or offline with no
+    connection up: none half-way (greeted but one-way or stale, or connected and not greeted)."""
+    return all(p.state is PeerState.ONLINE or (p.state is PeerState.OFFLINE and not p.link_up)
+               for p in peers)
+
+
 class AgentHandover:
     """The stopping daemon's hand-over of its local agents (see the module docstring)."""
 
@@ -84,13 +93,29 @@ class AgentHandover:
         self.starting = False
         self._deferred: list[tuple[bytes, Any, list[bytes]]] = []
         self._settle: asyncio.TimerHandle | None = None
+        self._check: asyncio.TimerHandle | None = None
+        self._settled: Callable[[], bool] | None = None
 
     # ------------------------------------------------------------------ start-up
 
-    def hold_registrations(self, settle: float = START_SETTLE) -> None:
-        """The daemon starts: answer registrations at READY, or ``settle`` seconds from now."""
+    def hold_registrations(self, settle: float = START_SETTLE,
+                           settled: Callable[[], bool] | None = None) -> None:
+        """The daemon starts: answer registrations at READY once ``settled()`` (the peers), or
+        ``settle`` seconds from now, whichever is first."""
         self.starting = True
+        self._settled = settled
         self._settle = asyncio.get_running_loop().call_later(settle, self.open_registrations)
+
+    def ready(self) -> None:
+        """READY: open registrations once the peers are settled (checked every 20 ms; the settle
+        time bounds it)."""
+        self._check = None
+        if not self.starting:
+            return
+        if self._settled is None or self._settled():
+            self.open_registrations()
+            return
+        self._check = asyncio.get_running_loop().call_later(4 * _POLL, self.ready)
 
     def defer(self, rid: bytes, msg_id: Any, frames: list[bytes]) -> bool:
         """While starting, keep a ``register`` for :meth:`open_registrations` (True). The system
@@ -105,12 +130,17 @@ class AgentHandover:
         self.stats["registrations_deferred"] += 1
         return True
 
+    def _stop_timers(self) -> None:
+        for timer in (self._settle, self._check):
+            if timer is not None:
+                timer.cancel()
+        self._settle = self._check = None
+
     def open_registrations(self) -> None:
-        """READY (or the settle time passed): answer the deferred registrations, in order."""
+        """READY and settled (or the settle time passed): answer the deferred registrations, in
+        order."""
         self.starting = False
-        if self._settle is not None:
-            self._settle.cancel()
-            self._settle = None
+        self._stop_timers()
         deferred, self._deferred = self._deferred, []
         for rid, msg_id, frames in deferred:
             self.register(rid, msg_id, frames)
@@ -120,9 +150,7 @@ class AgentHandover:
     def begin(self) -> None:
         """Tell every registered agent that this daemon is stopping (and refuse the registrations
         still deferred, if it stops before READY)."""
-        if self._settle is not None:
-            self._settle.cancel()
-            self._settle = None
+        self._stop_timers()
         self.starting = False
         deferred, self._deferred = self._deferred, []
         for rid, msg_id, _ in deferred:

@@ -54,6 +54,7 @@ from .directory import Directory
 from .discovery import Discovery, default_interfaces
 from .doctor import daemon_report
 from .errors import StartupError, StateFileError
+from .handover import peers_settled
 from .liveness import PeerState
 from .logonce import LogOnce
 from .outcomes import Outcomes
@@ -337,7 +338,8 @@ class Node:
         self.qos.router, self.qos.link = self.routing, link
         self.qos.peer_table, self.qos.directory = self.peer_table, self.directory
         self.local_agents.admin = self.admin
-        self.local_agents.handover.hold_registrations()  # answered at READY (meshd/handover.py)
+        self.local_agents.handover.hold_registrations(  # answered at READY (meshd/handover.py)
+            settled=lambda: peers_settled(self.peer_table))
         self.admin.router = self.routing
         self.admin.doctor = lambda: daemon_report(self.settings, self.interfaces, self.peer_table,
                                                   {"router": self.router_port, "pub": self.pub_port})
@@ -397,7 +399,7 @@ class Node:
         self.system = SystemAgent(self, self._system_token)
         await self.system.start()
         self.ready.set()
-        self.local_agents.handover.open_registrations()
+        self.local_agents.handover.ready()
         self.notifier.ready(self.status_line())
         self._timer(self.timer_loops.status_loop, "meshd-status")
 

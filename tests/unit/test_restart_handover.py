@@ -12,7 +12,8 @@ import pytest
 from meshd import protocol as P
 from meshd import resend
 from meshd.errors import DaemonStopping, DaemonUnreachable, MeshError, NameTaken
-from meshd.handover import DEFER_MAX, AgentHandover
+from meshd.handover import DEFER_MAX, AgentHandover, peers_settled
+from meshd.liveness import PeerState
 from meshd.resend import RESEND_WINDOW, ResendHold
 from meshd.testing import async_wait_until
 
@@ -209,4 +210,38 @@ def test_a_stop_before_ready_refuses_the_deferred_registrations() -> None:
         handover.begin()
         assert registered == [] and link.errors == [(b"p", "1", P.ErrorCode.DAEMON_STOPPING)]
         assert not handover.starting
+    asyncio.run(run())
+
+
+class FakePeer:
+    def __init__(self, state: PeerState, link_up: bool = False) -> None:
+        self.state = state
+        self.link_up = link_up
+
+
+def test_peers_settled_means_none_half_way() -> None:
+    assert peers_settled([])
+    assert peers_settled([FakePeer(PeerState.ONLINE), FakePeer(PeerState.OFFLINE)])  # a dead record
+    assert not peers_settled([FakePeer(PeerState.ONE_WAY)])  # greeted, not confirmed yet
+    assert not peers_settled([FakePeer(PeerState.STALE)])
+    assert not peers_settled([FakePeer(PeerState.OFFLINE, link_up=True)])  # connected, no HELLO yet
+
+
+def test_ready_waits_for_the_peers_within_the_settle_time() -> None:
+    async def run() -> None:
+        handover, _, _, registered = _handover([])
+        peers = [FakePeer(PeerState.ONE_WAY)]
+        handover.hold_registrations(settle=60, settled=lambda: peers_settled(peers))
+        assert handover.defer(b"p", "1", _register_frames("producer"))
+        handover.ready()
+        await asyncio.sleep(0.05)
+        assert registered == [] and handover.starting  # READY, but a peer is half-way
+        peers[0].state = PeerState.ONLINE
+        await async_wait_until(lambda: registered == [(b"p", "1")], timeout=5, what="registered")
+
+        handover, _, _, registered = _handover([])
+        handover.hold_registrations(settle=0.05, settled=lambda: False)  # a peer that never settles
+        assert handover.defer(b"q", "2", _register_frames("producer"))
+        handover.ready()
+        await async_wait_until(lambda: registered == [(b"q", "2")], timeout=5, what="settle time")
     asyncio.run(run())
