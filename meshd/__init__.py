@@ -14,6 +14,7 @@ from .client import DEFER, Agent, BlockingAgent, HandoffResult, Message
 from .errors import (
     Cancelled,
     ConfigError,
+    DaemonStopping,
     DaemonUnreachable,
     HandlerError,
     HopLimit,
@@ -42,6 +43,7 @@ __all__ = [
     "BlockingAgent",
     "Cancelled",
     "ConfigError",
+    "DaemonStopping",
     "DaemonUnreachable",
     "HandlerError",
     "HandoffResult",

@@ -25,6 +25,7 @@ from . import transport
 from .config import Settings
 from .dirdelta import DirectoryUpdates
 from .directory import Directory, LocalAgent, topic_cost
+from .handover import AgentHandover
 from .liveness import PeerState, next_state
 from .peers import PeerTable
 from .plugins import PluginHost
@@ -122,6 +123,11 @@ class AgentLink:
         if self._backlog:
             self._schedule_flush()
 
+    @property
+    def backlog_empty(self) -> bool:
+        """No answer waits for any connection."""
+        return not self._backlog
+
     def forget(self, rid: bytes) -> None:
         """The connection left: drop what waited for it."""
         self._backlog.pop(rid, None)
@@ -156,6 +162,8 @@ class LocalAgents:
         self.stats = stats
         self.node_info = node_info
         self.stopping = False
+        #: Telling agents that this daemon stops, and waiting for their answers (meshd/handover.py).
+        self.handover = AgentHandover(link, directory, stats, register=self.register_later)
         self.qos: Qos1Driver
         self.updates: DirectoryUpdates
         self.admin: Admin
@@ -178,6 +186,11 @@ class LocalAgents:
                     self.directory_changed(agent)  # peers show agent states too
             return
         if kind == Kind.REGISTER:
+            if self.stopping:  # the answer to the stop notice: refused, the next daemon registers it
+                self.handover.answered(rid, msg_id)
+                return
+            if self.handover.defer(rid, msg_id, frames):  # starting: answered at READY
+                return
             self.register(rid, agent, msg_id, frames)
             return
         if kind == Kind.ACK:
@@ -226,6 +239,10 @@ class LocalAgents:
         else:
             self.unsubscribe(agent, str(topic))
         self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id})
+
+    def register_later(self, rid: bytes, msg_id: Any, frames: list[bytes]) -> None:
+        """A registration deferred while the daemon started (meshd/handover.py)."""
+        self.register(rid, self.directory.local_by_rid.get(rid), msg_id, frames)
 
     def register(self, rid: bytes, agent: LocalAgent | None, msg_id: Any, frames: list[bytes]) -> None:
         try:

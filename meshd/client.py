@@ -194,6 +194,7 @@ class Agent:
             await self._control({P.KIND: Kind.UNREGISTER}, timeout=1.0)
         self._closed = True
         self._dispatch.cancel_all()
+        self._resend.release(DaemonUnreachable("the agent closed before its daemon came back"))
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(DaemonUnreachable("agent closed"))
@@ -249,6 +250,10 @@ class Agent:
             header[P.HEADERS] = headers
         data = self._payload(payload)
         if qos == 0:
+            if self._resend.holding:  # the daemon is restarting: sent once registered again
+                self._require_loop()
+                if await self._resend.hold_new(msg_id, ((P.TO, to, 0), header, data)):
+                    return msg_id
             self._enqueue((P.TO, to, 0), header, data)
             self._resend.remember(msg_id, ((P.TO, to, 0), header, data))
             await self._backpressure()

@@ -55,6 +55,7 @@ from .directory import Directory
 from .discovery import Discovery, default_interfaces
 from .doctor import daemon_report
 from .errors import StartupError, StateFileError
+from .handover import peers_settled
 from .liveness import PeerState
 from .logonce import LogOnce
 from .outcomes import Outcomes
@@ -343,6 +344,8 @@ class Node:
         self.qos.peer_table, self.qos.directory = self.peer_table, self.directory
         self.local_agents.admin = self.admin
         self.local_agents.updates, self.dir_updates.evict = self.dir_updates, self.local_agents.evict
+        self.local_agents.handover.hold_registrations(  # answered at READY (meshd/handover.py)
+            settled=lambda: peers_settled(self.peer_table))
         self.admin.router = self.routing
         self.admin.doctor = lambda: daemon_report(self.settings, self.interfaces, self.peer_table,
                                                   {"router": self.router_port, "pub": self.pub_port})
@@ -402,6 +405,7 @@ class Node:
         self.system = SystemAgent(self, self._system_token)
         await self.system.start()
         self.ready.set()
+        self.local_agents.handover.ready()
         self.notifier.ready(self.status_line())
         self._timer(self.timer_loops.status_loop, "meshd-status")
 
@@ -436,6 +440,7 @@ class Node:
         local_agents = getattr(self, "local_agents", None)
         if local_agents is not None:
             local_agents.stopping = True
+            local_agents.handover.begin()  # DAEMON_STOPPING to each agent: it holds its sends
         routing = getattr(self, "routing", None)
         if routing is not None:
             routing.stopping = True
@@ -472,7 +477,8 @@ class Node:
             await self._discovery.stop()
 
     async def _stop_sockets(self) -> None:
-        self._drain_agent_socket()
+        if getattr(self, "local_agents", None) is not None:  # read the agents' last words, answer them
+            await self.local_agents.handover.finish(self.agents_sock, self.routing.on_agent)
         if self._reactor is not None:
             self._reactor.close()
         if self.store is not None:
@@ -496,24 +502,6 @@ class Node:
         if self._socket_bound:  # never remove another daemon's socket after a failed start
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
-
-    def _drain_agent_socket(self) -> None:
-        """Route what agents sent and we have not read yet, so closing the socket loses none of
-        it (a qos-0 send in that buffer used to vanish with no word to its sender)."""
-        sock, routing = self.agents_sock, getattr(self, "routing", None)
-        if sock is None or routing is None:
-            return
-        drained = 0
-        with contextlib.suppress(zmq.ZMQError):
-            while drained < 100_000:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-                drained += 1
-                try:
-                    routing.on_agent(frames)
-                except Exception:
-                    log.exception("routing a message drained at shutdown failed")
-        if drained:
-            log.info("routed %d message(s) agents sent just before the shutdown", drained)
 
     async def _stop_workers(self) -> None:
         self.notifier.close()

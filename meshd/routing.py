@@ -148,6 +148,7 @@ class Router:
             self.peer_table.on_control(rid, peer, header, frames)
             return
         if peer is None or not peer.greeted:
+            self.stats["dropped_data_before_hello"] += 1  # of dropped_before_hello: not control
             self.peer_table.unknown_sender(peer or self.peer_table.claimed(rid))
             return
         self.peer_table.heard_from(peer)
