@@ -18,7 +18,7 @@ from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_lis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from embedded_agents import EmbeddedProcess
-from qos_agents import QOS_ENV, count_lines, read_confirmed, read_handled
+from qos_agents import QOS_ENV, Stream, check, count_lines, read_confirmed, read_handled
 
 FAST = ["--interface", "127.0.0.1", "--heartbeat-interval", "0.25", "--stale-after", "1",
         "--offline-after", "2", "--no-http"]
@@ -126,6 +126,30 @@ def test_embedded_node_killed_with_units_in_its_outbox_delivers_them_after_resta
                 rx.send_signal(signal.SIGCONT)
                 rx.terminate()
                 rx.wait(5)
+
+
+def test_embedded_receiver_killed_mid_unit_restarts_and_loses_nothing(meshd_factory: MeshdFactory) -> None:
+    """kill -9 of the embedded receiving process from inside its handler (a unit half handled,
+    not acked), restarted on its state dir: the daemon's outbox delivers the rest, the embedded
+    node's seen-set keeps handled units from running again; nothing is lost."""
+    a = meshd_factory.spawn("a", env=QOS_ENV)
+    work = meshd_factory.workdir
+    role = ["receiver", "--name", "rx", "--out", str(work / "handled.txt")]
+    e = spawn_embedded(meshd_factory, "e", [*role, "--kill-at", "505"], env=QOS_ENV)
+    meshd_factory.wait_mesh([a, e])
+    stream = Stream(a, e, work)  # the sending agent on a; "rx" is e's in-process agent
+    try:
+        stream.start_sender()
+        assert e.proc is not None
+        e.proc.wait(30)  # the handler of message 505 kills its own process, node and all
+        killed_at = count_lines(stream.recv_out)
+        e.role = role
+        e.start()
+        stats = stream.finish("kill -9 embedded receiving process (mid-unit)")
+        print(f"  (killed after {killed_at} handler runs)")
+        check(stats, 2000 // 100)
+    finally:
+        stream.cleanup()
 
 
 def test_curve_keys_mode_between_embedded_node_and_daemon(meshd_factory: MeshdFactory) -> None:
