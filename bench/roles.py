@@ -344,6 +344,8 @@ def raw_relay(cfg: Cfg) -> None:
 def _agent(cfg: Cfg) -> Agent:
     from meshd.client import Agent
 
+    if "_node" in cfg:  # roles_embedded.py: the node runs in this process; attach in-process
+        return Agent(cfg["name"], embedded=cfg["_node"])
     return Agent(cfg["name"], socket=cfg["socket"])
 
 
@@ -815,6 +817,10 @@ def run_role(name: str, cfg: Cfg) -> None:
     wait themselves. Every socket made by zsocket is closed on the way out."""
     if name in ROLES:
         role = ROLES[name]
+    elif name.startswith("emb_"):  # an agent with its node embedded (roles_embedded.py)
+        from roles_embedded import EMBEDDED_ROLES
+
+        role = EMBEDDED_ROLES[name]
     else:  # NATS, Zenoh, raw PUB/SUB (imported only by the helpers that need them)
         from roles_peers import PEER_ROLES
 
