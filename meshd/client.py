@@ -257,7 +257,8 @@ class Agent:
         data = self._payload(payload)
         if qos == 0:
             self._enqueue((P.TO, to, 0), header, data)
-            self._resend.remember(msg_id, ((P.TO, to, 0), header, data))
+            if self.embedded is None:  # an embedded node never restarts under its agent
+                self._resend.remember(msg_id, ((P.TO, to, 0), header, data))
             await self._backpressure()
             return msg_id
         loop = self._require_loop()

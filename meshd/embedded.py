@@ -50,6 +50,12 @@ DELIVER_BUDGET = 256
 """Frame sets handed to one in-process agent per loop turn; the rest wait for the next turn, so a
 busy agent cannot starve the node's sockets and timers."""
 
+ROUTE_BUDGET = 16
+"""Frame sets (a batch is one) an in-process agent may hand the node per loop turn; past it the
+connection says ``zmq.Again`` like a DEALER at its high-water mark, so the client queues (and
+batches) and a plain ``await send(...)`` loop yields to the loop: the node's heartbeats, acks and
+replies keep running in the same loop."""
+
 FrameHandler = Callable[[list[bytes]], None]
 
 
@@ -67,6 +73,7 @@ class InProcessConnection:
         self._loop = loop
         self._queue: deque[list[bytes]] = deque()
         self._scheduled = False
+        self._routed = 0  # frame sets handed to the node in this loop turn
 
     def __len__(self) -> int:
         """Frame sets queued for the agent and not handed to it yet."""
@@ -78,7 +85,15 @@ class InProcessConnection:
         """The agent sends ``[signature, header, payload]``: the node routes it now."""
         if self.closed:
             raise zmq.ZMQError(zmq.ENOTSOCK)
+        if self._routed >= ROUTE_BUDGET:
+            raise zmq.Again()  # the client's SendQueue retries on the next loop turn
+        if not self._routed:
+            self._loop.call_soon(self._new_turn)
+        self._routed += 1
         self._sockets.from_agent(self.rid, frames)
+
+    def _new_turn(self) -> None:
+        self._routed = 0
 
     def close(self, linger: int | None = None) -> None:
         """The agent left: the node forgets this connection (and probes, as for a closed socket)."""
