@@ -13,7 +13,8 @@ daemon) and attaches its agent in-process. Roles:
   request ``relay`` (payload ``{"to": AGENT}``): requests ``echo`` of AGENT, sends it ``note``,
   publishes ``news2`` with ``reach=True``, and returns ``{"reply": ..., "reach": n}``.
 * ``sender`` / ``receiver``: tests/integration/qos_agents.py's qos-1 roles (same options, minus
-  ``--socket``), with the agent attached to this process's embedded node.
+  ``--socket``; ``--kill-at`` kills this process), with the agent attached to this process's
+  embedded node; the receiver registers its handler before it connects.
 
 The ``EmbeddedProcess`` class at the end runs this script with ``meshd.testing.MeshdProcess``'s
 conveniences (``query`` over the node's agent socket, ``wait_ready``, keys, ``kill``).
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -83,18 +85,44 @@ async def echo(node: EmbeddedNode, args: argparse.Namespace) -> int:
     return 0
 
 
-async def qos_role(node: EmbeddedNode, role: str, args: argparse.Namespace) -> int:
+async def receiver(node: EmbeddedNode, args: argparse.Namespace) -> int:
+    """qos_agents.py's receiver, with its handler registered before the agent connects (as
+    docs/embedded.md asks: units waiting in a peer's outbox can arrive at once, and a qos-1 unit
+    on a topic with no handler yet would be acked and dropped by the client)."""
+    agent = node.agent(args.name, heartbeat_interval=args.heartbeat)
+    out = open(args.out, "a", buffering=1)  # noqa: SIM115, ASYNC230 - line buffered: one write per run
+    kill_pending = args.kill_at >= 0
+
+    @agent.on("job")
+    def job(msg: Any) -> None:
+        nonlocal kill_pending
+        p = msg.payload
+        out.write(f"{p['i']} {p.get('a', 0)} {msg.id}\n")
+        out.flush()
+        if kill_pending and p["i"] >= args.kill_at:
+            kill_pending = False  # kill -9 right after this handler ran: its unit is not acked
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    await agent.connect()
+    Path(args.out + ".ready").write_text(f"{agent.node}\n")  # noqa: ASYNC240 - once, tiny
+    await _until_stopped(args.max_seconds)
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(agent.close(), 3)
+    out.close()
+    return 0
+
+
+async def qos_sender(node: EmbeddedNode, args: argparse.Namespace) -> int:
     sys.path.insert(0, str(HERE))
-    import qos_agents  # the qos-1 fault tests' agent roles
+    import qos_agents  # the qos-1 fault tests' sender role
 
     async def connect(args: argparse.Namespace, deadline: float) -> Agent:
         agent = node.agent(args.name, heartbeat_interval=args.heartbeat)
         await agent.connect()
         return agent
 
-    qos_agents._connect = connect  # type: ignore[assignment] - the same roles, attached in-process
-    run = qos_agents.receiver if role == "receiver" else qos_agents.sender
-    return int(await run(args))
+    qos_agents._connect = connect  # type: ignore[assignment] - the same role, attached in-process
+    return int(await qos_agents.sender(args))
 
 
 async def amain(role: str, args: argparse.Namespace, flags: list[str]) -> int:
@@ -104,7 +132,7 @@ async def amain(role: str, args: argparse.Namespace, flags: list[str]) -> int:
             return 0
         if role == "echo":
             return await echo(node, args)
-        return await qos_role(node, role, args)
+        return await (receiver(node, args) if role == "receiver" else qos_sender(node, args))
 
 
 def main() -> int:
