@@ -40,6 +40,7 @@ import zmq
 from . import transport
 from .client import Agent
 from .config import Settings, load_settings
+from .errors import DaemonUnreachable
 from .node import Node
 
 __all__ = ["AgentSockets", "EmbeddedNode", "InProcessConnection", "embedded"]
@@ -83,8 +84,8 @@ class InProcessConnection:
 
     def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
         """The agent sends ``[signature, header, payload]``: the node routes it now."""
-        if self.closed:
-            raise zmq.ZMQError(zmq.ENOTSOCK)
+        if self.closed:  # the node stopped (or the agent closed): a typed error, not a zmq one
+            raise DaemonUnreachable("the embedded node this agent was attached to has stopped")
         if self._routed >= ROUTE_BUDGET:
             raise zmq.Again()  # the client's SendQueue retries on the next loop turn
         if not self._routed:
@@ -257,8 +258,6 @@ class EmbeddedNode(Node):
         """A new in-process connection for an ``Agent`` (``Agent.connect`` calls this): frame sets
         for it go to ``on_frames``; it takes the place of the agent's DEALER."""
         if self.agent_sockets is None or self._stopping:
-            from .errors import DaemonUnreachable
-
             raise DaemonUnreachable("the embedded node is not running (start it first)")
         if asyncio.get_running_loop() is not self._agent_loop:
             raise RuntimeError("attach the agent from the embedded node's own event loop")

@@ -7,14 +7,26 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
-from meshd import Agent
-from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed, wait_until
+import pytest
+
+from meshd import Agent, EmbeddedNode
+from meshd.errors import DaemonUnreachable
+from meshd.testing import (
+    MeshdFactory,
+    MeshdProcess,
+    async_wait_until,
+    short_tempdir,
+    wait_listed,
+    wait_until,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from embedded_agents import EmbeddedProcess
@@ -192,3 +204,32 @@ def test_embedded_node_refuses_a_daemon_it_does_not_trust(meshd_factory: MeshdFa
     meshd_factory.wait_mesh([e, x])  # e is a working keys-mode node with the peer it trusts...
     assert d.node_id not in online(e) and e.node_id not in online(d)  # ...and d gets nothing in
     assert e.query("node")["auth"]
+
+
+def test_an_agent_of_a_stopped_embedded_node_gets_a_typed_error() -> None:
+    """A real EmbeddedNode (no discovery, loopback, plaintext): stopped under its agent, the agent's
+    next send raises DaemonUnreachable, and a new agent cannot attach."""
+    short = short_tempdir()  # ipc socket paths are limited to 107 bytes
+
+    async def run() -> None:
+        node = EmbeddedNode.from_config(name="u", mesh=f"t{uuid.uuid4().hex[:12]}", interfaces=["127.0.0.1"],
+                                        insecure=True, discovery=False, http=False,
+                                        state_dir=short / "state", socket=short / "s.sock",
+                                        environ={})
+        async with node:
+            me = node.agent("solo")
+            got: list[Any] = []
+            me.on("t")(lambda msg: got.append(msg.payload))
+            await me.connect()
+            await me.send("solo", "t", {"n": 1})  # to itself, through the node's routing
+            await async_wait_until(lambda: got, what="the send handled")
+            assert got == [{"n": 1}]
+        with pytest.raises(DaemonUnreachable):
+            await me.send("solo", "t", {"n": 2})
+        with pytest.raises(DaemonUnreachable):
+            await node.agent("late").connect()
+        await me.close()
+    try:
+        asyncio.run(run())
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
