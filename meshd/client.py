@@ -596,7 +596,10 @@ class Agent:
                 if deadline < now:
                     self._expire_control(msg_id)
             if self.auto_heartbeat:
-                self.heartbeat()
+                try:
+                    self.heartbeat()
+                except DaemonUnreachable:  # an embedded node that stopped: calls raise it too
+                    return
 
 
 # BlockingAgent lives in meshd/blocking.py (a thread around an Agent); imported last because it

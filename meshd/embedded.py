@@ -283,6 +283,8 @@ class EmbeddedNode(Node):
         super()._build(cast("zmq.Socket[Any]", sockets), reactor)
         sockets.on_agent = self.routing.on_agent
         sockets.on_detached = self.local_agents.probe
+        # In-process agents are not told to re-register elsewhere: no node takes over from this one.
+        self.local_agents.handover.stays_attached = sockets.__contains__
 
     async def _start_sockets(self) -> None:
         await super()._start_sockets()

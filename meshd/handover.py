@@ -95,6 +95,8 @@ class AgentHandover:
         self._settle: asyncio.TimerHandle | None = None
         self._check: asyncio.TimerHandle | None = None
         self._settled: Callable[[], bool] | None = None
+        #: Connections not told or waited for: an embedded node's in-process agents stop with it.
+        self.stays_attached: Callable[[bytes], bool] = lambda rid: False
 
     # ------------------------------------------------------------------ start-up
 
@@ -156,6 +158,8 @@ class AgentHandover:
         for rid, msg_id, _ in deferred:
             self.answered(rid, msg_id)
         for rid in list(self.directory.local_by_rid):
+            if self.stays_attached(rid):
+                continue
             self.notified.add(rid)
             self.link.send_error(rid, None, P.ErrorCode.DAEMON_STOPPING,
                                  "the daemon is stopping: hold qos-0 sends and register again with the "
