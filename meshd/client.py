@@ -35,6 +35,7 @@ import zmq
 
 from . import protocol as P
 from .batching import Batcher, BatchKey
+from .call_slots import CallSlots
 from .client_incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
 from .client_incoming import Incoming
 from .dispatch import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
@@ -45,6 +46,7 @@ from .errors import (
     TooLarge,
     ValidationFailed,
 )
+from .handler_slots import DEFAULT_MAX_CONCURRENT_HANDLERS, HandlerSlots
 from .logonce import LogOnce
 from .paths import find_agent_socket
 from .payloads import encode_payload
@@ -95,6 +97,7 @@ class Agent:
         batch_max: int = 64,
         max_payload_bytes: int = P.DEFAULT_MAX_PAYLOAD_BYTES,
         auto_heartbeat: bool = True,
+        max_concurrent_handlers: int = DEFAULT_MAX_CONCURRENT_HANDLERS,
     ) -> None:
         if not P.valid_name(name):
             raise ValidationFailed(f"invalid agent name {name!r}: 1-128 printable characters, no '@'")
@@ -131,6 +134,12 @@ class Agent:
                                     schedule=self._call_soon, closed=lambda: self._closed)
         self._log_once = LogOnce(log, capacity=64)
         self._incoming = Incoming(self)  # frame sets from the daemon (meshd/client_incoming.py)
+        # Calls awaiting answers (at most in_flight_max) and handlers suspended (at most
+        # max_concurrent_handlers): meshd/call_slots.py and meshd/handler_slots.py.
+        self._calls = CallSlots(on_busy_change=lambda: self._handler_slots.check_reading())
+        self._handler_slots = HandlerSlots(self._dispatch, max_concurrent_handlers, push=self._push,
+                                           enqueue=self._enqueue, reading=self._reading,
+                                           awaiting_answers=self._awaiting)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sock: zmq.Socket[Any] | None = None
         self._reactor: Reactor | None = None
@@ -175,6 +184,8 @@ class Agent:
             self.node = info.get("node")
             self.node_name = info.get("node_name")
             self._window.fit_daemon(info.get("in_flight_max"))
+            self._handler_slots.fit_daemon(info.get("inbox_cap"))
+            self._calls.fit_daemon(info.get("in_flight_max"), self._window.size)
 
     async def close(self) -> None:
         """Unregister (best effort) and release the socket. Idempotent."""
@@ -190,6 +201,8 @@ class Agent:
             await self._control({P.KIND: Kind.UNREGISTER}, timeout=1.0)
         self._closed = True
         self._dispatch.cancel_all()
+        self._calls.fail_waiting(DaemonUnreachable("agent closed"))
+        self._handler_slots.parked.clear()  # never run now (qos-1 ones: not acked, sent again)
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(DaemonUnreachable("agent closed"))
@@ -250,6 +263,7 @@ class Agent:
             await self._backpressure()
             return msg_id
         loop = self._require_loop()
+        await self._call_slot(CONTROL_TIMEOUT * 2)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
         # No timer per message (qos-1 sends come in thousands): the heartbeat loop sweeps.
@@ -261,6 +275,7 @@ class Agent:
         finally:
             self._pending.pop(msg_id, None)
             self._expiring.pop(msg_id, None)
+            self._calls.give_back()
 
     async def request(self, to: str, topic: str, payload: Any = None, *,
                       timeout: float = DEFAULT_REQUEST_TIMEOUT,
@@ -275,11 +290,14 @@ class Agent:
             raise ValidationFailed("timeout must be a positive number of seconds")
         loop = self._require_loop()
         msg_id = P.new_request_id()
-        header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic,
-                                  P.BUDGET: P.budget_ms(timeout)}  # a duration, never a clock reading
+        header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic}
         if headers:
             header[P.HEADERS] = headers
         data = self._payload(payload)
+        if not self._calls.try_take():  # in_flight_max calls await answers: wait for room, in order
+            timeout -= await self._call_slot(timeout, RequestTimeout(f"no reply from {to!r} on "
+                                             f"{topic!r} within {timeout:g} s (not sent: no room)"))
+        header[P.BUDGET] = P.budget_ms(timeout)  # a duration, never a clock reading
         return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
                                        lambda: self._enqueue((P.TO, to, 0), header, data))
 
@@ -301,6 +319,7 @@ class Agent:
             timer.cancel()
             self._pending.pop(msg_id, None)
             self._progress_cbs.pop(msg_id, None)
+            self._calls.give_back()
 
     async def reply(self, msg: Message, payload: Any = None, *, status: str | None = None) -> None:
         """Answer a request later (its handler returned ``DEFER``); goes to the original requester."""
@@ -385,11 +404,14 @@ class Agent:
             await window.wait_pause(loop)
             window.unconfirmed.add(msg_id)
             self._enqueue((P.TOPIC, topic, 0), header, data)
+            if self._handler_slots.paused:  # its confirmation must be read
+                self._handler_slots.check_reading()
             if window.full():
                 await window.wait_room(self.socket_path)
             else:
                 await self._backpressure()
             return None
+        await self._call_slot(CONTROL_TIMEOUT)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
         # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
@@ -400,6 +422,7 @@ class Agent:
         finally:
             self._pending.pop(msg_id, None)
             self._expiring.pop(msg_id, None)
+            self._calls.give_back()
 
     async def subscribe(self, topic: str, *, durable: bool = False) -> None:
         """Receive publications on ``topic`` (idempotent).
@@ -513,6 +536,7 @@ class Agent:
         loop = self._require_loop()
         msg_id = P.new_id()
         header[P.ID] = msg_id
+        timeout -= await self._call_slot(timeout)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
         timer = loop.call_later(timeout, self._expire_control, msg_id)
@@ -523,10 +547,28 @@ class Agent:
         finally:
             timer.cancel()
             self._pending.pop(msg_id, None)
+            self._calls.give_back()
+
+    async def _call_slot(self, timeout: float, late: MeshError | None = None) -> float:
+        """A place among the calls awaiting answers (meshd/call_slots.py); the seconds waited."""
+        return await self._calls.wait(timeout, late or DaemonUnreachable(
+            f"meshd at {self.socket_path} answered none of {self._calls.used} calls within {timeout:g} s"))
 
     def _enqueue(self, key: BatchKey, header: dict[str, Any], payload: bytes) -> None:
         self._require_loop()
         self._batcher.enqueue(key, header, payload)
+
+    def _reading(self, on: bool) -> None:  # meshd/handler_slots.py pauses and resumes reading
+        if self._reactor is not None and self._sock is not None:
+            (self._reactor.resume if on else self._reactor.pause)(self._sock)
+
+    def _awaiting(self) -> bool:  # an answer is awaited: the socket must be read
+        return self._calls.used > 0 or bool(self._window.unconfirmed)
+
+    @property
+    def in_flight_max(self) -> int | None:
+        """Calls this agent keeps awaiting answers at once (docs/client.md, "Calls in flight")."""
+        return self._calls.size
 
     def _busy(self) -> bool:
         return self._sendq is not None and len(self._sendq) > 0
@@ -564,7 +606,8 @@ class Agent:
         running). The agent calls it every ``heartbeat_interval`` unless ``auto_heartbeat=False``."""
         if self._closed or self._sock is None:
             return
-        telemetry = {"queue_depth": len(self._dispatch.tasks)} | self.telemetry
+        depth = len(self._dispatch.tasks) + len(self._handler_slots.parked)
+        telemetry = {"queue_depth": depth} | self.telemetry
         self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
 
     async def _heartbeat_loop(self) -> None:
