@@ -16,6 +16,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
+from .errors import DaemonUnreachable
+
 __all__ = ["CallSlots"]
 
 
@@ -27,14 +29,15 @@ class CallSlots:
     came (or it failed or was cancelled).
     """
 
-    def __init__(self, size: int | None = None, *, on_busy_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, daemon: object = "meshd", size: int | None = None) -> None:
+        self.daemon = daemon  # named in the error a call that found no room raises
         #: None until the daemon said how many (the register call itself is never held back).
         self.size = size
         self.used = 0
         self.peak = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         #: Called when the first call goes out and when the last one is answered.
-        self._on_busy_change = on_busy_change
+        self.on_busy_change: Callable[[], None] | None = None
 
     def fit_daemon(self, in_flight_max: object, publish_window: int) -> None:
         """The register answer's ``in_flight_max``, less what the publish window may use."""
@@ -57,8 +60,8 @@ class CallSlots:
         self.used += 1
         if self.used > self.peak:
             self.peak = self.used
-        if self.used == 1 and self._on_busy_change is not None:
-            self._on_busy_change()
+        if self.used == 1 and self.on_busy_change is not None:
+            self.on_busy_change()
 
     async def take(self, timeout: float) -> bool:
         """Wait, behind every earlier waiter, for a slot; False if none came within ``timeout``."""
@@ -84,22 +87,23 @@ class CallSlots:
             if not fut.done():
                 fut.cancel()
 
-    async def wait(self, timeout: float, late: BaseException) -> float:
-        """Take a slot, waiting in order if none is free; the seconds waited. Raises ``late`` if
-        none frees up within ``timeout``."""
+    async def wait(self, timeout: float, late: BaseException | None = None) -> float:
+        """Take a slot, waiting in order if none is free; the seconds waited. Raises ``late``
+        (DaemonUnreachable if None) if none frees up within ``timeout``."""
         if self.try_take():
             return 0.0
         loop = asyncio.get_running_loop()
         start = loop.time()
         if not await self.take(timeout):
-            raise late
+            raise late or DaemonUnreachable(f"meshd at {self.daemon} answered none of {self.used} "
+                                            f"calls within {timeout:g} s")
         return loop.time() - start
 
     def give_back(self) -> None:
         self.used -= 1
         self._wake()
-        if self.used == 0 and self._on_busy_change is not None:
-            self._on_busy_change()
+        if self.used == 0 and self.on_busy_change is not None:
+            self.on_busy_change()
 
     def _wake(self) -> None:
         waiters = self._waiters

@@ -15,7 +15,9 @@ registration and heartbeats. The layers under it, like nats.py's parser apart fr
 
 Parts the ``Agent`` owns: :mod:`meshd.client_incoming` (frame sets from the daemon: answers,
 errors, work), :mod:`meshd.resend` (qos-0 sends held across a daemon restart, re-registration),
-:mod:`meshd.publish_window` (publishes awaiting confirmation).
+:mod:`meshd.publish_window` (publishes awaiting confirmation), :mod:`meshd.call_slots` (calls
+awaiting answers, within ``in_flight_max``), :mod:`meshd.handler_slots` (handlers running, within
+``max_concurrent_handlers``); :mod:`meshd.client_tools` makes the calls to the system agent.
 
 Must not touch: daemon internals; nothing here parses frames or builds batches by hand.
 """
@@ -38,6 +40,7 @@ from .batching import Batcher, BatchKey
 from .call_slots import CallSlots
 from .client_incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
 from .client_incoming import Incoming
+from .client_tools import system_request
 from .dispatch import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from .errors import (
     DaemonUnreachable,
@@ -134,12 +137,10 @@ class Agent:
                                     schedule=self._call_soon, closed=lambda: self._closed)
         self._log_once = LogOnce(log, capacity=64)
         self._incoming = Incoming(self)  # frame sets from the daemon (meshd/client_incoming.py)
-        # Calls awaiting answers (at most in_flight_max) and handlers suspended (at most
-        # max_concurrent_handlers): meshd/call_slots.py and meshd/handler_slots.py.
-        self._calls = CallSlots(on_busy_change=lambda: self._handler_slots.check_reading())
-        self._handler_slots = HandlerSlots(self._dispatch, max_concurrent_handlers, push=self._push,
-                                           enqueue=self._enqueue, reading=self._reading,
-                                           awaiting_answers=self._awaiting)
+        self._calls = CallSlots(self.socket_path)  # calls awaiting answers; then handlers running
+        self._handler_slots = HandlerSlots(self._dispatch, max_concurrent_handlers, self._calls,
+                                           push=self._push, enqueue=self._enqueue, reading=self._reading,
+                                           publishing=lambda: bool(self._window.unconfirmed))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sock: zmq.Socket[Any] | None = None
         self._reactor: Reactor | None = None
@@ -263,7 +264,7 @@ class Agent:
             await self._backpressure()
             return msg_id
         loop = self._require_loop()
-        await self._call_slot(CONTROL_TIMEOUT * 2)
+        await self._calls.wait(CONTROL_TIMEOUT * 2)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
         # No timer per message (qos-1 sends come in thousands): the heartbeat loop sweeps.
@@ -295,7 +296,7 @@ class Agent:
             header[P.HEADERS] = headers
         data = self._payload(payload)
         if not self._calls.try_take():  # in_flight_max calls await answers: wait for room, in order
-            timeout -= await self._call_slot(timeout, RequestTimeout(f"no reply from {to!r} on "
+            timeout -= await self._calls.wait(timeout, RequestTimeout(f"no reply from {to!r} on "
                                              f"{topic!r} within {timeout:g} s (not sent: no room)"))
         header[P.BUDGET] = P.budget_ms(timeout)  # a duration, never a clock reading
         return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
@@ -411,7 +412,7 @@ class Agent:
             else:
                 await self._backpressure()
             return None
-        await self._call_slot(CONTROL_TIMEOUT)
+        await self._calls.wait(CONTROL_TIMEOUT)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
         # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
@@ -469,8 +470,8 @@ class Agent:
         (or, with ``format`` = ``openai`` / ``anthropic`` / ``mcp``, the shape that API takes)."""
         from .tools.names import TOPIC_LIST
 
-        result = await self._system_request(TOPIC_LIST, {"format": format} if format else None,
-                                            CONTROL_TIMEOUT)
+        result = await system_request(self, TOPIC_LIST, {"format": format} if format else None,
+                                      CONTROL_TIMEOUT)
         return list(result or [])
 
     async def call_tool(self, name: str, args: dict[str, Any] | None = None, *,
@@ -480,26 +481,7 @@ class Agent:
         ApprovalDenied, NotWired, RequestTimeout (a held call not decided within ``timeout``)."""
         from .tools.names import TOPIC_CALL
 
-        return await self._system_request(TOPIC_CALL, {"name": name, "args": args or {}}, timeout)
-
-    async def _system_request(self, topic: str, payload: Any, timeout: float) -> Any:
-        """A request to this daemon's system agent. Just after the daemon started, its system agent
-        may not be registered yet: NO_SUCH_AGENT (nothing was delivered) is retried within
-        ``timeout``."""
-        from .errors import NoSuchAgent
-        from .tools.names import system_agent_name
-
-        end = time.monotonic() + timeout
-        delay = 0.02
-        while True:
-            try:
-                return await self.request(system_agent_name(str(self.node)), topic, payload,
-                                          timeout=max(end - time.monotonic(), 0.001))
-            except NoSuchAgent:
-                if time.monotonic() + delay >= end:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+        return await system_request(self, TOPIC_CALL, {"name": name, "args": args or {}}, timeout)
 
     # ----------------------------------------------------------------------------- internals
 
@@ -536,7 +518,7 @@ class Agent:
         loop = self._require_loop()
         msg_id = P.new_id()
         header[P.ID] = msg_id
-        timeout -= await self._call_slot(timeout)
+        timeout -= await self._calls.wait(timeout)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
         timer = loop.call_later(timeout, self._expire_control, msg_id)
@@ -549,11 +531,6 @@ class Agent:
             self._pending.pop(msg_id, None)
             self._calls.give_back()
 
-    async def _call_slot(self, timeout: float, late: MeshError | None = None) -> float:
-        """A place among the calls awaiting answers (meshd/call_slots.py); the seconds waited."""
-        return await self._calls.wait(timeout, late or DaemonUnreachable(
-            f"meshd at {self.socket_path} answered none of {self._calls.used} calls within {timeout:g} s"))
-
     def _enqueue(self, key: BatchKey, header: dict[str, Any], payload: bytes) -> None:
         self._require_loop()
         self._batcher.enqueue(key, header, payload)
@@ -561,9 +538,6 @@ class Agent:
     def _reading(self, on: bool) -> None:  # meshd/handler_slots.py pauses and resumes reading
         if self._reactor is not None and self._sock is not None:
             (self._reactor.resume if on else self._reactor.pause)(self._sock)
-
-    def _awaiting(self) -> bool:  # an answer is awaited: the socket must be read
-        return self._calls.used > 0 or bool(self._window.unconfirmed)
 
     @property
     def in_flight_max(self) -> int | None:

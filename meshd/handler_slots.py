@@ -8,8 +8,9 @@ inbox where ``inbox_cap`` applies and senders get INBOX_FULL (docs/client.md, "R
 and refusing work past ``park_max`` (INBOX_FULL, as the daemon would) when the agent must keep
 reading because its own calls await answers.
 
-Must not touch: the handlers themselves (``Dispatcher``), the socket (it is handed ``pause`` and
-``resume``), the answers and the calls waiting for them. The ``Agent`` (meshd/client.py) owns one.
+Must not touch: the handlers themselves (``Dispatcher``), the socket (it is handed ``reading``),
+the answers and the calls waiting for them (it only reads how many there are, ``CallSlots.used``,
+and is told when that leaves or reaches zero). The ``Agent`` (meshd/client.py) owns one.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from . import protocol as P
 from .batching import BatchKey, to_agent
+from .call_slots import CallSlots
 from .dispatch import Dispatcher
 from .errors import ValidationFailed
 from .protocol import Kind
@@ -44,9 +46,12 @@ Work = tuple[dict[str, Any], bytes, "str | None"]
 class HandlerSlots:
     """Running handlers against their bound; parked work; the socket's reading paused or not."""
 
-    def __init__(self, dispatcher: Dispatcher, limit: int, *, push: Callable[[list[bytes]], None],
+    def __init__(self, dispatcher: Dispatcher, limit: int, calls: CallSlots, *,
+                 push: Callable[[list[bytes]], None],
                  enqueue: Callable[[BatchKey, dict[str, Any], bytes], None],
-                 reading: Callable[[bool], None], awaiting_answers: Callable[[], bool]) -> None:
+                 reading: Callable[[bool], None], publishing: Callable[[], bool]) -> None:
+        """``calls``: the agent's calls awaiting answers; ``publishing``: are publishes awaiting
+        confirmation? Either way the socket must be read. ``reading(on)`` pauses or resumes it."""
         if limit < 1:
             raise ValidationFailed("max_concurrent_handlers must be at least 1")
         self.agent_name = dispatcher.agent_name
@@ -62,8 +67,10 @@ class HandlerSlots:
         self._enqueue = enqueue
         self._push = push
         self._reading = reading
-        self._awaiting_answers = awaiting_answers
+        self._calls = calls
+        self._publishing = publishing
         dispatcher.on_handler_task = self.handler_started
+        calls.on_busy_change = self.check_reading  # the first call out, the last one answered
 
     @property
     def full(self) -> bool:
@@ -118,7 +125,7 @@ class HandlerSlots:
     def check_reading(self) -> None:
         """Pause the socket while every slot is taken and none of the agent's own calls awaits an
         answer; read otherwise (an answer may be what a running handler waits for)."""
-        pause = self.full and not self._awaiting_answers()
+        pause = self.full and not self._calls.used and not self._publishing()
         if pause != self.paused:
             self.paused = pause
             self._reading(not pause)

@@ -24,7 +24,7 @@ from meshd.protocol import ErrorCode, Kind
 
 def test_calls_past_the_allowance_wait_and_go_in_the_order_they_came() -> None:
     async def scenario() -> list[int]:
-        slots = CallSlots(2)
+        slots = CallSlots(size=2)
         order: list[int] = []
 
         async def call(i: int) -> None:
@@ -42,7 +42,7 @@ def test_calls_past_the_allowance_wait_and_go_in_the_order_they_came() -> None:
 
 def test_a_waiting_call_that_gives_up_or_is_cancelled_keeps_no_slot() -> None:
     async def scenario() -> None:
-        slots = CallSlots(1)
+        slots = CallSlots(size=1)
         assert slots.try_take()
         assert await slots.take(0.01) is False  # timed out: no slot taken
         waiter = asyncio.ensure_future(slots.take(5))
@@ -84,9 +84,10 @@ class Harness:
         self.d = Dispatcher("me", enqueue=lambda k, h, p: self.out.append((k, h, p)),
                             push=self.pushed.append, encode=encode_payload,
                             schedule=lambda fn: fn(), closed=lambda: False)
-        self.slots = HandlerSlots(self.d, limit, push=self.pushed.append,
+        self.calls = CallSlots()
+        self.slots = HandlerSlots(self.d, limit, self.calls, push=self.pushed.append,
                                   enqueue=lambda k, h, p: self.out.append((k, h, p)),
-                                  reading=self.reading.append, awaiting_answers=lambda: self.awaiting)
+                                  reading=self.reading.append, publishing=lambda: self.awaiting)
 
     def deliver(self, kind: str = Kind.REQUEST, payload: Any = None, unit: str | None = None) -> str:
         msg_id = P.new_id()
@@ -165,6 +166,29 @@ def test_while_answers_are_awaited_it_reads_on_and_refuses_work_past_the_daemons
     asyncio.run(scenario())
 
 
+def test_a_call_of_its_own_resumes_reading_until_its_answer_came() -> None:
+    async def scenario() -> None:
+        h = Harness(limit=1)
+        release = asyncio.Event()
+
+        async def handler(msg: Any) -> Any:
+            await release.wait()
+
+        h.d.handlers["t"] = handler
+        h.deliver(payload=0)
+        assert h.reading == [False]
+        assert h.calls.try_take()  # a running handler sends a request: its reply must be read
+        assert h.reading == [False, True]
+        h.calls.give_back()  # answered: every slot still taken, so reading pauses again
+        assert h.reading == [False, True, False]
+        release.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert h.reading == [False, True, False, True]
+
+    asyncio.run(scenario())
+
+
 def test_a_qos1_unit_is_taken_whole_or_not_at_all() -> None:
     h = Harness(limit=1)
     h.slots.fit_daemon(4)
@@ -178,5 +202,5 @@ def test_the_bound_must_be_positive() -> None:
     d = Dispatcher("me", enqueue=lambda k, h, p: None, push=lambda f: None, encode=encode_payload,
                    schedule=lambda fn: fn(), closed=lambda: False)
     with pytest.raises(ValidationFailed):
-        HandlerSlots(d, 0, push=lambda f: None, enqueue=lambda k, h, p: None,
-                     reading=lambda on: None, awaiting_answers=lambda: False)
+        HandlerSlots(d, 0, CallSlots(), push=lambda f: None, enqueue=lambda k, h, p: None,
+                     reading=lambda on: None, publishing=lambda: False)
