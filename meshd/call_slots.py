@@ -51,7 +51,10 @@ class CallSlots:
 
     def try_take(self) -> bool:
         """Take a slot if one is free and no earlier call waits for one."""
-        if self._waiters or (self.size is not None and self.used >= self.size):
+        waiters = self._waiters
+        while waiters and waiters[0].done():
+            del waiters[0]  # gave up waiting
+        if waiters or (self.size is not None and self.used >= self.size):
             return False
         self._count_one()
         return True
