@@ -50,11 +50,6 @@ class Incoming:
         if unit is not None:
             if a._dispatch.seen_unit(unit):
                 return  # handled (or running) already: a daemon restart redelivered it
-            if not a._handler_slots.room_for(len(messages)):
-                # Every handler slot is taken and as much work waits as the daemon's inbox holds:
-                # not begun, not acked (docs/client.md, "Running handlers": when it comes again).
-                a._handler_slots.refused += 1
-                return
             a._dispatch.begin_unit(unit, len(messages))
         for header, payload in messages:
             try:

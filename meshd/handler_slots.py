@@ -5,8 +5,9 @@ Owns: how many handlers that suspended (got a task) run at once, ``max_concurren
 slot); the FIFO of work messages (send, request, publication) that arrived while every slot was
 taken; pausing the agent's socket while every slot is taken, so the backlog stays in the daemon's
 inbox where ``inbox_cap`` applies and senders get INBOX_FULL (docs/client.md, "Running handlers");
-and refusing work past ``park_max`` (INBOX_FULL, as the daemon would) when the agent must keep
-reading because its own calls await answers.
+and, when the agent must keep reading because its own calls await answers, refusing qos-0 work
+past ``park_max`` (INBOX_FULL, as the daemon would) and pausing anyway once qos-1 work (never
+refused: it is at-least-once) fills twice that.
 
 Must not touch: the handlers themselves (``Dispatcher``), the socket (it is handed ``reading``),
 the answers and the calls waiting for them (it only reads how many there are, ``CallSlots.used``,
@@ -82,10 +83,6 @@ class HandlerSlots:
         if isinstance(inbox_cap, int) and inbox_cap > 0:
             self.park_max = inbox_cap
 
-    def room_for(self, messages: int) -> bool:
-        """Can a frame set of ``messages`` work messages be taken now (run or parked)?"""
-        return not self.full or len(self.parked) + messages <= self.park_max
-
     # ------------------------------------------------------------------------ work in
 
     def offer(self, header: dict[str, Any], payload: bytes, unit: str | None) -> None:
@@ -98,7 +95,8 @@ class HandlerSlots:
                         f"inbox of {self.agent_name!r} is full ({self.limit} handlers running, "
                         f"{len(self.parked)} messages waiting)")
             return
-        # A qos-1 unit's messages are never refused one by one: ``room_for`` took the unit whole.
+        # qos-1 work is parked however many wait: refused, its daemon would hold it as in the
+        # agent's hands (docs/client.md); at twice park_max the socket pauses instead.
         self.parked.append((header, payload, unit))
         self.check_reading()
 
@@ -124,8 +122,11 @@ class HandlerSlots:
 
     def check_reading(self) -> None:
         """Pause the socket while every slot is taken and none of the agent's own calls awaits an
-        answer; read otherwise (an answer may be what a running handler waits for)."""
-        pause = self.full and not self._calls.used and not self._publishing()
+        answer; read otherwise (an answer may be what a running handler waits for), unless twice
+        ``park_max`` messages wait (qos-1 ones, never refused): then pause all the same, and a
+        handler awaiting an answer behind them waits until its own time-out at worst."""
+        pause = self.full and ((not self._calls.used and not self._publishing())
+                               or len(self.parked) >= 2 * self.park_max)
         if pause != self.paused:
             self.paused = pause
             self._reading(not pause)

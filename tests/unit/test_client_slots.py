@@ -189,13 +189,30 @@ def test_a_call_of_its_own_resumes_reading_until_its_answer_came() -> None:
     asyncio.run(scenario())
 
 
-def test_a_qos1_unit_is_taken_whole_or_not_at_all() -> None:
-    h = Harness(limit=1)
-    h.slots.fit_daemon(4)
-    assert h.slots.room_for(64), "slots free: anything is taken"
-    h.slots.running = 1  # every slot taken
-    h.slots.parked.extend([({}, b"", None)] * 2)
-    assert h.slots.room_for(2) and not h.slots.room_for(3)
+def test_qos1_work_is_never_refused_and_twice_the_cap_of_it_pauses_reading_anyway() -> None:
+    async def scenario() -> None:
+        h = Harness(limit=1, awaiting=True)
+        h.slots.fit_daemon(2)
+        release = asyncio.Event()
+
+        async def handler(msg: Any) -> Any:
+            await release.wait()
+
+        h.d.handlers["t"] = handler
+        h.d.begin_unit("u1", 6)
+        for i in range(5):
+            h.deliver(Kind.SEND, payload=i, unit="u1")
+            assert h.reading == ([False] if i == 4 else []), i
+        assert len(h.slots.parked) == 4 and h.slots.refused == 0 and not h.out and not h.pushed
+        h.deliver(Kind.SEND, payload=5, unit="u1")  # parked too (the rest of a frame set)
+        release.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not h.slots.parked and h.reading[-1] is True
+        [ack] = h.pushed  # every message of the unit ran, then the unit was acked once
+        assert msgpack.unpackb(ack[1])[P.IDS] == ["u1"]
+
+    asyncio.run(scenario())
 
 
 def test_the_bound_must_be_positive() -> None:
