@@ -7,7 +7,8 @@ taken; pausing the agent's socket while every slot is taken, so the backlog stay
 inbox where ``inbox_cap`` applies and senders get INBOX_FULL (docs/client.md, "Running handlers");
 and, when the agent must keep reading because its own calls await answers, refusing qos-0 work
 past ``park_max`` (INBOX_FULL, as the daemon would) and pausing anyway once qos-1 work (never
-refused: it is at-least-once) fills twice that.
+refused: it is at-least-once) fills ``parked_max``: what the agent's pipe and the daemon's inbox
+hold together, which it may have to read through to reach an answer.
 
 Must not touch: the handlers themselves (``Dispatcher``), the socket (it is handed ``reading``),
 the answers and the calls waiting for them (it only reads how many there are, ``CallSlots.used``,
@@ -28,6 +29,7 @@ from .call_slots import CallSlots
 from .dispatch import Dispatcher
 from .errors import ValidationFailed
 from .protocol import Kind
+from .transport import AGENT_RCVHWM
 
 __all__ = ["DEFAULT_MAX_CONCURRENT_HANDLERS", "HandlerSlots"]
 
@@ -59,8 +61,12 @@ class HandlerSlots:
         self.limit = limit
         #: Parked work at most, while the agent reads on for answers (the daemon's ``inbox_cap``).
         self.park_max = DEFAULT_PARK_MAX
+        #: Work parked at most, qos-1 included: the daemon's inbox and the agent's own pipe
+        #: (``transport.AGENT_RCVHWM``), all of which may stand between the agent and an answer.
+        self.parked_max = DEFAULT_PARK_MAX + AGENT_RCVHWM
         self.running = 0
         self.peak = 0
+        self.peak_parked = 0
         self.parked: deque[Work] = deque()
         self.paused = False
         self.refused = 0
@@ -82,6 +88,7 @@ class HandlerSlots:
         """The register answer said the daemon's inbox cap: park no more than that."""
         if isinstance(inbox_cap, int) and inbox_cap > 0:
             self.park_max = inbox_cap
+            self.parked_max = inbox_cap + AGENT_RCVHWM
 
     # ------------------------------------------------------------------------ work in
 
@@ -96,8 +103,10 @@ class HandlerSlots:
                         f"{len(self.parked)} messages waiting)")
             return
         # qos-1 work is parked however many wait: refused, its daemon would hold it as in the
-        # agent's hands (docs/client.md); at twice park_max the socket pauses instead.
+        # agent's hands (docs/client.md); at parked_max the socket pauses instead.
         self.parked.append((header, payload, unit))
+        if len(self.parked) > self.peak_parked:
+            self.peak_parked = len(self.parked)
         self.check_reading()
 
     def handler_started(self, task: asyncio.Task[Any]) -> None:
@@ -122,11 +131,11 @@ class HandlerSlots:
 
     def check_reading(self) -> None:
         """Pause the socket while every slot is taken and none of the agent's own calls awaits an
-        answer; read otherwise (an answer may be what a running handler waits for), unless twice
-        ``park_max`` messages wait (qos-1 ones, never refused): then pause all the same, and a
+        answer; read otherwise (an answer may be what a running handler waits for), unless
+        ``parked_max`` messages wait (qos-1 ones, never refused): then pause all the same, and a
         handler awaiting an answer behind them waits until its own time-out at worst."""
         pause = self.full and ((not self._calls.used and not self._publishing())
-                               or len(self.parked) >= 2 * self.park_max)
+                               or len(self.parked) >= self.parked_max)
         if pause != self.paused:
             self.paused = pause
             self._reading(not pause)

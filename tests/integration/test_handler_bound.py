@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 from meshd import Agent, InboxFull, RequestTimeout
-from meshd.testing import MeshdFactory, wait_listed
+from meshd.testing import MeshdFactory, async_wait_until, wait_listed
 
 
 class Concurrency:
@@ -152,3 +152,41 @@ def test_a_saturated_handler_still_gets_the_reply_it_awaits(meshd_factory: Meshd
                 *(caller.request("asker", "ask", i, timeout=20) for i in range(40))), 30))
 
     assert asyncio.run(scenario()) == [i * 2 for i in range(40)]
+
+
+def test_qos1_work_to_a_saturated_agent_that_awaits_answers_runs_once_each(
+        meshd_factory: MeshdFactory) -> None:
+    """Two slots, each handler awaits a request of its own, 600 qos-1 sends arrive at once: the
+    agent reads on for its answers, parks the qos-1 work (never refused) and handles each once."""
+    a = meshd_factory.spawn("a")
+    n = 600
+
+    async def scenario() -> Counter[int]:
+        handled: Counter[int] = Counter()
+        async with Agent("worker", socket=a.socket, max_concurrent_handlers=2) as worker, \
+                Agent("oracle", socket=a.socket) as oracle, \
+                Agent("producer", socket=a.socket) as producer:
+            @oracle.on("q")
+            async def answer(msg: Any) -> Any:
+                await asyncio.sleep(0.002)
+                return msg.payload
+
+            @worker.on("job")
+            async def job(msg: Any) -> None:
+                assert await worker.request("oracle", "q", msg.payload, timeout=10) == msg.payload
+                handled.update([msg.payload])
+
+            await wait_listed(producer, "worker")
+            await wait_listed(worker, "oracle")
+            await asyncio.wait_for(asyncio.gather(
+                *(producer.send("worker", "job", i, qos=1) for i in range(n))), 60)
+            await async_wait_until(lambda: len(handled) == n, 60, what=f"{n} jobs handled")
+            await async_wait_until(lambda: a.query("node")["qos1"]["pending"] == 0, 30,
+                                   what="every unit acked")
+            print(f"qos-1 to a saturated agent: {n} sent, {len(handled)} handled, "
+                  f"peak parked {worker._handler_slots.peak_parked}")
+        return handled
+
+    handled = asyncio.run(scenario())
+    assert sorted(handled) == list(range(n))
+    assert max(handled.values()) == 1

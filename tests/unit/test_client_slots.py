@@ -18,6 +18,7 @@ from meshd.errors import DaemonUnreachable, ValidationFailed
 from meshd.handler_slots import HandlerSlots
 from meshd.payloads import encode_payload
 from meshd.protocol import ErrorCode, Kind
+from meshd.transport import AGENT_RCVHWM
 
 # ---------------------------------------------------------------------------- CallSlots
 
@@ -189,10 +190,12 @@ def test_a_call_of_its_own_resumes_reading_until_its_answer_came() -> None:
     asyncio.run(scenario())
 
 
-def test_qos1_work_is_never_refused_and_twice_the_cap_of_it_pauses_reading_anyway() -> None:
+def test_qos1_work_is_never_refused_and_parked_max_of_it_pauses_reading_anyway() -> None:
     async def scenario() -> None:
         h = Harness(limit=1, awaiting=True)
         h.slots.fit_daemon(2)
+        assert h.slots.parked_max == 2 + AGENT_RCVHWM
+        h.slots.parked_max = 4  # small enough to fill here
         release = asyncio.Event()
 
         async def handler(msg: Any) -> Any:
