@@ -59,7 +59,7 @@ class HandlerSlots:
             raise ValidationFailed("max_concurrent_handlers must be at least 1")
         self.agent_name = dispatcher.agent_name
         self.limit = limit
-        #: Parked work at most, while the agent reads on for answers (the daemon's ``inbox_cap``).
+        #: qos-0 work parked at most; past it, refused (the daemon's ``inbox_cap``).
         self.park_max = DEFAULT_PARK_MAX
         #: Work parked at most, qos-1 included: the daemon's inbox and the agent's own pipe
         #: (``transport.AGENT_RCVHWM``), all of which may stand between the agent and an answer.
@@ -102,8 +102,8 @@ class HandlerSlots:
                         f"inbox of {self.agent_name!r} is full ({self.limit} handlers running, "
                         f"{len(self.parked)} messages waiting)")
             return
-        # qos-1 work is parked however many wait: refused, its daemon would hold it as in the
-        # agent's hands (docs/client.md); at parked_max the socket pauses instead.
+        # qos-1 work is never refused (its daemon would hold it as still in the agent's hands,
+        # docs/client.md): at parked_max the socket pauses instead.
         self.parked.append((header, payload, unit))
         if len(self.parked) > self.peak_parked:
             self.peak_parked = len(self.parked)
