@@ -233,3 +233,50 @@ def test_an_agent_of_a_stopped_embedded_node_gets_a_typed_error() -> None:
         asyncio.run(run())
     finally:
         shutil.rmtree(short, ignore_errors=True)
+
+
+def test_an_embedded_agents_handler_bound_leaves_the_backlog_in_the_node() -> None:
+    """Handler slots on the in-process connection (meshd/handler_slots.py): with every slot busy the
+    connection stops handing frame sets over, so at most ``max_concurrent_handlers`` run; what a
+    frame set already brought waits parked up to ``inbox_cap`` and the rest is refused INBOX_FULL
+    (as over ipc): every request answered or refused, none lost."""
+    short = short_tempdir()
+    bound, n = 2, 400
+
+    async def run() -> tuple[int, int, int, int]:
+        node = EmbeddedNode.from_config(name="u", mesh=f"t{uuid.uuid4().hex[:12]}", interfaces=["127.0.0.1"],
+                                        insecure=True, discovery=False, http=False, inbox_cap=16,
+                                        state_dir=short / "state", socket=short / "s.sock",
+                                        environ={})
+        running = peak = 0
+        async with node:
+            slow = node.agent("slow", max_concurrent_handlers=bound)
+
+            @slow.on("work")
+            async def work(msg: Any) -> int:
+                nonlocal running, peak
+                running += 1
+                peak = max(peak, running)
+                await asyncio.sleep(0.002)
+                running -= 1
+                return 1
+
+            asker = node.agent("asker", batch_max=1)  # one request per frame set
+            await slow.connect()
+            await asker.connect()
+            results = await asyncio.gather(*(asker.request("slow", "work", {}, timeout=30) for _ in range(n)),
+                                           return_exceptions=True)
+            await slow.close()
+            await asker.close()
+            at_client = slow._handler_slots.refused
+        answered = sum(1 for r in results if r == 1)
+        refused = sum(1 for r in results if getattr(r, "code", None) == "INBOX_FULL")
+        return peak, answered, refused, at_client
+    try:
+        peak, answered, refused, at_client = asyncio.run(run())
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    print(f"embedded handler bound {bound}: peak {peak}, {answered} answered, {refused} INBOX_FULL of {n} "
+          f"({at_client} refused by the client)")
+    assert peak <= bound
+    assert answered + refused == n and answered > 0
