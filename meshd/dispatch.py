@@ -178,6 +178,7 @@ class Dispatcher:
         #: writing their done-marks redelivers them, and they are acked again, not run again.
         self._handled: OrderedDict[str, None] = OrderedDict()
         self.redelivered = 0
+        self._no_handler_logged: set[str] = set()  # topics warned about once (bounded)
         self._acks: list[str] = []
         self._ack_scheduled = False
         #: Told of each handler that suspended and got a task (meshd/handler_slots.py counts them).
@@ -265,9 +266,17 @@ class Dispatcher:
             self.unit_done(unit)
             return
         if handler is None:
+            # Never dropped in silence: a request gets HANDLER_ERROR, a send (qos 0 or 1) becomes
+            # the receiving daemon's dead letter HANDLER_ERROR, as if its handler had raised.
+            reason = f"agent {self.agent_name!r} has no handler for topic {topic!r}"
             if msg.is_request:
-                self.reply_error(msg, P.ErrorCode.HANDLER_ERROR,
-                                 f"agent {self.agent_name!r} has no handler for topic {topic!r}")
+                self.reply_error(msg, P.ErrorCode.HANDLER_ERROR, reason)
+            else:
+                if topic not in self._no_handler_logged and len(self._no_handler_logged) < 1024:
+                    self._no_handler_logged.add(topic)
+                    log.warning("%s (sends to it are dead letters HANDLER_ERROR at this agent's daemon; "
+                                "register handlers before connecting)", reason)
+                self._report_send_failure(msg, reason, "NoHandler")
             self.unit_done(unit)
             return
         if msg.is_request and msg.deadline is not None and msg.deadline <= time.monotonic():
@@ -398,13 +407,18 @@ class Dispatcher:
         if msg.is_request:
             self.reply_error(msg, P.ErrorCode.HANDLER_ERROR, str(exc) or type(exc).__name__,
                              remote_type=type(exc).__name__)
-        elif msg.kind == Kind.SEND and not self._closed():
-            # Reported to our daemon (never routed: a send is not answered), which keeps it as a
-            # dead letter HANDLER_ERROR and tells observers (issue 8, item 13). Never batched.
-            err = P.error_body(P.ErrorCode.HANDLER_ERROR, (str(exc) or type(exc).__name__)[:500],
-                               remote_type=type(exc).__name__)
-            self._push(P.frames({P.KIND: Kind.ERROR, P.ID: P.new_id(), P.FROM: self.agent_name,
-                                 P.TO: msg.sender, P.CORR: msg.id, P.TOPIC: msg.topic, P.ERROR: err}))
+        else:
+            self._report_send_failure(msg, str(exc) or type(exc).__name__, type(exc).__name__)
+
+    def _report_send_failure(self, msg: Message, text: str, remote_type: str) -> None:
+        """A send that no handler completed is reported to our daemon (never routed: a send is not
+        answered), which keeps it as a dead letter HANDLER_ERROR and tells observers (issue 8,
+        item 13). Never batched."""
+        if msg.kind != Kind.SEND or self._closed():
+            return
+        err = P.error_body(P.ErrorCode.HANDLER_ERROR, text[:500], remote_type=remote_type)
+        self._push(P.frames({P.KIND: Kind.ERROR, P.ID: P.new_id(), P.FROM: self.agent_name,
+                             P.TO: msg.sender, P.CORR: msg.id, P.TOPIC: msg.topic, P.ERROR: err}))
 
     def reply(self, msg: Message, value: Any, status: str | None = None) -> None:
         """The reply to ``msg``, to its original requester; a handoff reply gets its verdict."""

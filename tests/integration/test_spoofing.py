@@ -243,6 +243,27 @@ def test_a_raising_send_handler_is_a_dead_letter_not_an_answer(meshd_factory: Me
     assert a.query("node")["stats"].get("send_handler_errors", 0) == 0
 
 
+def test_a_send_with_no_handler_is_a_dead_letter_not_dropped(meshd_factory: MeshdFactory) -> None:
+    """A send (qos 0 or 1) on a topic the receiving agent has no handler for was acked and dropped
+    in silence (an agent registering handlers after connecting lost its queued units). Now it is
+    reported like a raising handler: a dead letter HANDLER_ERROR at the receiver's daemon."""
+    a, b = _two_secure_nodes(meshd_factory)
+
+    async def scenario() -> None:
+        async with Agent("worker", socket=b.socket) as worker, Agent("boss", socket=a.socket) as boss:
+            worker.on("other")(lambda msg: None)
+            await wait_listed(boss, "worker")
+            sent = [await boss.send("worker", "job", n, qos=n % 2) for n in range(4)]
+            await async_wait_until(lambda: b.query("node")["stats"].get("send_handler_errors", 0) >= 4,
+                                   what="the four sends to be recorded")
+            letters = [d for d in b.dead_letters() if d.get("reason") == "HANDLER_ERROR"]
+            assert len(letters) == 4, letters
+            assert all("no handler for topic 'job'" in str(d.get("detail")) for d in letters), letters
+            assert {d.get("header", {}).get("corr") for d in letters} <= set(sent) | {None}
+
+    asyncio.run(scenario())
+
+
 def test_an_answer_hidden_in_a_batch_is_refused_or_dropped(meshd_factory: MeshdFactory) -> None:
     """Issue 8, item 1, batches: a forged reply inside a batch is refused by the attacker's
     daemon when the batch header declares it (``kinds``), and dropped by the victim's client
