@@ -40,6 +40,7 @@ from .batching import Batcher, BatchKey
 from .call_slots import CallSlots
 from .client_incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
 from .client_incoming import Incoming
+from .client_session import heartbeat_loop, register
 from .client_tools import system_request
 from .dispatch import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from .errors import (
@@ -186,22 +187,8 @@ class Agent:
         self._sendq = SendQueue(sock, self._reactor, self._loop, SEND_QUEUE_LIMIT // self.batch_max)
         if self.embedded is None:
             self._reactor.add(sock, self._incoming.on_frames)
-        await self._register()
-        self._hb_task = asyncio.create_task(self._heartbeat_loop(), name=f"meshd-agent-hb-{self.name}")
-
-    async def _register(self) -> None:
-        body = {"name": self.name, "capabilities": self.capabilities, "metadata": self.metadata}
-        info = await self._control({P.KIND: Kind.REGISTER}, body)
-        if isinstance(info, dict):
-            self.node = info.get("node")
-            self.node_name = info.get("node_name")
-            self._window.fit_daemon(info.get("in_flight_max"))
-            beat = info.get("heartbeat_interval")  # PROTOCOL.md §8.2: beat at least this often
-            if isinstance(beat, (int, float)) and not isinstance(beat, bool) \
-                    and 0 < beat < self.heartbeat_interval:
-                self.heartbeat_interval = float(beat)
-            self._handler_slots.fit_daemon(info.get("inbox_cap"))
-            self._calls.fit_daemon(info.get("in_flight_max"), self._window.size)
+        await register(self)  # the session with the daemon: meshd/client_session.py
+        self._hb_task = asyncio.create_task(heartbeat_loop(self), name=f"meshd-agent-hb-{self.name}")
 
     async def close(self) -> None:
         """Unregister (best effort) and release the socket. Idempotent."""
@@ -590,15 +577,6 @@ class Agent:
         if self.on_error is not None:
             self.on_error(err, msg_id)
 
-    async def _reregister(self) -> None:
-        """Register again and restore the subscriptions (``ResendHold.reregister`` retries it)."""
-        await self._register()
-        for topic, durable in list(self._topics.items()):
-            header: dict[str, Any] = {P.KIND: Kind.SUBSCRIBE, P.TOPIC: topic}
-            if durable:
-                header[P.QOS] = 1
-            await self._control(header)
-
     def heartbeat(self) -> None:
         """Send one heartbeat now, with :attr:`telemetry` (``queue_depth`` defaults to the handlers
         running). The agent calls it every ``heartbeat_interval`` unless ``auto_heartbeat=False``."""
@@ -607,19 +585,6 @@ class Agent:
         depth = len(self._dispatch.tasks) + len(self._handler_slots.parked)
         telemetry = {"queue_depth": depth} | self.telemetry
         self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
-
-    async def _heartbeat_loop(self) -> None:
-        while not self._closed and self.evicted is None:
-            await asyncio.sleep(self.heartbeat_interval)
-            now = time.monotonic()
-            for msg_id, deadline in list(self._expiring.items()):
-                if deadline < now:
-                    self._expire_control(msg_id)
-            if self.auto_heartbeat:
-                try:
-                    self.heartbeat()
-                except DaemonUnreachable:  # an embedded node that stopped: calls raise it too
-                    return
 
 
 # BlockingAgent lives in meshd/blocking.py (a thread around an Agent); imported last because it

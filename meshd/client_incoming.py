@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import protocol as P
 from .batching import split_incoming
+from .client_session import reregister
 from .errors import error_from_wire
 from .payloads import decode_payload
 from .protocol import FrameError, Kind
@@ -149,7 +150,7 @@ class Incoming:
                 # again then (the others are reported below).
                 unmatched = a._resend.hold(unmatched)
                 if a._resend.start():  # one re-registration at a time
-                    a._dispatch.spawn(a._resend.reregister(a._reregister, lambda: a._closed))
+                    a._dispatch.spawn(a._resend.reregister(lambda: reregister(a), lambda: a._closed))
             unmatched = [t for t in unmatched if t is not None]
         if err.code == P.ErrorCode.CANCELLED:
             return  # the answer to our own cancel, after we stopped waiting: nothing to report

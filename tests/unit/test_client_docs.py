@@ -14,6 +14,7 @@ from meshd import (
     call_slots,
     client,
     client_incoming,
+    client_session,
     dispatch,
     handler_slots,
     payloads,
@@ -25,7 +26,8 @@ from meshd import (
 DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
 MODULES = {"batching": batching, "payloads": payloads, "dispatch": dispatch, "transport": transport,
            "client": client, "blocking": blocking, "publish_window": publish_window, "resend": resend,
-           "handler_slots": handler_slots, "call_slots": call_slots}
+           "handler_slots": handler_slots, "call_slots": call_slots,
+           "client_session": client_session}
 CLASSES = {"Agent": client.Agent, "Batcher": batching.Batcher, "Dispatcher": dispatch.Dispatcher,
            "SendQueue": transport.SendQueue, "Reactor": transport.Reactor, "Message": dispatch.Message,
            "PublishWindow": publish_window.PublishWindow, "ResendHold": resend.ResendHold,
