@@ -46,10 +46,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pluggy
-from pydantic import BaseModel
 
 from . import hookspecs
 from .errors import ConfigError
@@ -57,6 +56,9 @@ from .plugin_config import PluginOptions, split_section, validate_settings
 from .plugin_process import NodeSnapshot, ProcessWorker
 from .plugin_tools import ToolHooks
 from .plugin_workers import ThreadWorker, call_impl, close_loop, plain
+
+if TYPE_CHECKING:  # imported by plugin_config only when a plugin declares settings
+    from pydantic import BaseModel
 
 __all__ = ["BLOCKED_ENV", "ENTRYPOINT_GROUP", "OBSERVER_HOOKS", "PluginHost"]
 

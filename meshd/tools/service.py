@@ -28,7 +28,6 @@ from ..client import DEFER, Agent, Message
 from ..config import Settings
 from ..errors import Forbidden, MeshError, NotWired, QuotaExceeded, StateFileError, ValidationFailed
 from ..plugins import PluginHost
-from .builtin import BUILTIN_PLUGIN_NAME, BuiltinTools
 from .names import TOPIC_APPROVALS, TOPIC_CALL, TOPIC_LIST, TOPIC_TASK_EVENTS, system_agent_name
 from .policy import DENY, HOLD, Approvals, Authorizer, Quotas
 from .registry import ToolContext, ToolRegistry, validate_args
@@ -67,7 +66,8 @@ class SystemAgent:
         self.settings = node.settings
         self.token = token
         self.name = system_agent_name(node.node_id)
-        self.registry = ToolRegistry()
+        self._registry = ToolRegistry()
+        self._builtins_loaded = False
         self.approvals = Approvals(self.settings.tools)
         self.quotas = Quotas(self.settings.tools)
         self.authorizer = Authorizer(node.plugins.authorize if node.plugins.wants_authorize() else None)
@@ -86,10 +86,16 @@ class SystemAgent:
     # ----------------------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Collect the tools (a duplicate name raises ConfigError), attach, wire the services."""
-        self.registry.add_all(BuiltinTools().meshd_tools(), BUILTIN_PLUGIN_NAME)
-        for plugin, tool in self.node.plugins.contributed_tools():
-            self.registry.add(tool, plugin)
+        """Collect the tools (a duplicate name raises ConfigError), attach, wire the services.
+
+        Plugins' tools are collected now, after the built-in ones (a clash names both). With no
+        plugin tools, the built-in ones (pydantic models) load at the first list or call: an idle
+        daemon does not import pydantic for them (issue 11, memory)."""
+        contributed = self.node.plugins.contributed_tools()
+        if contributed:
+            self._load_builtins()
+            for plugin, tool in contributed:
+                self._registry.add(tool, plugin)
         agent = Agent(self.name, socket=self.node.socket_path, metadata={SYSTEM_TOKEN_KEY: self.token},
                       max_payload_bytes=self.settings.max_payload_bytes)
         agent.on(TOPIC_LIST)(self._on_list)
@@ -100,9 +106,23 @@ class SystemAgent:
         await self._wire_tasks(agent)
         self._wire_spawner()
         self._started.set()
-        log.info("system agent %s serves %d tools (%s)%s", self.name, len(self.registry),
-                 ", ".join(self.registry.names()),
+        log.info("system agent %s serves %s%s", self.name,
+                 f"{len(self._registry)} tools ({', '.join(self._registry.names())})" if self._builtins_loaded
+                 else "the built-in tools (loaded at the first list or call)",
                  "".join(f"; {k} not wired: {v}" for k, v in self.not_wired.items()))
+
+    @property
+    def registry(self) -> ToolRegistry:
+        """Every tool this daemon serves (the built-in ones are loaded on first use)."""
+        if not self._builtins_loaded:
+            self._load_builtins()
+        return self._registry
+
+    def _load_builtins(self) -> None:
+        from .builtin import BUILTIN_PLUGIN_NAME, BuiltinTools  # pydantic models: only when used
+
+        self._registry.add_all(BuiltinTools().meshd_tools(), BUILTIN_PLUGIN_NAME)
+        self._builtins_loaded = True
 
     async def _wire_tasks(self, agent: Agent) -> None:
         try:
