@@ -29,7 +29,6 @@ import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from meshd.config import Settings
 from meshd.errors import ConfigError
 
 from . import auth
@@ -40,6 +39,8 @@ from .sessions import SessionTable
 
 if TYPE_CHECKING:
     from aiohttp import web
+
+    from meshd.config import Settings  # pydantic: not in the daemon's image (meshd/reexec.py)
 
     from .app import Routes
 

@@ -22,15 +22,17 @@ import logging
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ..client import DEFER, Agent, Message
-from ..config import Settings
 from ..errors import Forbidden, MeshError, NotWired, QuotaExceeded, StateFileError, ValidationFailed
 from ..plugins import PluginHost
 from .names import TOPIC_APPROVALS, TOPIC_CALL, TOPIC_LIST, TOPIC_TASK_EVENTS, system_agent_name
 from .policy import DENY, HOLD, Approvals, Authorizer, Quotas
 from .registry import ToolContext, ToolRegistry, validate_args
+
+if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/reexec.py)
+    from ..config import Settings
 
 __all__ = ["SYSTEM_TOKEN_KEY", "SystemAgent", "SystemHost"]
 
