@@ -122,20 +122,8 @@ async def _serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    trim = asyncio.create_task(_release_when_ready(node), name="meshd-memtrim")
-    try:
-        await node.serve(stop)
-    finally:
-        trim.cancel()
+    await node.serve(stop)
     return 0
-
-
-async def _release_when_ready(node: Any) -> None:
-    """Once every start step ran, give start-up's freed memory back (meshd/memtrim.py)."""
-    from .memtrim import release_startup_memory
-
-    await node.ready.wait()
-    release_startup_memory()
 
 
 def _user_name() -> str:
