@@ -11,7 +11,8 @@ Owns: the snapshot (the validated :class:`meshd.config.Settings` as plain attrib
 names, types and values; nested sections as :class:`SettingsSection`; ``resolved_socket()``,
 ``resolved_authorized_keys()`` and ``plugin_sections`` as on Settings; anything else, such as
 ``model_dump()``, is answered by a real Settings built from the snapshot on first use, which
-imports pydantic then), passing it across ``execv``, and when not to re-exec: when the caller
+imports pydantic then) with the ``meshd`` entry points listed (meshd/plugin_entrypoints.py),
+passing both across ``execv``, and when not to re-exec: when the caller
 passed ``argv`` (tests and embedders calling ``meshd_main`` in-process), where ``memfd_create``
 is missing, or with ``MESHD_REEXEC=0``.
 Must not import pydantic or meshd.config at import time, nor touch anything but the settings.
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .paths import default_socket_path
+from .plugin_entrypoints import Listed, hand_over
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -114,7 +116,14 @@ def wanted(argv: list[str] | None) -> bool:
 
 def exec_with_settings(settings: Settings) -> NoReturn:
     """Replace this process with ``python -m meshd <same args> --settings-fd N``; raises OSError."""
-    data = pickle.dumps(snapshot(settings), protocol=pickle.HIGHEST_PROTOCOL)
+    from .plugin_entrypoints import list_entry_points
+    from .plugins import ENTRYPOINT_GROUP
+
+    try:  # listed here, where importlib.metadata is loaded anyway; the daemon's image reuses the list
+        entry_points: list[Listed] | None = list_entry_points(ENTRYPOINT_GROUP)
+    except Exception:
+        entry_points = None  # the daemon's image lists them itself and reports the error
+    data = pickle.dumps((snapshot(settings), entry_points), protocol=pickle.HIGHEST_PROTOCOL)
     fd = os.memfd_create("meshd-settings", 0)  # no MFD_CLOEXEC: the new image inherits it
     try:
         os.write(fd, data)
@@ -138,9 +147,11 @@ def read_settings(fd: int) -> SettingsSnapshot:
     if len(data) > _MAX_BYTES:
         raise ValueError(f"{FD_FLAG} {fd}: more than {_MAX_BYTES} bytes")
     value = pickle.loads(data)  # written by this same program just before execv
-    if not isinstance(value, SettingsSnapshot):
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], SettingsSnapshot)):
         raise ValueError(f"{FD_FLAG} {fd}: not meshd settings")
-    return value
+    if value[1] is not None:
+        hand_over(value[1])
+    return value[0]
 
 
 def settings_for_run(settings_fd: int | None, argv: list[str] | None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd import reexec
+from meshd import plugin_entrypoints, reexec
 from meshd.config import Settings, load_settings
 from meshd.reexec import SettingsSection, SettingsSnapshot
 
@@ -39,7 +40,7 @@ def settings(tmp_path: Path) -> Settings:
 
 def round_trip(s: Settings) -> SettingsSnapshot:
     fd = os.memfd_create("test", 0)
-    os.write(fd, pickle.dumps(reexec.snapshot(s)))
+    os.write(fd, pickle.dumps((reexec.snapshot(s), None)))
     os.lseek(fd, 0, os.SEEK_SET)
     return reexec.read_settings(fd)  # closes fd
 
@@ -88,3 +89,18 @@ def test_a_bad_settings_fd_is_a_clear_error(tmp_path: Path) -> None:
     os.lseek(fd, 0, os.SEEK_SET)
     with pytest.raises(ValueError, match="not meshd settings"):
         reexec.read_settings(fd)
+
+
+def test_the_entry_points_listed_before_execv_are_handed_over(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plugin_entrypoints, "_handed_over", None)
+    listed = [("example", "json:dumps", "example 1.0")]
+    fd = os.memfd_create("test", 0)
+    os.write(fd, pickle.dumps((reexec.snapshot(settings(tmp_path)), listed)))
+    os.lseek(fd, 0, os.SEEK_SET)
+    reexec.read_settings(fd)
+    assert plugin_entrypoints.handed_over() == listed
+    assert plugin_entrypoints.load_value("json:dumps") is json.dumps
+    assert plugin_entrypoints.load_value("os.path : join [extra]") is os.path.join
+    with pytest.raises(ValueError, match="not an entry-point value"):
+        plugin_entrypoints.load_value("no spaces allowed here")
