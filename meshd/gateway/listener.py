@@ -6,8 +6,7 @@ non-blocking), reporting the bound port, and calling its owner back once, when t
 connection is pending. Until then the daemon has not imported aiohttp (about 9 MiB resident,
 issue 11 goal 6): the port is bound and the URL and token files are written at start as before,
 and a client that connects meanwhile waits in the kernel's backlog until aiohttp accepts it
-(``web.SockSite`` on these same sockets). ``import_in_thread`` imports the HTTP application off
-the event loop, so routing does not pause for the import.
+(``web.SockSite`` on these same sockets).
 
 Must not import aiohttp or the application (meshd/gateway/app.py) at import time, nor touch
 anything but its own sockets.
@@ -17,13 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import socket
-import threading
 from collections.abc import Callable
-from types import ModuleType
 
-__all__ = ["BACKLOG", "PendingListener", "import_in_thread"]
+__all__ = ["BACKLOG", "PendingListener"]
 
 BACKLOG = 128  # aiohttp's TCPSite default
 
@@ -101,31 +97,3 @@ class PendingListener:
             with contextlib.suppress(OSError):
                 sock.close()
         self.sockets = []
-
-
-async def import_in_thread(name: str) -> ModuleType:
-    """Import module ``name`` in a short-lived thread; the event loop keeps running meanwhile."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[ModuleType] = loop.create_future()
-
-    def settle(module: ModuleType | None, exc: BaseException | None) -> None:
-        if done.done():
-            return
-        if exc is not None:
-            done.set_exception(exc)
-        else:
-            assert module is not None
-            done.set_result(module)
-
-    def work() -> None:
-        module: ModuleType | None = None
-        error: BaseException | None = None
-        try:
-            module = importlib.import_module(name)
-        except BaseException as exc:  # handed to the awaiting task, which raises it
-            error = exc
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-            loop.call_soon_threadsafe(settle, module, error)
-
-    threading.Thread(target=work, name="meshd-gateway-import", daemon=True).start()
-    return await done

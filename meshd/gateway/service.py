@@ -30,11 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshd.errors import ConfigError
+from meshd.lazyimport import import_in_thread
 
 from . import auth
 from .dashboard import MeshInfo, MeshWatch, OutcomeFeed, OutcomeObserver
 from .events import EventBuffer
-from .listener import PendingListener, import_in_thread
+from .listener import PendingListener
 from .sessions import SessionTable
 
 if TYPE_CHECKING:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ..client import DEFER, Agent, Message
 from ..errors import Forbidden, MeshError, NotWired, QuotaExceeded, StateFileError, ValidationFailed
+from ..lazyimport import import_in_thread
 from ..plugins import PluginHost
 from .names import TOPIC_APPROVALS, TOPIC_CALL, TOPIC_LIST, TOPIC_TASK_EVENTS, system_agent_name
 from .policy import DENY, HOLD, Approvals, Authorizer, Quotas
@@ -119,6 +120,12 @@ class SystemAgent:
         if not self._builtins_loaded:
             self._load_builtins()
         return self._registry
+
+    async def _tools(self) -> ToolRegistry:
+        """The registry, the built-in tools' models imported off the loop the first time."""
+        if not self._builtins_loaded:
+            await import_in_thread("meshd.tools.builtin")  # pydantic: ~0.3 s that must not stall routing
+        return self.registry
 
     def _load_builtins(self) -> None:
         from .builtin import BUILTIN_PLUGIN_NAME, BuiltinTools  # pydantic models: only when used
@@ -249,7 +256,8 @@ class SystemAgent:
         try:
             self._local_caller(msg)
             await self._wait_started(msg)
-            return self.registry.describe() if fmt is None else self.registry.schemas(str(fmt))
+            registry = await self._tools()
+            return registry.describe() if fmt is None else registry.schemas(str(fmt))
         except MeshError as exc:
             return await self._fail(msg, exc)
 
@@ -270,7 +278,7 @@ class SystemAgent:
     async def call(self, caller: str, name: Any, raw_args: Any, *, deadline: float | None = None) -> Any:
         """Run one tool call for ``caller`` through every check; raises typed errors.
         ``deadline`` is a ``time.monotonic()`` value of this host (``Message.deadline``), or None."""
-        tool = self.registry.get(name)
+        tool = (await self._tools()).get(name)
         try:
             self.authorizer.require("tool", caller, tool.name)
         except Forbidden as exc:
