@@ -65,10 +65,13 @@ def test_snapshot_reads_like_the_validated_settings(tmp_path: Path) -> None:
     assert snap.as_settings().plugin_sections == s.plugin_sections
 
 
-def test_the_snapshot_module_does_not_import_pydantic() -> None:
-    probe = ("import sys, meshd.reexec, meshd.node, meshd.cli; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pydantic_core', "
-             "'meshd.config', 'aiohttp')))")
+def test_the_daemon_modules_import_no_optional_dependency() -> None:
+    # What `meshd run`'s own image imports (the node, the cli, the gateway and tools services at
+    # start) loads none of pydantic, aiohttp, mcp, prometheus_client, importlib.metadata.
+    probe = ("import sys, meshd.reexec, meshd.node, meshd.cli, meshd.gateway.service, meshd.tools.service, "
+             "meshd.tasks.service, meshd.spawn; "
+             "print(sorted(m for m in sys.modules if m in ('meshd.config', 'importlib.metadata') or "
+             "m.split('.')[0] in ('pydantic', 'pydantic_core', 'aiohttp', 'mcp', 'prometheus_client')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
