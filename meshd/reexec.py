@@ -4,7 +4,7 @@ pydantic (and pydantic-core) cost an idle daemon about 10 MiB of resident memory
 process cannot unload a library it imported. So ``meshd run`` validates exactly as before (the
 same errors, exit 2), then replaces itself (``execv``: the same PID, so systemd's Type=notify and
 ``NotifyAccess=main`` are unaffected) with ``python -m meshd <the same arguments> --settings-fd N``,
-where fd N is a sealed-off memory file holding the validated settings as a
+where fd N is an anonymous memory file (memfd) holding the validated settings as a
 :class:`SettingsSnapshot`. The new image reads it, closes it and runs the daemon.
 
 Owns: the snapshot (the validated :class:`meshd.config.Settings` as plain attributes: the same
@@ -146,7 +146,10 @@ def read_settings(fd: int) -> SettingsSnapshot:
         raise ValueError(f"{FD_FLAG} {fd}: {exc.strerror}") from None
     if len(data) > _MAX_BYTES:
         raise ValueError(f"{FD_FLAG} {fd}: more than {_MAX_BYTES} bytes")
-    value = pickle.loads(data)  # written by this same program just before execv
+    try:
+        value = pickle.loads(data)  # written by this same program just before execv
+    except Exception as exc:
+        raise ValueError(f"{FD_FLAG} {fd}: not meshd settings ({type(exc).__name__})") from None
     if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], SettingsSnapshot)):
         raise ValueError(f"{FD_FLAG} {fd}: not meshd settings")
     if value[1] is not None:

@@ -92,6 +92,11 @@ def test_a_bad_settings_fd_is_a_clear_error(tmp_path: Path) -> None:
     os.lseek(fd, 0, os.SEEK_SET)
     with pytest.raises(ValueError, match="not meshd settings"):
         reexec.read_settings(fd)
+    fd = os.memfd_create("test", 0)
+    os.write(fd, b"garbage")
+    os.lseek(fd, 0, os.SEEK_SET)
+    with pytest.raises(ValueError, match="not meshd settings"):
+        reexec.read_settings(fd)
 
 
 def test_the_entry_points_listed_before_execv_are_handed_over(tmp_path: Path,
