@@ -3,6 +3,7 @@
     .venv/bin/python bench/compare.py --quick              # ~60 s
     .venv/bin/python bench/compare.py                      # full: longer runs, best of 2
     .venv/bin/python bench/compare.py --soak-s 60 --soak-rate 50000   # issue 11's memory soak
+    .venv/bin/python bench/compare.py --quick --embedded   # embedded-node rows, daemons, Zenoh (~40 s)
 
 Headline rows (issue 11, bench/README.md): ``async def`` handlers, a plain ``await me.send(...)``
 loop, a plain ``await me.request(...)`` loop, a plain ``await me.publish(...)`` loop, a fresh
@@ -37,8 +38,8 @@ from typing import Any
 
 import msgpack
 import zmq
-from common import BENCH_DIR, REPO, payload_size
-from compare_table import build_rows, print_rows
+from common import BENCH_DIR, LOOPBACK, REPO, payload_size
+from compare_table import EMBEDDED_FIGURES, build_rows, print_rows
 from procs import Daemon, NatsServer, end, free_port, nats_server_binary, rss_mib, spawn
 from roles import run_role
 
@@ -60,7 +61,8 @@ def missing_systems() -> dict[str, str]:
 
 
 class Compare(Bench):
-    def __init__(self, quick: bool, soak_s: float, soak_rate: float, tiny: bool = False) -> None:
+    def __init__(self, quick: bool, soak_s: float, soak_rate: float, tiny: bool = False,
+                 embedded_only: bool = False) -> None:
         super().__init__(quick)
         self.duration = 0.3 if tiny else 1.5 if quick else 3.0
         self.rtt_cfg = {"n": 50 if tiny else 500 if quick else 2000, "warmup": 20 if tiny else 100,
@@ -70,6 +72,7 @@ class Compare(Bench):
         self.wire_max_n = self.max_n
         self.soak_s, self.soak_rate = soak_s, soak_rate
         self.tiny = tiny
+        self.embedded_only = embedded_only
         self.skipped = missing_systems()
         self.nats: NatsServer | None = None
         self._runs: dict[str, list[dict[str, Any]]] = {}  # throughput repetitions, by result key
@@ -119,6 +122,34 @@ class Compare(Bench):
                           subscribers=N_SUBS, window=window, max_n=self.max_n, duration=self.duration)
         how = "plain awaited loop" if window == 1 else f"{window} in flight"
         return self.one_way(f"meshd publish to {N_SUBS} ({how})", subs, pub, daemons=(a, b))
+
+    def _node(self, name: str, tag: str) -> dict[str, Any]:
+        """Settings of an embedded node (roles_embedded.py): 127.0.0.1, plaintext like A and B, a
+        mesh of its own per pair (so A and B route nothing for it), no HTTP gateway."""
+        return {"name": name, "mesh": f"{self.mesh}e{tag}", "interfaces": [LOOPBACK], "insecure": True,
+                "state_dir": str(self.workdir / f"emb-{name}"), "http": False,
+                "socket": str(self.workdir / f"emb-{name}.sock")}
+
+    def embedded_one_way(self, tag: str) -> dict[str, Any]:
+        """Two processes, each an agent with its node embedded: the README's send loop and async
+        handler, over the mesh link only."""
+        recv = self.ready_helper("emb_recv", name=f"erecv-{tag}", node=self._node(f"er{tag}", tag),
+                                 topic="bench", async_handler=True)
+        snd = self.helper("emb_send", name=f"esend-{tag}", node=self._node(f"es{tag}", tag),
+                          to=f"erecv-{tag}", duration=self.duration, max_n=self.max_n)
+        out = self.one_way("embedded agents one-way (async def handler, plain send loop)", [recv], snd)
+        # Each process is an agent and its node: CPU per message is the whole system's here.
+        out["receiver_cpu_us_per_msg"] = recv.seen.get("result", {}).get("cpu_us_per_msg")
+        print(f"    CPU us/msg, embedded sender (agent + node) {out['sender_cpu_us_per_msg'] or 0:.1f}, "
+              f"receiver (node + agent) {out['receiver_cpu_us_per_msg'] or 0:.1f}", flush=True)
+        return out
+
+    def embedded_rtt(self, tag: str) -> dict[str, Any]:
+        echo = self.ready_helper("emb_echo", name=f"eecho-{tag}", node=self._node(f"ee{tag}", tag))
+        rtt = self.helper("emb_rtt", name=f"easker-{tag}", node=self._node(f"ea{tag}", tag),
+                          to=f"eecho-{tag}", **self.rtt_cfg)
+        return self._rtt("embedded agents request/reply (async handler, plain awaited loop)", rtt,
+                         [echo])
 
     def nats_one_way(self, tag: str, n_subs: int = 1) -> dict[str, Any]:
         assert self.nats is not None
@@ -222,6 +253,9 @@ class Compare(Bench):
         if not disc or "new_sees_old_ms" not in disc or "old_sees_new_ms" not in disc:
             raise RuntimeError(f"daemons A and B never saw each other:\n{a.log()}\n{b.log()}")
 
+        if self.embedded_only:
+            return self._run_embedded(a, b)
+
         print("idle memory:", flush=True)
         idle: dict[str, Any] = {}
         idle["meshd_agent"] = self.guarded("idle", lambda: self.idle_rss("meshd", name="idle-agent",
@@ -246,6 +280,7 @@ class Compare(Bench):
         print("one-way (headline: async handler, plain send loop):", flush=True)
         for k in range(self.reps):
             self._collect("mesh_oneway", self.readme_one_way, a, b, f"ow{k}")
+            self._collect("emb_oneway", self.embedded_one_way, f"ow{k}")
             if self.have("nats"):
                 self._collect("nats_oneway", self.nats_one_way, f"ow{k}")
             if self.have("zenoh"):
@@ -253,6 +288,7 @@ class Compare(Bench):
             self._collect("raw_oneway", lambda tag: self.raw_throughput(), f"ow{k}")
         print("request/reply (plain awaited loop):", flush=True)
         r["mesh_rtt"] = self.guarded("mesh_rtt", self.readme_rtt, a, b)
+        r["emb_rtt"] = self.guarded("emb_rtt", self.embedded_rtt, "rr")
         if self.have("nats"):
             r["nats_rtt"] = self.guarded("nats_rtt", self.nats_rtt, "rr")
         if self.have("zenoh"):
@@ -280,6 +316,26 @@ class Compare(Bench):
         r["daemon_stats_after_load"] = {d.name: self._daemon_stats(d) for d in (a, b)}
         print("memory under steady load:", flush=True)
         r["soak"] = self.guarded("soak", self.soak, a, b)
+        for key in list(self._runs):
+            self.results[key] = self.best(self._runs[key])
+        r["meta"]["loadavg_at_end"] = os.getloadavg()
+        return r
+
+    def _run_embedded(self, a: Daemon, b: Daemon) -> dict[str, Any]:
+        """``--embedded``: the embedded rows beside the daemon path and Zenoh peer, interleaved
+        as in the full run (one-way: meshd, embedded, Zenoh per repetition; then the round trips)."""
+        r = self.results
+        print("one-way (async handler, plain send loop): daemons, embedded, Zenoh peer:", flush=True)
+        for k in range(self.reps):
+            self._collect("mesh_oneway", self.readme_one_way, a, b, f"ow{k}")
+            self._collect("emb_oneway", self.embedded_one_way, f"ow{k}")
+            if self.have("zenoh"):
+                self._collect("zenoh_oneway", self.zenoh_one_way, f"ow{k}")
+        print("request/reply (plain awaited loop):", flush=True)
+        r["mesh_rtt"] = self.guarded("mesh_rtt", self.readme_rtt, a, b)
+        r["emb_rtt"] = self.guarded("emb_rtt", self.embedded_rtt, "rr")
+        if self.have("zenoh"):
+            r["zenoh_rtt"] = self.guarded("zenoh_rtt", self.zenoh_rtt, "rr")
         for key in list(self._runs):
             self.results[key] = self.best(self._runs[key])
         r["meta"]["loadavg_at_end"] = os.getloadavg()
@@ -317,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds of steady load (default 20; quick 5; the issue's figure is 60)")
     ap.add_argument("--soak-rate", type=float, default=None,
                     help="msgs/s of the steady load (default 50000; quick 20000)")
+    ap.add_argument("--embedded", action="store_true",
+                    help="only the embedded-node rows, beside the daemon path and Zenoh peer (~40 s quick)")
     ap.add_argument("--json", type=Path, help="write every measurement to this JSON file")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("--cfg", help=argparse.SUPPRESS)
@@ -336,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     # under PYTHONDONTWRITEBYTECODE) every process compiles meshd from source at start, which
     # leaves ~1.3 MiB more resident in an idle agent and skews the idle-memory rows.
     compileall.compile_dir(str(REPO / "meshd"), quiet=1)
-    bench = Compare(quick, soak_s, soak_rate, tiny=args.tiny)
+    bench = Compare(quick, soak_s, soak_rate, tiny=args.tiny, embedded_only=args.embedded)
     status = 0
     try:
         results = bench.run()
@@ -348,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     if "meta" not in results:
         return 1
     rows = build_rows(results)
+    if args.embedded:
+        rows = [row for row in rows if row[0] in EMBEDDED_FIGURES]
     results["table"] = rows
     results["total_s"] = time.monotonic() - t0
     print_rows(rows, results)

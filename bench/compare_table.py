@@ -174,6 +174,29 @@ def rtt_of(key: str) -> Callable[[R], Cells]:
     return f
 
 
+def embedded_latency(r: R) -> Cells:
+    """Two embedded agents (each process runs its own node, docs/embedded.md) beside Zenoh peer."""
+    e, z = r.get("emb_rtt"), r.get("zenoh_rtt")
+    cell = _cell(r, "mesh", "emb_rtt", lambda x: f"{x['p50_us']:.0f} / {x['p99_us']:.0f}")
+    zcell = _cell(r, "zenoh", "zenoh_rtt", lambda x: f"{x['p50_us']:.0f} / {x['p99_us']:.0f}")
+    vz = f"{e['p50_us'] / z['p50_us']:.1f}x / {e['p99_us'] / z['p99_us']:.1f}x" if e and z else ""
+    return (cell, "", zcell, "", "", vz, (e["p50_us"] <= z["p50_us"]) if e and z else None)
+
+
+def embedded_throughput(r: R) -> Cells:
+    e, z = r.get("emb_oneway") or {}, r.get("zenoh_oneway") or {}
+    cell = _cell(r, "mesh", "emb_oneway", lambda x: _fmt_rate(x["rate"]))
+    zcell = _cell(r, "zenoh", "zenoh_oneway", lambda x: _fmt_rate(x["rate"]))
+    met = (e["rate"] >= z["rate"]) if e.get("rate") and z.get("rate") else None
+    return (cell, "", zcell, "", "", _ratio(e.get("rate"), z.get("rate")), met)
+
+
+def embedded_lost(r: R) -> Cells:
+    e = r.get("emb_oneway")
+    text = _cell(r, "mesh", "emb_oneway", lambda x: str(x.get("lost_all_runs", x.get("lost_total", 0))))
+    return (text, "", "", "", "", "", (e.get("lost_all_runs") == 0) if e else None)
+
+
 def _skip(r: R, system: str) -> str:
     return "skipped" if system in r["meta"].get("skipped", {}) else "ERROR"
 
@@ -182,6 +205,9 @@ ROWS: list[tuple[str, Callable[[R], Cells], str]] = [
     ("one-way msgs/s (async handler, plain send loop)", throughput("oneway", 1.0), ">= 1.0x NATS"),
     ("  lost", lost("oneway"), "0"),
     ("request/reply p50 / p99 us (plain awaited loop)", latency, "<= 1.5x / 2x NATS"),
+    ("embedded agents: request/reply p50 / p99 us", embedded_latency, "p50 <= Zenoh"),
+    ("embedded agents: one-way msgs/s", embedded_throughput, ">= 1.0x Zenoh"),
+    ("  lost (embedded)", embedded_lost, "0"),
     ("publish to 4 subs, per-sub msgs/s (plain loop)", throughput("publish", 0.8), ">= 0.8x NATS"),
     ("  lost (all subscribers)", lost("publish"), "0"),
     ("idle RSS MiB: agent / client process", idle_agent, "<= 25"),
@@ -222,3 +248,7 @@ def print_rows(rows: list[list[str]], r: R) -> None:
           "at end")
     for system, why in meta.get("skipped", {}).items():
         print(f"skipped {system}: {why}")
+
+
+EMBEDDED_FIGURES = frozenset(figure for figure, _, _ in ROWS[:6])
+"""The rows ``compare.py --embedded`` measures: the daemon path, the embedded one, their losses."""

@@ -134,20 +134,23 @@ class Tally:
     def __init__(self) -> None:
         self.count = self.first_k = 0
         self.first = self.last = 0.0
+        self.cpu_first = self.cpu_last = 0.0  # this process's CPU time at the first and last arrival
 
     def add(self, k: int) -> None:
         if not k:
             return
         self.last = time.perf_counter()
+        self.cpu_last = time.process_time()
         if not self.count:
-            self.first, self.first_k = self.last, k
+            self.first, self.first_k, self.cpu_first = self.last, k, self.cpu_last
         self.count += k
 
     def result(self) -> dict[str, Any]:
         span = self.last - self.first
         # The first arrival opens the span, so its messages are not part of the rate.
-        return {"received": self.count, "span_s": span,
-                "rate": (self.count - self.first_k) / span if span > 0 else 0.0}
+        n = self.count - self.first_k
+        return {"received": self.count, "span_s": span, "rate": n / span if span > 0 else 0.0,
+                "cpu_us_per_msg": (self.cpu_last - self.cpu_first) * 1e6 / n if n > 0 else None}
 
 
 class Tail:
@@ -344,6 +347,8 @@ def raw_relay(cfg: Cfg) -> None:
 def _agent(cfg: Cfg) -> Agent:
     from meshd.client import Agent
 
+    if "_node" in cfg:  # roles_embedded.py: the node runs in this process; attach in-process
+        return Agent(cfg["name"], embedded=cfg["_node"])
     return Agent(cfg["name"], socket=cfg["socket"])
 
 
@@ -815,6 +820,10 @@ def run_role(name: str, cfg: Cfg) -> None:
     wait themselves. Every socket made by zsocket is closed on the way out."""
     if name in ROLES:
         role = ROLES[name]
+    elif name.startswith("emb_"):  # an agent with its node embedded (roles_embedded.py)
+        from roles_embedded import EMBEDDED_ROLES
+
+        role = EMBEDDED_ROLES[name]
     else:  # NATS, Zenoh, raw PUB/SUB (imported only by the helpers that need them)
         from roles_peers import PEER_ROLES
 

@@ -3,8 +3,9 @@
 The public API is small: ``Agent`` (asyncio) and ``BlockingAgent`` to attach to the local daemon,
 ``Message`` as handlers see it, and the typed errors. The daemon itself is ``meshd run``.
 
-Importing this package loads the client only: ``hookimpl`` (for plugin authors) is resolved on
-first use, so an agent process never imports the daemon's dependencies (pluggy, pydantic,
+Importing this package loads the client only: ``hookimpl`` (for plugin authors) and
+``EmbeddedNode`` (a node inside the agent's process, docs/embedded.md) are resolved on first use,
+so an agent process never imports the daemon's dependencies (pluggy, pydantic,
 zeroconf, sqlite3). Must not import daemon modules at import time.
 """
 
@@ -14,6 +15,7 @@ from .client import DEFER, Agent, BlockingAgent, HandoffResult, Message
 from .errors import (
     Cancelled,
     ConfigError,
+    DaemonStopping,
     DaemonUnreachable,
     HandlerError,
     HopLimit,
@@ -32,6 +34,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .embedded import EmbeddedNode
     from .hookspecs import hookimpl
 
 __version__ = "0.1.0"
@@ -42,7 +45,9 @@ __all__ = [
     "BlockingAgent",
     "Cancelled",
     "ConfigError",
+    "DaemonStopping",
     "DaemonUnreachable",
+    "EmbeddedNode",
     "HandlerError",
     "HandoffResult",
     "HopLimit",
@@ -69,4 +74,8 @@ def __getattr__(name: str) -> Any:
         from .hookspecs import hookimpl
 
         return hookimpl
+    if name == "EmbeddedNode":  # the daemon in this process (docs/embedded.md): its imports only if used
+        from .embedded import EmbeddedNode
+
+        return EmbeddedNode
     raise AttributeError(f"module 'meshd' has no attribute {name!r}")

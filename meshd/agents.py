@@ -22,7 +22,9 @@ import zmq
 
 from . import protocol as P
 from . import transport
+from .dirdelta import DirectoryUpdates
 from .directory import Directory, LocalAgent, topic_cost
+from .handover import AgentHandover
 from .liveness import PeerState, next_state
 from .peers import PeerTable
 from .plugins import PluginHost
@@ -121,6 +123,11 @@ class AgentLink:
         if self._backlog:
             self._schedule_flush()
 
+    @property
+    def backlog_empty(self) -> bool:
+        """No answer waits for any connection."""
+        return not self._backlog
+
     def forget(self, rid: bytes) -> None:
         """The connection left: drop what waited for it."""
         self._backlog.pop(rid, None)
@@ -155,8 +162,10 @@ class LocalAgents:
         self.stats = stats
         self.node_info = node_info
         self.stopping = False
-        self._dir_send_scheduled = False
+        #: Telling agents that this daemon stops, and waiting for their answers (meshd/handover.py).
+        self.handover = AgentHandover(link, directory, stats, register=self.register_later)
         self.qos: Qos1Driver
+        self.updates: DirectoryUpdates
         self.admin: Admin
 
     def on_control(self, rid: bytes, agent: LocalAgent | None, kind: str,
@@ -174,9 +183,14 @@ class LocalAgents:
                 if agent.state is not PeerState.ONLINE:
                     self.agent_event(agent, str(agent.state), "online")
                     agent.state = PeerState.ONLINE
-                    self.directory_changed()  # peers show agent states too
+                    self.directory_changed(agent)  # peers show agent states too
             return
         if kind == Kind.REGISTER:
+            if self.stopping:  # the answer to the stop notice: refused, the next daemon registers it
+                self.handover.answered(rid, msg_id)
+                return
+            if self.handover.defer(rid, msg_id, frames):  # starting: answered at READY
+                return
             self.register(rid, agent, msg_id, frames)
             return
         if kind == Kind.ACK:
@@ -225,6 +239,10 @@ class LocalAgents:
         else:
             self.unsubscribe(agent, str(topic))
         self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id})
+
+    def register_later(self, rid: bytes, msg_id: Any, frames: list[bytes]) -> None:
+        """A registration deferred while the daemon started (meshd/handover.py)."""
+        self.register(rid, self.directory.local_by_rid.get(rid), msg_id, frames)
 
     def register(self, rid: bytes, agent: LocalAgent | None, msg_id: Any, frames: list[bytes]) -> None:
         try:
@@ -379,28 +397,14 @@ class LocalAgents:
                 self.remove(agent, "disconnected")
         self.link.kick()
 
-    def directory_changed(self) -> None:
-        """Bump the directory version now; tell peers once per loop turn, however many changes
-        (a burst of 1,000 subscriptions sends a handful of ``dir`` bodies, not 1,000)."""
+    def directory_changed(self, agent: LocalAgent | None = None) -> None:
+        """Bump the directory version now (``agent``: its state changed); peers hear of it once
+        per loop turn, however many changes, as a delta of what changed (meshd/dirdelta.py)."""
         self.directory.bump()
-        if self._dir_send_scheduled:
-            return
-        self._dir_send_scheduled = True
-        try:
-            asyncio.get_running_loop().call_soon(self._send_directory)
-        except RuntimeError:  # no loop (unit tests): send now
-            self._send_directory()
-
-    def _send_directory(self) -> None:
-        self._dir_send_scheduled = False
-        if self.stopping:
-            return
-        body = P.pack(self.directory.body())
-        header = {P.KIND: Kind.DIRECTORY, P.FROM: self.node_id, P.VER: self.directory.version}
-        self.stats["directory_sent"] += 1
-        for peer in self.peers.values():
-            if peer.greeted and peer.state is not PeerState.OFFLINE:
-                self.peer_table.send(peer, header, body)
+        if agent is not None:
+            self.directory.journal.fields(agent.name)
+        if not self.stopping:
+            self.updates.changed()
 
     def subscribe(self, agent: LocalAgent, topic: str, durable: bool = False) -> None:
         changed, key = self.directory.subscribe(agent, topic, durable)
@@ -435,4 +439,4 @@ class LocalAgents:
             elif state is PeerState.STALE:
                 self.agent_event(agent, str(agent.state), "stale")
                 agent.state = PeerState.STALE
-                self.directory_changed()
+                self.directory_changed(agent)

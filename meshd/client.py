@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -55,6 +55,9 @@ from .resend import REREGISTER_ATTEMPTS as REREGISTER_ATTEMPTS
 from .resend import RESEND_WINDOW as RESEND_WINDOW
 from .resend import ResendHold
 from .transport import Reactor, SendQueue, agent_dealer
+
+if TYPE_CHECKING:
+    from .embedded import EmbeddedNode
 
 log = logging.getLogger("meshd.client")
 
@@ -95,13 +98,17 @@ class Agent:
         batch_max: int = 64,
         max_payload_bytes: int = P.DEFAULT_MAX_PAYLOAD_BYTES,
         auto_heartbeat: bool = True,
+        embedded: EmbeddedNode | None = None,
     ) -> None:
         if not P.valid_name(name):
             raise ValidationFailed(f"invalid agent name {name!r}: 1-128 printable characters, no '@'")
         if not 1 <= batch_max <= P.MAX_BATCH:
             raise ValidationFailed(f"batch_max must be 1..{P.MAX_BATCH}")
         self.name = name
-        self.socket_path = Path(socket) if socket else find_agent_socket()
+        #: The in-process node this agent attaches to, without a socket (meshd/embedded.py).
+        self.embedded = embedded
+        self.socket_path = (embedded.socket_path if embedded is not None else
+                            Path(socket) if socket else find_agent_socket())
         self.capabilities = list(capabilities or [])
         self.metadata = dict(metadata or {})
         self.heartbeat_interval = heartbeat_interval
@@ -156,15 +163,19 @@ class Agent:
 
     async def connect(self) -> None:
         """Connect to the daemon and register this agent's name; raises NameTaken etc."""
-        if not self.socket_path.exists():
+        if self.embedded is None and not self.socket_path.exists():
             raise DaemonUnreachable(f"no meshd agent socket at {self.socket_path} (is meshd running?)")
         self._loop = asyncio.get_running_loop()
-        sock = agent_dealer(zmq.Context.instance())
-        sock.connect(f"ipc://{self.socket_path}")
+        if self.embedded is not None:  # in-process: no socket, no hop to the node
+            sock = self.embedded.attach(self._incoming.on_frames)
+        else:
+            sock = agent_dealer(zmq.Context.instance())
+            sock.connect(f"ipc://{self.socket_path}")
         self._sock = sock
         self._reactor = Reactor(self._loop)
         self._sendq = SendQueue(sock, self._reactor, self._loop, SEND_QUEUE_LIMIT // self.batch_max)
-        self._reactor.add(sock, self._incoming.on_frames)
+        if self.embedded is None:
+            self._reactor.add(sock, self._incoming.on_frames)
         await self._register()
         self._hb_task = asyncio.create_task(self._heartbeat_loop(), name=f"meshd-agent-hb-{self.name}")
 
@@ -175,6 +186,10 @@ class Agent:
             self.node = info.get("node")
             self.node_name = info.get("node_name")
             self._window.fit_daemon(info.get("in_flight_max"))
+            beat = info.get("heartbeat_interval")  # PROTOCOL.md §8.2: beat at least this often
+            if isinstance(beat, (int, float)) and not isinstance(beat, bool) \
+                    and 0 < beat < self.heartbeat_interval:
+                self.heartbeat_interval = float(beat)
 
     async def close(self) -> None:
         """Unregister (best effort) and release the socket. Idempotent."""
@@ -190,6 +205,7 @@ class Agent:
             await self._control({P.KIND: Kind.UNREGISTER}, timeout=1.0)
         self._closed = True
         self._dispatch.cancel_all()
+        self._resend.release(DaemonUnreachable("the agent closed before its daemon came back"))
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(DaemonUnreachable("agent closed"))
@@ -245,8 +261,13 @@ class Agent:
             header[P.HEADERS] = headers
         data = self._payload(payload)
         if qos == 0:
+            if self._resend.holding:  # the daemon is restarting: sent once registered again
+                self._require_loop()
+                if await self._resend.hold_new(msg_id, ((P.TO, to, 0), header, data)):
+                    return msg_id
             self._enqueue((P.TO, to, 0), header, data)
-            self._resend.remember(msg_id, ((P.TO, to, 0), header, data))
+            if self.embedded is None:  # an embedded node never restarts under its agent
+                self._resend.remember(msg_id, ((P.TO, to, 0), header, data))
             await self._backpressure()
             return msg_id
         loop = self._require_loop()
@@ -575,7 +596,10 @@ class Agent:
                 if deadline < now:
                     self._expire_control(msg_id)
             if self.auto_heartbeat:
-                self.heartbeat()
+                try:
+                    self.heartbeat()
+                except DaemonUnreachable:  # an embedded node that stopped: calls raise it too
+                    return
 
 
 # BlockingAgent lives in meshd/blocking.py (a thread around an Agent); imported last because it

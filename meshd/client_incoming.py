@@ -2,8 +2,9 @@
 
 Owns: splitting a frame set (``batching.split_incoming``) and handing its messages on: work to
 the ``Dispatcher``, answers (``ok``, ``reply``, ``progress``) to the calls waiting for them,
-error envelopes to those calls or to ``on_error`` (NAME_TAKEN and NOT_REGISTERED honoured only
-from the agent's own daemon; NOT_REGISTERED starts the ``ResendHold``'s re-registration).
+error envelopes to those calls or to ``on_error`` (NAME_TAKEN, NOT_REGISTERED and DAEMON_STOPPING
+honoured only from the agent's own daemon; NOT_REGISTERED and the DAEMON_STOPPING notice start
+the ``ResendHold``'s hold and re-registration).
 
 Must not touch: sending, the socket, the table of waiting calls beyond resolving an entry; the
 ``Agent`` (meshd/client.py) owns this part and the state it reads.
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("meshd.client")
 
-_STATE_CHANGING = frozenset({P.ErrorCode.NAME_TAKEN, P.ErrorCode.NOT_REGISTERED})
+_STATE_CHANGING = frozenset({P.ErrorCode.NAME_TAKEN, P.ErrorCode.NOT_REGISTERED,
+                             P.ErrorCode.DAEMON_STOPPING})
 """Error codes that change this agent's state; honoured only from its own daemon."""
 ERROR_LOG_EVERY = 1000
 """Errors nobody handles (no ``on_error``) are logged once per code, then every this many."""
@@ -135,13 +137,14 @@ class Incoming:
             # registration was earlier. This agent no longer owns its name; calls now raise.
             a.evicted = err
             log.warning("agent %s: %s", a.name, err.message)
-        if err.code == P.ErrorCode.NOT_REGISTERED:
+        if err.code == P.ErrorCode.NOT_REGISTERED or (err.code == P.ErrorCode.DAEMON_STOPPING
+                                                      and unmatched):
             if not a._closed and a.evicted is None:
-                # The daemon restarted and forgot us: register again and restore subscriptions;
-                # the qos-0 sends it refused go again then (the others are reported below).
+                # The daemon restarted and forgot us, or is stopping (its notice): hold new qos-0
+                # sends, register again and restore subscriptions; the qos-0 sends it refused go
+                # again then (the others are reported below).
                 unmatched = a._resend.hold(unmatched)
-                if not a._resend.reregistering:
-                    a._resend.reregistering = True  # now, not when the task starts: one at a time
+                if a._resend.start():  # one re-registration at a time
                     a._dispatch.spawn(a._resend.reregister(a._reregister, lambda: a._closed))
             unmatched = [t for t in unmatched if t is not None]
         if err.code == P.ErrorCode.CANCELLED:

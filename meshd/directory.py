@@ -3,8 +3,11 @@
 Owns: :class:`LocalAgent` records (by name and by connection routing id), the remote records
 each peer last sent (by node id), which node hosts which remote name, the name-conflict rule
 (:func:`loses_name`, on the registration counter: a Lamport clock, never a wall clock), the
-directory version peers compare on heartbeats, and the index of local
-topic subscriptions (with their PUB/SUB keys). It must not touch sockets, peers or plugins: it
+directory version peers compare on heartbeats, the index of local
+topic subscriptions (with their PUB/SUB keys), and applying a peer's full directory or a delta
+of it (:meth:`Directory.apply_delta`). Every change to a local record is noted in ``journal``
+(a :class:`~meshd.dirdelta.ChangeJournal`), from which meshd/dirdelta.py builds the delta peers
+get. It must not touch sockets, peers or plugins: it
 returns what changed (a key to subscribe, the local agents that lost a name) and the node acts.
 Peers and the directory never import each other; they meet only in node.py.
 """
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import protocol as P
+from .dirdelta import ChangeJournal
 from .liveness import PeerState
 from .tools.names import SYSTEM_PREFIX
 
@@ -85,6 +89,21 @@ def loses_name(mine: LocalAgent, own_node_id: str, theirs: Mapping[str, Any]) ->
     return (their_reg, str(theirs.get("node"))) < (mine.reg, own_node_id)
 
 
+def _valid_change(ch: Any, held: Mapping[str, Any]) -> bool:
+    """Whether one entry of a delta's ``changes`` is well formed and applies to ``held``."""
+    if not isinstance(ch, dict) or not P.valid_name(ch.get("name")):
+        return False
+    if ch.get("gone") is True:
+        return True
+    if "rec" in ch:
+        rec = ch["rec"]
+        return isinstance(rec, dict) and rec.get("name") == ch["name"]
+    if ch["name"] not in held or ("set" in ch and not isinstance(ch["set"], dict)):
+        return False
+    return all(isinstance(ch.get(k, []), list) and all(isinstance(t, str) for t in ch.get(k, []))
+               for k in ("sub", "dsub", "unsub"))
+
+
 def _holder_keeps(holder_node: str, holder_rec: Mapping[str, Any], node: str,
                   rec: Mapping[str, Any]) -> bool:
     """Between two remote holders of one name, the smaller (counter, node id) keeps it."""
@@ -102,6 +121,13 @@ class Directory:
         self.node_id = node_id
         #: Bumped on every local change; peers resync when a heartbeat shows another version.
         self.version = 0
+        #: The version peers were last told of (heartbeats carry it; the next delta starts there).
+        self.announced = 0
+        #: What changed in the local records since ``announced`` (meshd/dirdelta.py).
+        self.journal = ChangeJournal()
+        #: (node id, agent name) -> its remote record's topics and durable topics as sets, kept
+        #: while deltas change that record (so applying one costs the change, not the record).
+        self._topic_sets: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
         self.local: dict[str, LocalAgent] = {}
         self.local_by_rid: dict[bytes, LocalAgent] = {}
         #: Remote agent name -> node id of the peer hosting it.
@@ -127,7 +153,7 @@ class Directory:
         Registrations and subscriptions are admitted against a budget (``directory_max_bytes``)
         that leaves out telemetry; should the telemetry push the body past ``body_limit``, the
         records go without it, so the body always fits what a peer accepts."""
-        body: dict[str, Any] = {"version": self.version,
+        body: dict[str, Any] = {"version": self.version, "deltas": True,
                                 "agents": [a.record(self.node_id) for a in self.local.values()]}
         if self.estimated_bytes() + 16 * 1024 * len(self.local) > self.body_limit and \
                 len(P.pack(body)) > self.body_limit:
@@ -157,9 +183,11 @@ class Directory:
         self.local[agent.name] = agent
         self.local_by_rid[agent.rid] = agent
         self.recount(agent)
+        self.journal.whole(agent.name)
 
     def recount(self, agent: LocalAgent) -> None:
         """Recompute what ``agent``'s record costs (after it registered or re-registered)."""
+        self.journal.fields(agent.name)
         self.record_bytes[agent.name] = self.record_cost(agent.name, agent.capabilities, agent.metadata) + \
             sum(topic_cost(t, t in agent.durable) for t in agent.topics)
 
@@ -171,6 +199,7 @@ class Directory:
         del self.local[agent.name]
         self.local_by_rid.pop(agent.rid, None)
         self.record_bytes.pop(agent.name, None)
+        self.journal.whole(agent.name)
         dropped = []
         for topic in list(agent.topics):
             _, key = self.unsubscribe(agent, topic)
@@ -191,8 +220,11 @@ class Directory:
                 agent.durable.discard(topic)
             changed = topic in agent.topics
         if topic in agent.topics:
+            if changed:
+                self.journal.topic(agent.name, topic)
             return changed, None
         agent.topics.add(topic)
+        self.journal.topic(agent.name, topic)
         self._charge(agent, topic_cost(topic, durable))
         subs = self.local_topics.setdefault(topic, set())
         key = P.topic_key(topic)
@@ -208,6 +240,7 @@ class Directory:
         self._charge(agent, -topic_cost(topic, topic in agent.durable))
         agent.topics.discard(topic)
         agent.durable.discard(topic)
+        self.journal.topic(agent.name, topic)
         subs = self.local_topics.get(topic, set())
         subs.discard(agent)
         if subs:
@@ -245,6 +278,7 @@ class Directory:
         for name in agents:
             if self.remote.get(name) == node_id:
                 del self.remote[name]
+            self._topic_sets.pop((node_id, name), None)
         if agents:
             self._remote_topic_counts = None
 
@@ -270,16 +304,95 @@ class Directory:
         self._remote_topic_counts = None
         losers: list[LocalAgent] = []
         for name, rec in agents.items():
-            mine = self.local.get(name)
-            if mine is not None and loses_name(mine, self.node_id, rec):
-                losers.append(mine)
-            holder = self.remote.get(name)
-            if (holder is not None and holder != node_id
-                    and _holder_keeps(holder, self.records_of(holder).get(name, {}), node_id, rec)):
-                continue
-            if name not in self.local or mine in losers:
-                self.remote[name] = node_id
+            self._admit(node_id, name, rec, losers)
         return (version if isinstance(version, int) else -1), losers
+
+    def _admit(self, node_id: str, name: str, rec: Mapping[str, Any], losers: list[LocalAgent]) -> None:
+        """Peer ``node_id`` holds ``name`` (record ``rec``): a local holder that loses the name
+        joins ``losers``; the name routes to that peer unless another holder keeps it."""
+        mine = self.local.get(name)
+        if mine is not None and loses_name(mine, self.node_id, rec):
+            losers.append(mine)
+        holder = self.remote.get(name)
+        if (holder is not None and holder != node_id
+                and _holder_keeps(holder, self.records_of(holder).get(name, {}), node_id, rec)):
+            return
+        if name not in self.local or mine in losers:
+            self.remote[name] = node_id
+
+    def apply_delta(self, node_id: str, changes: Any) -> list[LocalAgent] | None:
+        """Apply a delta's ``changes`` to what peer ``node_id`` hosts (docs/PROTOCOL.md §9.4).
+
+        Returns None, changing nothing, if we hold no directory of that peer or a change is
+        malformed or names a record we do not hold (the caller asks for the full directory);
+        else the local agents that lose their name to it (the same rule as a full directory).
+        """
+        held = self.remote_agents.get(node_id)
+        if held is None or not isinstance(changes, list) or not all(
+                _valid_change(ch, held) for ch in changes):
+            return None
+        losers: list[LocalAgent] = []
+        for ch in changes:
+            name: str = ch["name"]
+            if ch.get("gone") is True:
+                if held.pop(name, None) is not None:
+                    self._remote_topic_counts = None
+                if self.remote.get(name) == node_id:
+                    del self.remote[name]
+                self._topic_sets.pop((node_id, name), None)
+                continue
+            rec = ch.get("rec")
+            if rec is not None:
+                held[name] = rec
+                self._remote_topic_counts = None
+                self._topic_sets.pop((node_id, name), None)
+            else:
+                old = held[name]
+                rec = old
+                if "set" in ch:
+                    rec = held[name] = ch["set"] | {"name": name, "topics": old.get("topics") or [],
+                                                    "durable": old.get("durable") or []}
+                self._retopic(node_id, name, rec, ch)
+            reg = record_reg(rec)
+            if reg is not None and reg > self.reg_clock:
+                self.reg_clock = reg
+            self._admit(node_id, name, rec, losers)
+        return losers
+
+    def _retopic(self, node_id: str, name: str, rec: dict[str, Any], ch: Mapping[str, Any]) -> None:
+        """Apply a change's ``sub``, ``dsub`` and ``unsub`` to remote record ``rec``."""
+        if not any(k in ch for k in ("sub", "dsub", "unsub")):
+            return
+        sets = self._topic_sets.get((node_id, name))
+        topics: list[str] = rec["topics"] if isinstance(rec.get("topics"), list) else []
+        durable: list[str] = rec["durable"] if isinstance(rec.get("durable"), list) else []
+        rec["topics"], rec["durable"] = topics, durable
+        if sets is None:
+            sets = self._topic_sets[(node_id, name)] = (set(topics), set(durable))
+        in_topics, in_durable = sets
+        counts = self._remote_topic_counts
+        for topic in ch.get("unsub", ()):
+            if topic in in_topics:
+                in_topics.discard(topic)
+                topics.remove(topic)
+                if counts is not None:
+                    counts[topic] -= 1
+            if topic in in_durable:
+                in_durable.discard(topic)
+                durable.remove(topic)
+        added = [(t, False) for t in ch.get("sub", ())] + [(t, True) for t in ch.get("dsub", ())]
+        for topic, make_durable in added:
+            if topic not in in_topics:
+                in_topics.add(topic)
+                topics.append(topic)
+                if counts is not None:
+                    counts[topic] += 1
+            if make_durable and topic not in in_durable:
+                in_durable.add(topic)
+                durable.append(topic)
+            elif not make_durable and topic in in_durable:
+                in_durable.discard(topic)
+                durable.remove(topic)
 
     # ------------------------------------------------------------------ topics
 

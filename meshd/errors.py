@@ -135,6 +135,13 @@ class DaemonUnreachable(MeshError, ConnectionError):
     retryable = True
 
 
+class DaemonStopping(DaemonUnreachable):
+    """The local daemon is stopping (a notice when its shutdown begins, or the answer to
+    ``register`` while it stops): qos-0 sends are held and registered again with the next one."""
+
+    code = "DAEMON_STOPPING"
+
+
 class StartupError(MeshError, RuntimeError):
     """The daemon cannot start: no usable interface, the agent socket path taken or not a socket.
 
@@ -185,6 +192,7 @@ ERRORS_BY_CODE: dict[str, type[MeshError]] = {
         TooLarge,
         NotRegistered,
         DaemonUnreachable,
+        DaemonStopping,
         Cancelled,
         Undeliverable,
         OutboxFull,

@@ -49,10 +49,12 @@ from .admin import Admin, letter_summary
 from .agents import AgentLink, LocalAgents
 from .builtin_plugins import JsonlDeadLetterSink
 from .deadletters import DeadLetters
+from .dirdelta import DirectoryUpdates
 from .directory import Directory
 from .discovery import Discovery, default_interfaces
 from .doctor import daemon_report
 from .errors import StartupError, StateFileError
+from .handover import peers_settled
 from .liveness import PeerState
 from .logonce import LogOnce
 from .outcomes import Outcomes
@@ -180,18 +182,22 @@ class Node:
         # the FIFO; ``dead_letters(limit)`` is the NodeView's read of it
         self.dead_letter_fifo = DeadLetters(settings.dead_letter_capacity)
         self.directory = Directory()
+        self.dir_updates = DirectoryUpdates(self.directory, self.stats,
+                                            max_bytes=settings.directory_max_bytes)
         self.security = Security(settings)
         self.peer_table = PeerTable(
             settings, node_id="", name=self.name, incarnation=self.incarnation, security=self.security,
             stats=self.stats, quiet=self._quiet, interfaces=self.interfaces, max_frame=self._max_frame,
             events=PeerEvents(
-                state_changed=self._peer_state_changed, directory=self._apply_directory,
+                state_changed=self._peer_state_changed, directory=self.dir_updates.received,
                 restarted=self._peer_restarted, acks=self._peer_acks, reject=self._reject_control,
                 topic_message=self._on_topic, topic_keys=lambda: self.directory.local_topic_keys.keys(),
-                directory_body=self.directory.body, directory_version=lambda: self.directory.version,
+                directory_body=self.dir_updates.snapshot,
+                directory_version=self.dir_updates.announced_version,
                 telemetry=self._telemetry,
             ),
         )
+        self.dir_updates.peer_table = self.peer_table
         self.store: DeliveryStore | None = None
         self.qos: Qos1Driver
         self.agents_sock: zmq.Socket[Any] | None = None
@@ -339,6 +345,9 @@ class Node:
         self.qos.router, self.qos.link = self.routing, link
         self.qos.peer_table, self.qos.directory = self.peer_table, self.directory
         self.local_agents.admin = self.admin
+        self.local_agents.updates, self.dir_updates.evict = self.dir_updates, self.local_agents.evict
+        self.local_agents.handover.hold_registrations(  # answered at READY (meshd/handover.py)
+            settled=lambda: peers_settled(self.peer_table))
         self.admin.router = self.routing
         self.admin.doctor = lambda: daemon_report(self.settings, self.interfaces, self.peer_table,
                                                   {"router": self.router_port, "pub": self.pub_port})
@@ -398,6 +407,7 @@ class Node:
         self.system = SystemAgent(self, self._system_token)
         await self.system.start()
         self.ready.set()
+        self.local_agents.handover.ready()
         self.notifier.ready(self.status_line())
         self._timer(self.timer_loops.status_loop, "meshd-status")
 
@@ -432,6 +442,7 @@ class Node:
         local_agents = getattr(self, "local_agents", None)
         if local_agents is not None:
             local_agents.stopping = True
+            local_agents.handover.begin()  # DAEMON_STOPPING to each agent: it holds its sends
         routing = getattr(self, "routing", None)
         if routing is not None:
             routing.stopping = True
@@ -468,7 +479,8 @@ class Node:
             await self._discovery.stop()
 
     async def _stop_sockets(self) -> None:
-        self._drain_agent_socket()
+        if getattr(self, "local_agents", None) is not None:  # read the agents' last words, answer them
+            await self.local_agents.handover.finish(self.agents_sock, self.routing.on_agent)
         if self._reactor is not None:
             self._reactor.close()
         if self.store is not None:
@@ -492,24 +504,6 @@ class Node:
         if self._socket_bound:  # never remove another daemon's socket after a failed start
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
-
-    def _drain_agent_socket(self) -> None:
-        """Route what agents sent and we have not read yet, so closing the socket loses none of
-        it (a qos-0 send in that buffer used to vanish with no word to its sender)."""
-        sock, routing = self.agents_sock, getattr(self, "routing", None)
-        if sock is None or routing is None:
-            return
-        drained = 0
-        with contextlib.suppress(zmq.ZMQError):
-            while drained < 100_000:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-                drained += 1
-                try:
-                    routing.on_agent(frames)
-                except Exception:
-                    log.exception("routing a message drained at shutdown failed")
-        if drained:
-            log.info("routed %d message(s) agents sent just before the shutdown", drained)
 
     async def _stop_workers(self) -> None:
         self.notifier.close()
@@ -555,15 +549,6 @@ class Node:
 
     def _reject_control(self, exc: FrameError, frames: list[bytes], origin: str) -> None:
         self.routing.reject(exc, frames, origin=origin)
-
-    def _apply_directory(self, peer: Peer, body: Any) -> None:
-        applied = self.directory.apply_node(peer.node_id, body)
-        if applied is None:
-            self.stats["bad_directory"] += 1
-            return
-        peer.dir_version, losers = applied
-        for mine in losers:
-            self.local_agents.evict(mine, f"name {mine.name!r} is registered on node {peer.node_id} too")
 
     def _on_topic(self, frames: list[bytes]) -> None:
         self.routing.on_topic(frames)

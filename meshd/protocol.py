@@ -131,6 +131,7 @@ class ErrorCode:
     OUTBOX_FULL: Final = "OUTBOX_FULL"
     STORAGE_FULL: Final = "STORAGE_FULL"
     PUBLICATIONS_MISSED: Final = "PUBLICATIONS_MISSED"
+    DAEMON_STOPPING: Final = "DAEMON_STOPPING"
 
 
 HANDOFF_TOPIC: Final = "handoff-task"

@@ -116,7 +116,7 @@ class Publications:
         """A publication from a peer's XPUB: hand it to the local subscribers."""
         r = self.router
         subs = r.directory.local_topic_keys.get(frames[0])
-        if not subs or len(frames) < 4 or frames[1] != P.SIGNATURE:
+        if not subs or len(frames) != 4 or frames[1] != P.SIGNATURE:  # [topic, SIG, header, payload]
             r.stats["topic_dropped"] += 1
             return
         msg = frames[1:]

@@ -139,11 +139,16 @@ class Router:
             self.reject(exc, frames, origin=f"peer {rid[:32]!r}", header=exc.fields)
             return
         kind = header.kind
+        if len(frames) != 4:  # §4.1 holds for peers too, control kinds included
+            self.reject(FrameError("batch_odd_frames" if kind == Kind.BATCH else "too_many_frames",
+                                   str(len(frames) - 1)), frames, origin=f"peer {rid[:32]!r}", header=header)
+            return
         peer = self.peer_table.for_rid(rid)
         if kind in P.PEER_CONTROL_KINDS:
             self.peer_table.on_control(rid, peer, header, frames)
             return
         if peer is None or not peer.greeted:
+            self.stats["dropped_data_before_hello"] += 1  # of dropped_before_hello: not control
             self.peer_table.unknown_sender(peer or self.peer_table.claimed(rid))
             return
         self.peer_table.heard_from(peer)
@@ -163,10 +168,6 @@ class Router:
         if agent is None or (node and node not in (self.node_id, self.name)):
             self.bounce(header, frames[1:], P.ErrorCode.NO_SUCH_AGENT,
                          f"no agent named {to!r} on node {self.node_id}", origin=peer.node_id)
-            return
-        if kind == Kind.BATCH and len(frames) != 4:
-            self.reject(FrameError("batch_odd_frames", str(len(frames))), frames,
-                         origin=f"peer {peer.node_id}", header=header)
             return
         self.deliver_local(agent, header, frames[1:], peer.node_id)
 

@@ -164,6 +164,8 @@ def test_a_budget_is_enforced_on_the_requesters_clock(meshd_factory: MeshdFactor
                 return DEFER  # never answered
 
             await wait_listed(sink_a, "sink-a", "echo-b")
+            async with Agent("probe-b", socket=b.socket) as probe_b:  # echo-b's daemon knows sink-a
+                await wait_listed(probe_b, "sink-a")  # (else echo-b's ask fails fast: NO_SUCH_AGENT)
             for budget in (0.3, 1.0):
                 answer = await sink_a.request("echo-b", "ask", {"to": "sink-a", "topic": "hold",
                                                                  "timeout": budget}, timeout=10)

@@ -29,3 +29,11 @@ def test_hookimpl_still_resolves_on_first_use() -> None:
     from meshd.hookspecs import hookimpl
 
     assert meshd.hookimpl is hookimpl
+
+
+def test_embedded_node_resolves_on_first_use_only() -> None:
+    probe = ("import sys, meshd; before = 'meshd.embedded' in sys.modules; "
+             "from meshd import EmbeddedNode; import meshd.embedded as m; "
+             "print(before, EmbeddedNode is m.EmbeddedNode)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]

@@ -213,3 +213,65 @@ def test_chunk_ids_keeps_every_ack_header_within_the_cap() -> None:
         for chunk in chunks:
             header = P.pack({P.KIND: P.Kind.ACK, P.FROM: "f" * 16, P.IDS: chunk})
             assert P.unpack_header(header)[P.IDS] == chunk
+
+
+@pytest.mark.parametrize("key,value", [
+    (P.HOPS, 1.0), (P.HOPS, True), (P.HOPS, 3.5), (P.QOS, 1.0), (P.QOS, 0.0), (P.QOS, True), (P.QOS, False),
+    (P.BUDGET, True), (P.BUDGET, float("nan")), (P.BUDGET, float("-inf")), (P.DEADLINE, True),
+    (P.DEADLINE, float("inf")),
+])
+def test_numbers_integer_only_fields_refuse_floats_and_booleans(key: str, value: object) -> None:
+    """docs/PROTOCOL.md §3: ``hops`` and ``qos`` are integers only (not even 1.0, never a boolean);
+    ``budget`` and ``deadline`` take any finite number, but not a boolean, NaN or an infinity."""
+    with pytest.raises(FrameError) as info:
+        P.decode_header(P.pack({P.KIND: Kind.REQUEST, P.ID: "n", key: value}))
+    assert info.value.reason == "bad_field"
+
+
+def test_numbers_ints_are_accepted_where_floats_are_documented() -> None:
+    """docs/PROTOCOL.md §3: ``budget`` (ms) and ``deadline`` (Unix s) mean the same as an int or a
+    float; ``retry_after`` of an error map likewise; a daemon's timers are floats even when they
+    were configured as integers, so the ``register`` answer always carries float64 seconds."""
+    as_int = P.decode_header(P.pack({P.KIND: Kind.REQUEST, P.BUDGET: 60_000}))
+    as_float = P.decode_header(P.pack({P.KIND: Kind.REQUEST, P.BUDGET: 60_000.0}))
+    assert as_int.deadline is not None and as_float.deadline is not None
+    assert abs(as_int.deadline - as_float.deadline) < 1.0  # both about 60 s from now
+    assert 59.0 < as_int.deadline - time.monotonic() <= 60.0
+    wall = int(time.time()) + 30
+    legacy_int = P.decode_header(P.pack({P.KIND: Kind.REQUEST, P.DEADLINE: wall}))
+    legacy_float = P.decode_header(P.pack({P.KIND: Kind.REQUEST, P.DEADLINE: float(wall)}))
+    assert legacy_int.deadline is not None and legacy_float.deadline is not None
+    assert abs(legacy_int.deadline - legacy_float.deadline) < 1.0
+    for hops in (0, 5, P.MAX_HOPS):
+        assert P.decode_header(P.pack({P.KIND: Kind.REQUEST, P.HOPS: hops})).hops == hops
+    assert error_from_wire({"code": "INBOX_FULL", "message": "m", "retry_after": 2}).retry_after == 2.0
+    assert isinstance(error_from_wire({"code": "X", "retry_after": 2}).retry_after, float)
+
+    from meshd.config import Settings
+    timers = Settings(heartbeat_interval=2, stale_after=6, offline_after=20)
+    assert all(type(t) is float
+               for t in (timers.heartbeat_interval, timers.stale_after, timers.offline_after))
+    assert msgpack.packb(timers.heartbeat_interval)[:1] == b"\xcb"  # float64 on the wire, as §15.1 shows
+
+
+def test_register_answer_example_matches_the_defaults() -> None:
+    """docs/PROTOCOL.md §15.1: the hex dump of the ``register`` answer is the default settings'."""
+    import re
+    from pathlib import Path
+
+    from meshd.config import Settings
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "PROTOCOL.md").read_text()
+    section = doc[doc.index("### 15.1 Register"):doc.index("### 15.2")]
+    dump = section[section.index("frame 2  body (§8.2)"):]
+    dump = dump[:dump.index("```")]
+    raw = bytes.fromhex(" ".join(re.findall(r"^  ((?:[0-9a-f]{2} ?)+)$", dump, re.M)))
+    answer = msgpack.unpackb(raw)
+    s = Settings()
+    assert answer == {
+        "node": "9c1e44a07b3f8d26", "node_name": "host-a", "mesh": "default",
+        "heartbeat_interval": s.heartbeat_interval, "stale_after": s.stale_after,
+        "offline_after": s.offline_after, "inbox_cap": s.inbox_cap, "max_payload_bytes": s.max_payload_bytes,
+        "max_header_bytes": P.MAX_HEADER_BYTES, "max_batch": P.MAX_BATCH, "hop_limit": s.hop_limit,
+        "in_flight_max": s.agent_answer_backlog}
+    assert f"{len(raw)} bytes" in section
