@@ -15,7 +15,9 @@ registration and heartbeats. The layers under it, like nats.py's parser apart fr
 
 Parts the ``Agent`` owns: :mod:`meshd.client_incoming` (frame sets from the daemon: answers,
 errors, work), :mod:`meshd.resend` (qos-0 sends held across a daemon restart, re-registration),
-:mod:`meshd.publish_window` (publishes awaiting confirmation).
+:mod:`meshd.publish_window` (publishes awaiting confirmation), :mod:`meshd.call_slots` (calls
+awaiting answers, within ``in_flight_max``), :mod:`meshd.handler_slots` (handlers running, within
+``max_concurrent_handlers``); :mod:`meshd.client_tools` makes the calls to the system agent.
 
 Must not touch: daemon internals; nothing here parses frames or builds batches by hand.
 """
@@ -29,14 +31,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 
 from . import protocol as P
 from .batching import Batcher, BatchKey
+from .call_slots import CallSlots
 from .client_incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
 from .client_incoming import Incoming
+from .client_tools import system_request
 from .dispatch import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from .errors import (
     DaemonUnreachable,
@@ -45,6 +49,7 @@ from .errors import (
     TooLarge,
     ValidationFailed,
 )
+from .handler_slots import DEFAULT_MAX_CONCURRENT_HANDLERS, HandlerSlots
 from .logonce import LogOnce
 from .paths import find_agent_socket
 from .payloads import encode_payload
@@ -57,7 +62,7 @@ from .resend import ResendHold
 from .transport import Reactor, SendQueue, agent_dealer
 
 if TYPE_CHECKING:
-    from .embedded import EmbeddedNode
+    from .embedded import EmbeddedNode, InProcessConnection
 
 log = logging.getLogger("meshd.client")
 
@@ -99,6 +104,7 @@ class Agent:
         max_payload_bytes: int = P.DEFAULT_MAX_PAYLOAD_BYTES,
         auto_heartbeat: bool = True,
         embedded: EmbeddedNode | None = None,
+        max_concurrent_handlers: int = DEFAULT_MAX_CONCURRENT_HANDLERS,
     ) -> None:
         if not P.valid_name(name):
             raise ValidationFailed(f"invalid agent name {name!r}: 1-128 printable characters, no '@'")
@@ -138,6 +144,10 @@ class Agent:
                                     schedule=self._call_soon, closed=lambda: self._closed)
         self._log_once = LogOnce(log, capacity=64)
         self._incoming = Incoming(self)  # frame sets from the daemon (meshd/client_incoming.py)
+        self._calls = CallSlots(self.socket_path)  # calls awaiting answers; then handlers running
+        self._handler_slots = HandlerSlots(self._dispatch, max_concurrent_handlers, self._calls,
+                                           push=self._push, enqueue=self._enqueue, reading=self._reading,
+                                           publishing=lambda: bool(self._window.unconfirmed))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sock: zmq.Socket[Any] | None = None
         self._reactor: Reactor | None = None
@@ -190,6 +200,8 @@ class Agent:
             if isinstance(beat, (int, float)) and not isinstance(beat, bool) \
                     and 0 < beat < self.heartbeat_interval:
                 self.heartbeat_interval = float(beat)
+            self._handler_slots.fit_daemon(info.get("inbox_cap"))
+            self._calls.fit_daemon(info.get("in_flight_max"), self._window.size)
 
     async def close(self) -> None:
         """Unregister (best effort) and release the socket. Idempotent."""
@@ -206,6 +218,8 @@ class Agent:
         self._closed = True
         self._dispatch.cancel_all()
         self._resend.release(DaemonUnreachable("the agent closed before its daemon came back"))
+        self._calls.fail_waiting(DaemonUnreachable("agent closed"))
+        self._handler_slots.parked.clear()  # never run now (qos-1 ones: not acked, sent again)
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(DaemonUnreachable("agent closed"))
@@ -271,6 +285,7 @@ class Agent:
             await self._backpressure()
             return msg_id
         loop = self._require_loop()
+        await self._calls.wait(CONTROL_TIMEOUT * 2)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
         # No timer per message (qos-1 sends come in thousands): the heartbeat loop sweeps.
@@ -282,6 +297,7 @@ class Agent:
         finally:
             self._pending.pop(msg_id, None)
             self._expiring.pop(msg_id, None)
+            self._calls.give_back()
 
     async def request(self, to: str, topic: str, payload: Any = None, *,
                       timeout: float = DEFAULT_REQUEST_TIMEOUT,
@@ -296,11 +312,14 @@ class Agent:
             raise ValidationFailed("timeout must be a positive number of seconds")
         loop = self._require_loop()
         msg_id = P.new_request_id()
-        header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic,
-                                  P.BUDGET: P.budget_ms(timeout)}  # a duration, never a clock reading
+        header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic}
         if headers:
             header[P.HEADERS] = headers
         data = self._payload(payload)
+        if not self._calls.try_take():  # in_flight_max calls await answers: wait for room, in order
+            timeout -= await self._calls.wait(timeout, RequestTimeout(f"no reply from {to!r} on "
+                                             f"{topic!r} within {timeout:g} s (not sent: no room)"))
+        header[P.BUDGET] = P.budget_ms(timeout)  # a duration, never a clock reading
         return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
                                        lambda: self._enqueue((P.TO, to, 0), header, data))
 
@@ -322,6 +341,7 @@ class Agent:
             timer.cancel()
             self._pending.pop(msg_id, None)
             self._progress_cbs.pop(msg_id, None)
+            self._calls.give_back()
 
     async def reply(self, msg: Message, payload: Any = None, *, status: str | None = None) -> None:
         """Answer a request later (its handler returned ``DEFER``); goes to the original requester."""
@@ -406,11 +426,14 @@ class Agent:
             await window.wait_pause(loop)
             window.unconfirmed.add(msg_id)
             self._enqueue((P.TOPIC, topic, 0), header, data)
+            if self._handler_slots.paused:  # its confirmation must be read
+                self._handler_slots.check_reading()
             if window.full():
                 await window.wait_room(self.socket_path)
             else:
                 await self._backpressure()
             return None
+        await self._calls.wait(CONTROL_TIMEOUT)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
         # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
@@ -421,6 +444,7 @@ class Agent:
         finally:
             self._pending.pop(msg_id, None)
             self._expiring.pop(msg_id, None)
+            self._calls.give_back()
 
     async def subscribe(self, topic: str, *, durable: bool = False) -> None:
         """Receive publications on ``topic`` (idempotent).
@@ -467,8 +491,8 @@ class Agent:
         (or, with ``format`` = ``openai`` / ``anthropic`` / ``mcp``, the shape that API takes)."""
         from .tools.names import TOPIC_LIST
 
-        result = await self._system_request(TOPIC_LIST, {"format": format} if format else None,
-                                            CONTROL_TIMEOUT)
+        result = await system_request(self, TOPIC_LIST, {"format": format} if format else None,
+                                      CONTROL_TIMEOUT)
         return list(result or [])
 
     async def call_tool(self, name: str, args: dict[str, Any] | None = None, *,
@@ -478,26 +502,7 @@ class Agent:
         ApprovalDenied, NotWired, RequestTimeout (a held call not decided within ``timeout``)."""
         from .tools.names import TOPIC_CALL
 
-        return await self._system_request(TOPIC_CALL, {"name": name, "args": args or {}}, timeout)
-
-    async def _system_request(self, topic: str, payload: Any, timeout: float) -> Any:
-        """A request to this daemon's system agent. Just after the daemon started, its system agent
-        may not be registered yet: NO_SUCH_AGENT (nothing was delivered) is retried within
-        ``timeout``."""
-        from .errors import NoSuchAgent
-        from .tools.names import system_agent_name
-
-        end = time.monotonic() + timeout
-        delay = 0.02
-        while True:
-            try:
-                return await self.request(system_agent_name(str(self.node)), topic, payload,
-                                          timeout=max(end - time.monotonic(), 0.001))
-            except NoSuchAgent:
-                if time.monotonic() + delay >= end:
-                    raise
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+        return await system_request(self, TOPIC_CALL, {"name": name, "args": args or {}}, timeout)
 
     # ----------------------------------------------------------------------------- internals
 
@@ -534,6 +539,7 @@ class Agent:
         loop = self._require_loop()
         msg_id = P.new_id()
         header[P.ID] = msg_id
+        timeout -= await self._calls.wait(timeout)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending[msg_id] = fut
         timer = loop.call_later(timeout, self._expire_control, msg_id)
@@ -544,10 +550,23 @@ class Agent:
         finally:
             timer.cancel()
             self._pending.pop(msg_id, None)
+            self._calls.give_back()
 
     def _enqueue(self, key: BatchKey, header: dict[str, Any], payload: bytes) -> None:
         self._require_loop()
         self._batcher.enqueue(key, header, payload)
+
+    def _reading(self, on: bool) -> None:  # meshd/handler_slots.py pauses and resumes reading
+        if self._reactor is not None and self._sock is not None:
+            (self._reactor.resume if on else self._reactor.pause)(self._sock)
+        elif self.embedded is not None and self._sock is not None:
+            conn = cast("InProcessConnection", self._sock)
+            (conn.resume if on else conn.pause)()
+
+    @property
+    def in_flight_max(self) -> int | None:
+        """Calls this agent keeps awaiting answers at once (docs/client.md, "Calls in flight")."""
+        return self._calls.size
 
     def _busy(self) -> bool:
         return self._sendq is not None and len(self._sendq) > 0
@@ -585,7 +604,8 @@ class Agent:
         running). The agent calls it every ``heartbeat_interval`` unless ``auto_heartbeat=False``."""
         if self._closed or self._sock is None:
             return
-        telemetry = {"queue_depth": len(self._dispatch.tasks)} | self.telemetry
+        depth = len(self._dispatch.tasks) + len(self._handler_slots.parked)
+        telemetry = {"queue_depth": depth} | self.telemetry
         self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
 
     async def _heartbeat_loop(self) -> None:

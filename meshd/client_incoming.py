@@ -58,12 +58,14 @@ class Incoming:
                 self.on_message(header, payload, unit)
             except Exception:
                 log.exception("agent %s: dropped a message that could not be handled", a.name)
+        if a._handler_slots.full:
+            a._handler_slots.check_reading()  # the last answer awaited may just have come
 
     def on_message(self, header: dict[str, Any], payload: bytes, unit: str | None = None) -> None:
         a = self.agent
         kind = header[P.KIND]
         if kind in (Kind.SEND, Kind.REQUEST, Kind.PUBLISH):
-            a._dispatch.dispatch(header, payload, unit)
+            a._handler_slots.offer(header, payload, unit)  # runs now, or waits for a handler slot
             return
         a._dispatch.unit_done(unit)
         if kind == Kind.OK:
@@ -85,6 +87,8 @@ class Incoming:
                     log.exception("agent %s: on_progress callback raised", a.name)
         elif kind == Kind.CANCEL:
             a._dispatch.cancel(header)
+            if a._handler_slots.parked:
+                a._handler_slots.cancel_parked(header)
 
     def resolve(self, corr: Any, header: dict[str, Any], payload: bytes) -> None:
         a = self.agent

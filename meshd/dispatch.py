@@ -180,6 +180,8 @@ class Dispatcher:
         self.redelivered = 0
         self._acks: list[str] = []
         self._ack_scheduled = False
+        #: Told of each handler that suspended and got a task (meshd/handler_slots.py counts them).
+        self.on_handler_task: Callable[[asyncio.Task[Any]], None] | None = None
 
     # ------------------------------------------------------------------------ incoming
 
@@ -312,6 +314,8 @@ class Dispatcher:
         task = asyncio.get_running_loop().create_task(finish, context=ctx)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        if self.on_handler_task is not None:
+            self.on_handler_task(task)
         if msg.is_request and msg.correlation_id:
             key = msg.correlation_id
             self._running[key] = (task, msg)

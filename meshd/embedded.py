@@ -75,6 +75,7 @@ class InProcessConnection:
         self._queue: deque[list[bytes]] = deque()
         self._scheduled = False
         self._routed = 0  # frame sets handed to the node in this loop turn
+        self.paused = False  # the agent's handlers are all busy: the queue fills, then Again
 
     def __len__(self) -> int:
         """Frame sets queued for the agent and not handed to it yet."""
@@ -103,6 +104,17 @@ class InProcessConnection:
             self._queue.clear()
             self._sockets.detach(self.rid)
 
+    def pause(self) -> None:
+        """Stop handing frame sets to the agent (its handler slots are full, meshd/handler_slots.py):
+        they wait in the queue, and past ``capacity`` the node says INBOX_FULL, as over ipc."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        if self._queue and not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._deliver)
+
     # ------------------------------------------------------------------ the node's side
 
     def put(self, frames: list[bytes]) -> None:
@@ -113,7 +125,7 @@ class InProcessConnection:
         if len(self._queue) >= self.capacity:
             raise zmq.Again()
         self._queue.append(frames)
-        if not self._scheduled:
+        if not self._scheduled and not self.paused:
             self._scheduled = True
             self._loop.call_soon(self._deliver)
 
@@ -121,7 +133,7 @@ class InProcessConnection:
         self._scheduled = False
         queue, on_frames = self._queue, self._on_frames
         for _ in range(DELIVER_BUDGET):
-            if not queue or self.closed:
+            if not queue or self.closed or self.paused:
                 return
             try:
                 on_frames(queue.popleft())

@@ -195,6 +195,7 @@ class Reactor:
         self._copy: dict[zmq.Socket[Any], bool] = {}
         self._fds: dict[zmq.Socket[Any], int] = {}
         self._kicked: set[zmq.Socket[Any]] = set()
+        self._paused: dict[zmq.Socket[Any], tuple[Handler, bool]] = {}
         self._kick_scheduled = False
         self._draining: zmq.Socket[Any] | None = None
         self._rechecking = False
@@ -220,6 +221,25 @@ class Reactor:
         self._kicked.discard(sock)
         if fd is not None:
             self._loop.remove_reader(fd)
+
+    def pause(self, sock: zmq.Socket[Any]) -> None:
+        """Stop reading ``sock`` (a drain under way stops after the message it is at); what
+        arrives waits in the socket's pipe, and past its high-water mark in the sender's."""
+        handler = self._handlers.get(sock)
+        if handler is not None:
+            self._paused[sock] = (handler, self._copy.get(sock, True))
+            self.remove(sock)
+
+    def resume(self, sock: zmq.Socket[Any]) -> None:
+        """Read ``sock`` again, starting with what waited while it was paused."""
+        entry = self._paused.pop(sock, None)
+        if entry is None or sock.closed:
+            return
+        self.add(sock, *entry)
+        self._kicked.add(sock)  # even inside a drain of it: look again once that drain ends
+        if self._draining is None and not self._kick_scheduled:
+            self._kick_scheduled = True
+            self._loop.call_soon(self._recheck)
 
     def kick(self, sock: zmq.Socket[Any]) -> None:
         """Note that ``sock`` was sent on; its read edge is re-checked before the loop sleeps.
@@ -266,6 +286,7 @@ class Reactor:
             return
         recv = sock.recv_multipart
         getsockopt = sock.getsockopt
+        handlers = self._handlers
         copy = self._copy.get(sock, True)
         deadline = time.perf_counter() + DRAIN_SECONDS
         self._draining = sock
@@ -294,6 +315,8 @@ class Reactor:
                         log.exception("message handler raised; message dropped (%d so far; logged "
                                       "once per cause)", self.handler_errors)
                     _quiet.log(key, "handler failure %s", key, level=logging.DEBUG)
+                if sock not in handlers:
+                    break  # the handler paused (or removed) the socket
                 # Nothing more to read: stop here rather than pay a zmq.Again exception (~4 us, a
                 # third of a relay hop). Reading EVENTS re-arms the edge-triggered FD like EAGAIN.
                 try:
@@ -312,6 +335,7 @@ class Reactor:
             self._recheck()
 
     def close(self) -> None:
+        self._paused.clear()
         for sock in list(self._handlers):
             self.remove(sock)
 
@@ -382,7 +406,14 @@ class SendQueue:
 
 
 AGENT_HWM = 10_000
-"""Send and receive high-water marks of an agent's DEALER (the client's side of the ipc socket)."""
+"""Send high-water mark of an agent's DEALER (the client's side of the ipc socket)."""
+AGENT_RCVHWM = 1000
+"""Receive high-water mark of an agent's DEALER (ZeroMQ messages; a batch is one). What an agent
+does not read (all its handler slots taken, meshd/handler_slots.py) fills this pipe, then the
+daemon's inbox (``inbox_cap``), and then senders hear INBOX_FULL: bounded, not 10,000 deep as
+before. Not smaller: at 100 (and 16) a fast receiver's bursts were refused and a plain send
+loop, which reads nothing while it sends, lost error notices past the daemon's answer lane
+(bench/bench.py --quick, rows (b) and (h))."""
 
 
 def agent_dealer(ctx: zmq.Context[Any]) -> zmq.Socket[Any]:
@@ -390,5 +421,5 @@ def agent_dealer(ctx: zmq.Context[Any]) -> zmq.Socket[Any]:
     sock: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
     _common(sock)
     sock.setsockopt(zmq.SNDHWM, AGENT_HWM)
-    sock.setsockopt(zmq.RCVHWM, AGENT_HWM)
+    sock.setsockopt(zmq.RCVHWM, AGENT_RCVHWM)
     return sock

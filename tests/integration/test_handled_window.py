@@ -30,7 +30,7 @@ def test_a_daemon_restart_never_repeats_a_handler(meshd_factory: MeshdFactory) -
         started: set[int] = set()
         release = asyncio.Event()
         async with Agent("producer", socket=a.socket) as producer, \
-                Agent("consumer", socket=b.socket) as consumer:
+                Agent("consumer", socket=b.socket, max_concurrent_handlers=n) as consumer:
             @consumer.on("job")
             async def job(m: Any) -> None:
                 started.add(m.payload["i"])

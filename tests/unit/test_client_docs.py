@@ -11,9 +11,11 @@ import pytest
 from meshd import (
     batching,
     blocking,
+    call_slots,
     client,
     client_incoming,
     dispatch,
+    handler_slots,
     payloads,
     publish_window,
     resend,
@@ -22,11 +24,13 @@ from meshd import (
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
 MODULES = {"batching": batching, "payloads": payloads, "dispatch": dispatch, "transport": transport,
-           "client": client, "blocking": blocking, "publish_window": publish_window, "resend": resend}
+           "client": client, "blocking": blocking, "publish_window": publish_window, "resend": resend,
+           "handler_slots": handler_slots, "call_slots": call_slots}
 CLASSES = {"Agent": client.Agent, "Batcher": batching.Batcher, "Dispatcher": dispatch.Dispatcher,
            "SendQueue": transport.SendQueue, "Reactor": transport.Reactor, "Message": dispatch.Message,
            "PublishWindow": publish_window.PublishWindow, "ResendHold": resend.ResendHold,
-           "Incoming": client_incoming.Incoming}
+           "Incoming": client_incoming.Incoming, "HandlerSlots": handler_slots.HandlerSlots,
+           "CallSlots": call_slots.CallSlots}
 DOTTED = re.compile(r"`([A-Za-z_]+)\.([A-Za-z_]+)(?:\([^`]*\))?`")
 
 

@@ -41,3 +41,45 @@ def test_the_drain_reads_what_waits_and_wakes_again_for_later_messages() -> None
 
     got: Any = asyncio.run(scenario())
     assert got == [b"0", b"1", b"2", b"3", b"4", b"late0", b"late1", b"late2"]
+
+
+def test_a_paused_socket_is_not_read_until_resumed_and_nothing_is_skipped() -> None:
+    """The handler pauses the socket after the third message: the drain stops there, the rest
+    waits in the socket (not read while paused, however long), and resume reads it in order."""
+    async def scenario() -> tuple[list[bytes], list[bytes]]:
+        ctx = zmq.Context()
+        endpoint = f"inproc://reactor-{uuid.uuid4().hex}"
+        inbound = ctx.socket(zmq.PAIR)
+        inbound.bind(endpoint)
+        outbound = ctx.socket(zmq.PAIR)
+        outbound.connect(endpoint)
+        got: list[bytes] = []
+        reactor = Reactor(asyncio.get_running_loop())
+
+        def handle(frames: list[bytes]) -> None:
+            got.append(bytes(frames[0]))
+            if len(got) == 3:
+                reactor.pause(inbound)
+
+        try:
+            for i in range(10):
+                outbound.send(str(i).encode())
+            reactor.add(inbound, handle)
+            await async_wait_until(lambda: len(got) == 3, 5, what="three messages")
+            for i in range(10, 12):  # arrives while paused: must not be read either
+                outbound.send(str(i).encode())
+            for _ in range(20):
+                await asyncio.sleep(0)
+            while_paused = list(got)
+            reactor.resume(inbound)
+            await async_wait_until(lambda: len(got) == 12, 5, what="the rest, after resume")
+            return while_paused, got
+        finally:
+            reactor.close()
+            inbound.close(0)
+            outbound.close(0)
+            ctx.term()
+
+    while_paused, got = asyncio.run(scenario())
+    assert while_paused == [b"0", b"1", b"2"]
+    assert got == [str(i).encode() for i in range(12)]
