@@ -22,7 +22,6 @@ import zmq
 
 from . import protocol as P
 from . import transport
-from .config import Settings
 from .dirdelta import DirectoryUpdates
 from .directory import Directory, LocalAgent, topic_cost
 from .handover import AgentHandover
@@ -34,6 +33,7 @@ from .tools.names import SYSTEM_PREFIX
 
 if TYPE_CHECKING:
     from .admin import Admin
+    from .config import Settings  # pydantic: not in the daemon's image (meshd/reexec.py)
     from .qos1_driver import Qos1Driver
 
 __all__ = ["AgentLink", "LocalAgents"]

@@ -15,17 +15,19 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from . import __version__
-from .config import Settings, ensure_dirs, find_agent_socket, load_settings
 from .ctlfmt import print_json, table
 from .errors import ConfigError, MeshError, StateFileError
-from .keyctl import run_keys
 from .keys import KeyFileError
+from .paths import find_agent_socket
 from .top import run_top
+
+if TYPE_CHECKING:  # meshd.config imports pydantic: the daemon's own image must not (meshd/reexec.py)
+    from .config import Settings
 
 log = logging.getLogger("meshd")
 
@@ -93,9 +95,12 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--regenerate-id", action="store_true",
                      help="make a new node id and keypair before starting (the fix for a cloned "
                           "state dir; in trust_mode keys, peers must trust the new key)")
+    run.add_argument("--settings-fd", type=int, help=argparse.SUPPRESS)  # meshd/reexec.py
 
 
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
+    from .config import load_settings
+
     env = dict(os.environ if environ is None else environ)
     config = args.config or (Path(env["MESHD_CONFIG"]) if env.get("MESHD_CONFIG") else None)
     if config is None and env.get("CONFIGURATION_DIRECTORY"):
@@ -174,11 +179,15 @@ def meshd_main(argv: list[str] | None = None) -> int:
         from .demo import run_demo
 
         return int(run_demo(keep_logs=args.keep_logs))
-    try:
-        settings = settings_from_args(args)
-        ensure_dirs(settings)
+    from .reexec import settings_for_run
+
+    try:  # validated here, then (real command line) re-exec'd without pydantic: meshd/reexec.py
+        settings: Any = settings_for_run(args.settings_fd, argv, lambda: settings_from_args(args))
     except ConfigError as exc:
         print(f"meshd: config error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # an unreadable --settings-fd
+        print(f"meshd: {exc}", file=sys.stderr)
         return 2
     setup_logging(settings.log_level, settings.log_format)
     if args.regenerate_id:
@@ -555,6 +564,8 @@ def meshctl_main(argv: list[str] | None = None) -> int:
             return 1
     if args.cmd == "keys":
         try:
+            from .keyctl import run_keys
+
             return run_keys(args)
         except (ConfigError, KeyFileError) as exc:
             print(f"meshctl: {exc}", file=sys.stderr)

@@ -43,12 +43,14 @@ In process mode every hook runs in the plugin's child process, and ``node`` is a
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
-from pydantic import BaseModel
 
 from .view import NodeView
+
+if TYPE_CHECKING:  # annotations only: a daemon whose plugins declare no settings never imports pydantic
+    from pydantic import BaseModel
 
 __all__ = [
     "PROJECT",

@@ -38,7 +38,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import zmq
 
@@ -48,7 +48,6 @@ from .addrwatch import AddressWatcher
 from .admin import Admin, letter_summary
 from .agents import AgentLink, LocalAgents
 from .builtin_plugins import JsonlDeadLetterSink
-from .config import Settings
 from .deadletters import DeadLetters
 from .dirdelta import DirectoryUpdates
 from .directory import Directory
@@ -71,6 +70,9 @@ from .statefiles import make_private_file
 from .supervise import supervised
 from .timers import TimerLoops
 from .view import MetricsSnapshot
+
+if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/reexec.py)
+    from .config import Settings
 
 __all__ = ["START_STEPS", "STOP_STEPS", "Node", "load_node_id"]
 

@@ -18,13 +18,12 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from . import protocol as P
 from . import transport
-from .config import Settings
 from .discovery import PeerAdvert
 from .duplicates import CloneWatch
 from .keys import key_to_hex
@@ -35,6 +34,9 @@ from .protocol import FrameError, Kind
 from .security import Security
 from .sightings import Sightings
 from .twoway import EchoClock
+
+if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/reexec.py)
+    from .config import Settings
 
 __all__ = ["Peer", "PeerEvents", "PeerState", "PeerTable"]
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
-
-from pydantic import BaseModel, ValidationError
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = ["HOST_KEYS", "ISOLATION_MODES", "PluginOptions", "split_section", "validate_settings"]
 
@@ -63,6 +64,8 @@ def validate_settings(name: str, model: object, values: Mapping[str, Any]) -> Ba
             raise ConfigError(f"plugins.{name}.{key}",
                               f"plugin {name!r} declares no settings (no meshd_plugin_config hook)")
         return None
+    from pydantic import BaseModel, ValidationError  # only when a plugin declares settings
+
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         raise ConfigError(f"plugins.{name}", f"plugin {name!r}: meshd_plugin_config returned "
                           f"{model!r}, not a pydantic model class")

@@ -21,8 +21,6 @@ import contextlib
 import ctypes
 import importlib
 import logging
-import multiprocessing
-import multiprocessing.queues
 import os
 import queue
 import signal
@@ -31,22 +29,34 @@ import time
 from collections import Counter as _Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .backoff import backoff_delay
 from .plugin_workers import DROP_LOG_EVERY, Counter, Event, call_impl, close_loop
 from .view import MetricsSnapshot
 
+if TYPE_CHECKING:  # imported when the first isolation = "process" plugin starts (_spawn)
+    import multiprocessing.context
+    import multiprocessing.process
+    import multiprocessing.queues
+
 __all__ = ["NodeSnapshot", "ProcessWorker", "child_main"]
 
 log = logging.getLogger("meshd.plugins")
 
-_CTX: Final = multiprocessing.get_context("spawn")  # no fork of a process with zmq and threads
 _RESULTS_SIZE: Final = 64  # counter deltas in flight from the child; deltas merge while it is full
 _RESTART_BASE: Final = 0.5
 _RESTART_CAP: Final = 30.0
 _STABLE_AFTER: Final = 60.0  # a child that lived this long restarts from the first back-off step
 _PR_SET_PDEATHSIG: Final = 1
+
+
+def _spawn() -> multiprocessing.context.SpawnContext:
+    """multiprocessing's spawn context (no fork of a process with zmq and threads), imported when
+    the first ``isolation = "process"`` plugin starts, not by every daemon."""
+    import multiprocessing
+
+    return multiprocessing.get_context("spawn")
 
 
 @dataclass(frozen=True)
@@ -98,8 +108,8 @@ class ProcessWorker:
         self.queue_size = queue_size
         self.node: NodeSnapshot | None = None
         self._count = count
-        self._events: multiprocessing.queues.Queue[Event | None] = _CTX.Queue(queue_size)
-        self._results: multiprocessing.queues.Queue[dict[str, int]] = _CTX.Queue(_RESULTS_SIZE)
+        self._events: multiprocessing.queues.Queue[Event | None] = _spawn().Queue(queue_size)
+        self._results: multiprocessing.queues.Queue[dict[str, int]] = _spawn().Queue(_RESULTS_SIZE)
         self._proc: multiprocessing.process.BaseProcess | None = None
         self._supervisor: threading.Thread | None = None
         self._closing = threading.Event()
@@ -150,7 +160,7 @@ class ProcessWorker:
         self._closing.set()
 
     def _spawn(self) -> None:
-        proc = _CTX.Process(
+        proc = _spawn().Process(
             target=child_main, name=f"meshd-plugin-{self.name}", daemon=True,
             args=(self.name, self.spec, self.section, self.node, self.hook_timeout, self._events,
                   self._results, os.getpid()),
@@ -187,8 +197,8 @@ class ProcessWorker:
             self._merge_results(0.0)
             lost = self.queued
             old_events, old_results = self._events, self._results
-            self._events = _CTX.Queue(self.queue_size)
-            self._results = _CTX.Queue(_RESULTS_SIZE)
+            self._events = _spawn().Queue(self.queue_size)
+            self._results = _spawn().Queue(_RESULTS_SIZE)
             for q in (old_events, old_results):
                 q.cancel_join_thread()
                 q.close()

@@ -39,24 +39,26 @@ import asyncio
 import collections
 import functools
 import importlib
-import importlib.metadata
 import inspect
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pluggy
-from pydantic import BaseModel
 
 from . import hookspecs
 from .errors import ConfigError
 from .plugin_config import PluginOptions, split_section, validate_settings
+from .plugin_entrypoints import handed_over, list_entry_points, load_value
 from .plugin_process import NodeSnapshot, ProcessWorker
 from .plugin_tools import ToolHooks
 from .plugin_workers import ThreadWorker, call_impl, close_loop, plain
+
+if TYPE_CHECKING:  # imported by plugin_config only when a plugin declares settings
+    from pydantic import BaseModel
 
 __all__ = ["BLOCKED_ENV", "ENTRYPOINT_GROUP", "OBSERVER_HOOKS", "PluginHost"]
 
@@ -219,19 +221,16 @@ class PluginHost(ToolHooks):
 
     def _load_entrypoints(self) -> None:
         try:
-            entry_points = list(importlib.metadata.entry_points(group=ENTRYPOINT_GROUP))
+            entry_points = handed_over()  # meshd run lists them before it re-execs (meshd/reexec.py)
+            entry_points = list_entry_points(ENTRYPOINT_GROUP) if entry_points is None else entry_points
         except Exception as exc:
             self._count("load_failed:<entry points>")
             log.error("cannot list the %r entry points, no installed plugin loaded: %s",
                       ENTRYPOINT_GROUP, exc)
             return
-        for ep in entry_points:
-            try:
-                dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else None
-            except Exception:
-                dist = None
-            self._specs.setdefault(ep.name, ep.value)
-            self._load_one(ep.name, ep.load, dist)
+        for name, value, dist in entry_points:
+            self._specs.setdefault(name, value)
+            self._load_one(name, functools.partial(load_value, value), dist)
 
     def _load_one(self, name: str, loader: Callable[[], object], dist: str | None) -> None:
         """Import and register one plugin; any failure is logged with its name and counted."""

@@ -27,7 +27,6 @@ from . import protocol as P
 from . import transport
 from .agents import AgentLink, LocalAgents
 from .answers import OpenRequests
-from .config import Settings
 from .deadletters import DeadLetters
 from .directory import Directory, LocalAgent
 from .liveness import PeerState
@@ -42,6 +41,7 @@ from .tools.names import system_agent_name
 from .tools.policy import Authorizer
 
 if TYPE_CHECKING:
+    from .config import Settings  # pydantic: not in the daemon's image (meshd/reexec.py)
     from .qos1_driver import Qos1Driver
 
 __all__ = ["AGENT_DATA_KINDS", "Router"]

@@ -22,16 +22,18 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.utils import z85
 
 from . import transport
-from .config import Settings
 from .errors import ConfigError
 from .keys import TrustStore, derive_mesh_keypair, load_mesh_secret, load_or_create_node_keys
 from .logonce import LogOnce
+
+if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/reexec.py)
+    from .config import Settings
 
 __all__ = ["ZAP_DOMAIN", "ZAP_ENDPOINT", "Security", "ZapHandler", "ZapPolicy"]
 

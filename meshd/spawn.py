@@ -29,12 +29,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import protocol as P
 from .backoff import backoff_delay
-from .config import Settings, SpawnTemplate
 from .errors import NoSuchTemplate, SpawnFailed, SpawnQuota, ValidationFailed
+
+if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/reexec.py)
+    from .config import Settings, SpawnTemplate
 
 __all__ = ["Spawner", "SpawnerLike", "make_spawner"]
 

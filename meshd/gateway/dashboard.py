@@ -16,7 +16,6 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from importlib import resources
 from typing import Any
 
 from meshd.hookspecs import hookimpl
@@ -166,4 +165,6 @@ class MeshWatch:
 
 def page_html() -> bytes:
     """The dashboard page (one file, inline CSS and JS, nothing loaded from elsewhere)."""
+    from importlib import resources  # at the first page view, not at start
+
     return resources.files("meshd.gateway").joinpath("static/index.html").read_bytes()

@@ -7,11 +7,15 @@ snapshots to dashboards and agent/peer state changes to every HTTP agent.
 
 Start-up: 1. check the listen address and TLS; 2. make the token; 3. prepare the outcome
 observer (registered on the node's plugin host only while a dashboard is open); 4. bind the
-HTTP site; 5. write ``http.token`` then ``http.json`` (a client that finds the URL finds the
-token too); 6. start the watch task.
+listening sockets (meshd/gateway/listener.py); 5. write ``http.token`` then ``http.json`` (a
+client that finds the URL finds the token too); 6. start the watch task. aiohttp and the HTTP
+application are imported at the first connection, not at start (an idle daemon stays small,
+issue 11 goal 6): the connection waits in the listen backlog until the site serves the sockets.
 Shutdown, the reverse: remove the files; stop the watch task; close every HTTP agent (their
-pending requests fail with UNDELIVERABLE); close the streams; stop the site (bounded).
-Must not touch: routing or the node's internals beyond :class:`~meshd.gateway.dashboard.MeshInfo`.
+pending requests fail with UNDELIVERABLE); close the streams; stop the site (bounded), or close
+the listening sockets if nobody ever connected.
+Must not touch: routing or the node's internals beyond :class:`~meshd.gateway.dashboard.MeshInfo`;
+must not import aiohttp at import time (only ``_serve`` does, in a thread).
 """
 
 from __future__ import annotations
@@ -20,20 +24,26 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import socket
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-
-from meshd.config import Settings
 from meshd.errors import ConfigError
+from meshd.lazyimport import import_in_thread
 
 from . import auth
-from .app import Routes, build_app
 from .dashboard import MeshInfo, MeshWatch, OutcomeFeed, OutcomeObserver
 from .events import EventBuffer
+from .listener import PendingListener
 from .sessions import SessionTable
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from meshd.config import Settings  # pydantic: not in the daemon's image (meshd/reexec.py)
+
+    from .app import Routes
 
 __all__ = ["Gateway"]
 
@@ -80,6 +90,9 @@ class Gateway:
         self.url = ""
         self.routes: Routes | None = None
         self._runner: web.AppRunner | None = None
+        self._listener: PendingListener | None = None
+        self._tls: ssl.SSLContext | None = None
+        self._serving: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.outcome_feed: OutcomeFeed | None = None
@@ -92,30 +105,56 @@ class Gateway:
         self.guard.replace(token)
         self.outcome_feed = OutcomeFeed(getattr(self.node, "plugins", None),
                                         OutcomeObserver(self._loop, self.watch.add_outcome))
-        app, self.routes = build_app(self)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     shutdown_timeout=SHUTDOWN_TIMEOUT_S)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, s.http_host, s.http_port, ssl_context=tls)
-        await site.start()
-        port = self._bound_port()
+        self._tls = tls
+        self._listener = PendingListener(s.http_host, s.http_port)
+        self._listener.bind()
+        port = self._listener.bound_port()
         host = f"[{s.http_host}]" if ":" in s.http_host else s.http_host
         self.url = f"{'https' if tls else 'http'}://{host}:{port}/"
         self.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         auth.write_token(self.runtime_dir, token, group_readable=s.http_token_group_readable)
         auth.write_url(self.runtime_dir, self.url, group_readable=s.http_token_group_readable)
         self._watch_task = asyncio.create_task(self._watch_loop(), name="meshd-gateway-watch")
+        self._listener.on_first_connection(self._loop, self._begin_serving)
         log.info("HTTP gateway on %s (token in %s)", self.url, self.token_path)
 
-    def _bound_port(self) -> int:
-        assert self._runner is not None
-        for addr in self._runner.addresses:
-            if isinstance(addr, tuple) and len(addr) >= 2:
-                return int(addr[1])
-        raise RuntimeError("the HTTP gateway has no bound address")
+    def _begin_serving(self) -> None:
+        self._serving = asyncio.create_task(self._serve(), name="meshd-gateway-serve")
+
+    async def _serve(self) -> None:
+        """First connection: import aiohttp and the application, then serve the bound sockets."""
+        assert self._listener is not None
+        pending: list[socket.socket] = []
+        try:
+            app_module = await import_in_thread("meshd.gateway.app")
+            from aiohttp import web  # already imported by meshd.gateway.app, in the thread
+
+            app, self.routes = app_module.build_app(self)
+            runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                   shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+            await runner.setup()
+            self._runner = runner
+            pending = self._listener.hand_over()
+            while pending:
+                await web.SockSite(runner, pending[0], ssl_context=self._tls).start()
+                pending.pop(0)  # the site owns it now (runner.cleanup closes it)
+        except Exception:
+            log.exception("the HTTP gateway could not start serving; HTTP connections are refused")
+        else:
+            log.info("HTTP gateway serving (aiohttp loaded at the first connection)")
+        finally:
+            self._listener.close()
+            for sock in pending:
+                sock.close()
 
     async def stop(self) -> None:
         auth.remove_files(self.runtime_dir)
+        if self._serving is not None and not self._serving.done():
+            self._serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._serving
+        if self._listener is not None:
+            self._listener.close()
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

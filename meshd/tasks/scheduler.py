@@ -18,12 +18,14 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..config import TaskSettings
 from ..errors import MeshError
 from ..logonce import LogOnce
 from .store import FINISHED, TaskStore
+
+if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/reexec.py)
+    from ..config import TaskSettings
 
 __all__ = ["TASK_TOPIC", "Directory", "Scheduler", "TaskHost", "agent_load"]
 

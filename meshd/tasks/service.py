@@ -20,16 +20,18 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backoff import backoff_delay
-from ..config import Settings
 from ..errors import MeshError, ValidationFailed
 from ..payloads import encode_payload
 from .deadlines import Deadlines
 from .plans import PlanItem, compile_plan, plan_state
 from .scheduler import Scheduler
 from .store import FINISHED, STATES, TaskStore
+
+if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/reexec.py)
+    from ..config import Settings
 
 __all__ = ["REPLAN_TOPIC", "TaskService", "public"]
 

@@ -22,10 +22,12 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from ..config import ToolsSettings
 from ..errors import ApprovalDenied, Forbidden, NoSuchApproval, QueueFull, QuotaExceeded
+
+if TYPE_CHECKING:
+    from ..config import ToolsSettings
 
 __all__ = ["Approvals", "Authorizer", "HeldCall", "Quotas", "parse_decision"]
 

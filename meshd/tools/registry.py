@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from pydantic import BaseModel, ValidationError
-
 from ..errors import ConfigError, NoSuchTool, ValidationFailed
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from ..client import Agent
     from ..config import Settings
 
@@ -80,6 +80,8 @@ class Tool:
         if not _TOOL_NAME.fullmatch(str(self.name)):
             raise ValueError(f"invalid tool name {self.name!r}: a letter, then up to 63 of "
                              "letters, digits, '_' or '-'")
+        from pydantic import BaseModel  # a tool's model is pydantic, so it is imported already
+
         if not issubclass(self.args, BaseModel):
             raise TypeError(f"tool {self.name!r}: args must be a pydantic model class")
         if not callable(self.handler):
@@ -118,6 +120,8 @@ def validate_args(tool: Tool, args: Any) -> BaseModel:
     if not isinstance(args, dict):
         raise ValidationFailed(f"tool {tool.name!r}: arguments must be an object, not "
                                f"{type(args).__name__}")
+    from pydantic import ValidationError
+
     try:
         return tool.args.model_validate(args)
     except ValidationError as exc:

@@ -22,16 +22,18 @@ import logging
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ..client import DEFER, Agent, Message
-from ..config import Settings
 from ..errors import Forbidden, MeshError, NotWired, QuotaExceeded, StateFileError, ValidationFailed
+from ..lazyimport import import_in_thread
 from ..plugins import PluginHost
-from .builtin import BUILTIN_PLUGIN_NAME, BuiltinTools
 from .names import TOPIC_APPROVALS, TOPIC_CALL, TOPIC_LIST, TOPIC_TASK_EVENTS, system_agent_name
 from .policy import DENY, HOLD, Approvals, Authorizer, Quotas
 from .registry import ToolContext, ToolRegistry, validate_args
+
+if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/reexec.py)
+    from ..config import Settings
 
 __all__ = ["SYSTEM_TOKEN_KEY", "SystemAgent", "SystemHost"]
 
@@ -67,7 +69,8 @@ class SystemAgent:
         self.settings = node.settings
         self.token = token
         self.name = system_agent_name(node.node_id)
-        self.registry = ToolRegistry()
+        self._registry = ToolRegistry()
+        self._builtins_loaded = False
         self.approvals = Approvals(self.settings.tools)
         self.quotas = Quotas(self.settings.tools)
         self.authorizer = Authorizer(node.plugins.authorize if node.plugins.wants_authorize() else None)
@@ -86,10 +89,16 @@ class SystemAgent:
     # ----------------------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        """Collect the tools (a duplicate name raises ConfigError), attach, wire the services."""
-        self.registry.add_all(BuiltinTools().meshd_tools(), BUILTIN_PLUGIN_NAME)
-        for plugin, tool in self.node.plugins.contributed_tools():
-            self.registry.add(tool, plugin)
+        """Collect the tools (a duplicate name raises ConfigError), attach, wire the services.
+
+        Plugins' tools are collected now, after the built-in ones (a clash names both). With no
+        plugin tools, the built-in ones (pydantic models) load at the first list or call: an idle
+        daemon does not import pydantic for them (issue 11, memory)."""
+        contributed = self.node.plugins.contributed_tools()
+        if contributed:
+            self._load_builtins()
+            for plugin, tool in contributed:
+                self._registry.add(tool, plugin)
         agent = Agent(self.name, socket=self.node.socket_path, metadata={SYSTEM_TOKEN_KEY: self.token},
                       max_payload_bytes=self.settings.max_payload_bytes)
         agent.on(TOPIC_LIST)(self._on_list)
@@ -100,9 +109,29 @@ class SystemAgent:
         await self._wire_tasks(agent)
         self._wire_spawner()
         self._started.set()
-        log.info("system agent %s serves %d tools (%s)%s", self.name, len(self.registry),
-                 ", ".join(self.registry.names()),
+        log.info("system agent %s serves %s%s", self.name,
+                 f"{len(self._registry)} tools ({', '.join(self._registry.names())})" if self._builtins_loaded
+                 else "the built-in tools (loaded at the first list or call)",
                  "".join(f"; {k} not wired: {v}" for k, v in self.not_wired.items()))
+
+    @property
+    def registry(self) -> ToolRegistry:
+        """Every tool this daemon serves (the built-in ones are loaded on first use)."""
+        if not self._builtins_loaded:
+            self._load_builtins()
+        return self._registry
+
+    async def _tools(self) -> ToolRegistry:
+        """The registry, the built-in tools' models imported off the loop the first time."""
+        if not self._builtins_loaded:
+            await import_in_thread("meshd.tools.builtin")  # pydantic: ~0.3 s that must not stall routing
+        return self.registry
+
+    def _load_builtins(self) -> None:
+        from .builtin import BUILTIN_PLUGIN_NAME, BuiltinTools  # pydantic models: only when used
+
+        self._registry.add_all(BuiltinTools().meshd_tools(), BUILTIN_PLUGIN_NAME)
+        self._builtins_loaded = True
 
     async def _wire_tasks(self, agent: Agent) -> None:
         try:
@@ -227,7 +256,8 @@ class SystemAgent:
         try:
             self._local_caller(msg)
             await self._wait_started(msg)
-            return self.registry.describe() if fmt is None else self.registry.schemas(str(fmt))
+            registry = await self._tools()
+            return registry.describe() if fmt is None else registry.schemas(str(fmt))
         except MeshError as exc:
             return await self._fail(msg, exc)
 
@@ -248,7 +278,7 @@ class SystemAgent:
     async def call(self, caller: str, name: Any, raw_args: Any, *, deadline: float | None = None) -> Any:
         """Run one tool call for ``caller`` through every check; raises typed errors.
         ``deadline`` is a ``time.monotonic()`` value of this host (``Message.deadline``), or None."""
-        tool = self.registry.get(name)
+        tool = (await self._tools()).get(name)
         try:
             self.authorizer.require("tool", caller, tool.name)
         except Forbidden as exc:
