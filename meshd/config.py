@@ -196,6 +196,12 @@ class Settings(BaseModel):
         "full (they never share the data inbox cap); a client with at most this many calls in flight "
         "gets every answer. The register answer tells it as in_flight_max.",
     )
+    publisher_notices_max: int = Field(
+        default=1024, ge=1, le=1_000_000,
+        description="Publishers remembered for the rate limit of the INBOX_FULL notice a full "
+        "subscriber inbox sends them (at most one per 0.1 s each); past it the oldest is forgotten "
+        "(and may hear one notice more).",
+    )
     max_subscriptions_per_agent: int = Field(
         default=256, ge=1, le=10_000,
         description="Topics one agent may subscribe to; more are refused with TOO_LARGE.",

@@ -5,7 +5,7 @@ per durable subscriber), ``Publications.on_topic`` (a peer's publication to the 
 subscribers), the gap notices (``Publications.missed`` sums what a full inbox refused per
 subscriber and topic into one PUBLICATIONS_MISSED, soon) and the INBOX_FULL notice to a
 publisher (``Publications.publication_dropped``, rate-limited, the publishers remembered bounded
-by ``MAX_DROP_NOTICES``).
+by the config's ``publisher_notices_max``).
 
 Must not touch: the edge checks and routing decisions (routing.py: the ``Router`` composes this
 and is the one way out, ``Router.route`` and ``Router.refuse``), peer state, agent records (it
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 DROP_NOTICE_S = 0.1
 """A publisher whose publications a full subscriber inbox dropped hears INBOX_FULL at most this
 often (its client pauses publishing that long)."""
-MAX_DROP_NOTICES = 1024
-"""Publishers remembered for that rate limit; the oldest is forgotten past this."""
 GAP_NOTICE_DELAY = 0.05
 """Seconds over which missed publications are summed into one gap notice per topic."""
 OUTBOX_RETRY_AFTER = 1.0
@@ -157,7 +155,7 @@ class Publications:
             return
         self._drop_notice_until.pop(publisher, None)
         self._drop_notice_until[publisher] = now + DROP_NOTICE_S
-        if len(self._drop_notice_until) > MAX_DROP_NOTICES:
+        if len(self._drop_notice_until) > r.settings.publisher_notices_max:
             self._drop_notice_until.pop(next(iter(self._drop_notice_until)))
         err = P.error_header(publisher, pub_id, P.ErrorCode.INBOX_FULL,
                              f"inbox of subscriber {subscriber!r} is full: publications on {topic!r} "
