@@ -60,6 +60,7 @@ from .publish_window import PublishWindow
 from .resend import REREGISTER_ATTEMPTS as REREGISTER_ATTEMPTS
 from .resend import RESEND_WINDOW as RESEND_WINDOW
 from .resend import ResendHold
+from .send_pause import SendPauses
 from .transport import Reactor, SendQueue, agent_dealer
 
 if TYPE_CHECKING:
@@ -138,6 +139,8 @@ class Agent:
         self._progress_cbs: dict[str, Callable[[str], Any]] = {}
         self._expiring: dict[str, float] = {}  # msg id -> monotonic deadline (swept, no timer each)
         self._window = PublishWindow(CONTROL_TIMEOUT)  # publishes nobody awaits (meshd/publish_window.py)
+        #: qos-0 sends to a destination whose inbox said INBOX_FULL wait a moment (meshd/send_pause.py)
+        self.send_pauses = SendPauses()
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
                                 push=self._push, schedule=self._call_soon, busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
@@ -212,6 +215,7 @@ class Agent:
                 fut.set_exception(DaemonUnreachable("agent closed"))
         self._pending.clear()
         self._window.unconfirmed.clear()
+        self.send_pauses.clear()
         if self._reactor is not None:
             self._reactor.close()
         if self._sendq is not None:
@@ -266,6 +270,8 @@ class Agent:
                 self._require_loop()
                 if await self._resend.hold_new(msg_id, ((P.TO, to, 0), header, data)):
                     return msg_id
+            if self.send_pauses.sent(msg_id, to):  # a full inbox pauses sends to it (meshd/send_pause.py)
+                await self.send_pauses.before_send(to)
             self._enqueue((P.TO, to, 0), header, data)
             if self.embedded is None:  # an embedded node never restarts under its agent
                 self._resend.remember(msg_id, ((P.TO, to, 0), header, data))

@@ -129,6 +129,11 @@ class Incoming:
             a._log_once.log(f"forged:{err.code}", "agent %s: ignored a %s error from %r (only its "
                             "own daemon may send that)", a.name, err.code, header.get(P.FROM))
             return
+        if err.code == P.ErrorCode.INBOX_FULL and P.TOPIC not in header and a._loop is not None \
+                and str(header.get(P.FROM, "")).startswith(P.DAEMON_PREFIX):
+            # A receiver's inbox refused our qos-0 sends: the next sends to it wait a little
+            # (meshd/send_pause.py). Only a daemon's word counts: agents cannot set that ``from``.
+            a.send_pauses.refused(targets, err.retry_after, a._loop)
         unmatched = []
         for target in targets:
             fut = a._pending.get(str(target))

@@ -20,6 +20,7 @@ from meshd import (
     payloads,
     publish_window,
     resend,
+    send_pause,
     transport,
 )
 
@@ -27,12 +28,12 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
 MODULES = {"batching": batching, "payloads": payloads, "dispatch": dispatch, "transport": transport,
            "client": client, "blocking": blocking, "publish_window": publish_window, "resend": resend,
            "handler_slots": handler_slots, "call_slots": call_slots,
-           "client_session": client_session}
+           "client_session": client_session, "send_pause": send_pause}
 CLASSES = {"Agent": client.Agent, "Batcher": batching.Batcher, "Dispatcher": dispatch.Dispatcher,
            "SendQueue": transport.SendQueue, "Reactor": transport.Reactor, "Message": dispatch.Message,
            "PublishWindow": publish_window.PublishWindow, "ResendHold": resend.ResendHold,
            "Incoming": client_incoming.Incoming, "HandlerSlots": handler_slots.HandlerSlots,
-           "CallSlots": call_slots.CallSlots}
+           "CallSlots": call_slots.CallSlots, "SendPauses": send_pause.SendPauses}
 DOTTED = re.compile(r"`([A-Za-z_]+)\.([A-Za-z_]+)(?:\([^`]*\))?`")
 
 
