@@ -29,7 +29,7 @@ import asyncio
 import itertools
 import logging
 import os
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -90,6 +90,11 @@ class InProcessConnection:
         if self._routed >= ROUTE_BUDGET:
             raise zmq.Again()  # the client's SendQueue retries on the next loop turn
         if not self._routed:
+            # Once per turn: a peer queue at its high-water mark would refuse what we route
+            # (PEER_UNREACHABLE); wait for it as a full DEALER makes its sender wait.
+            if self._sockets.peers_full():
+                self._sockets.stats["embedded_peer_waits"] += 1
+                raise zmq.Again()
             self._loop.call_soon(self._new_turn)
         self._routed += 1
         self._sockets.from_agent(self.rid, frames)
@@ -154,6 +159,9 @@ class AgentSockets:
         self.capacity = capacity
         self.on_agent: FrameHandler | None = None  # the node's Router.on_agent, set once built
         self.on_detached: Callable[[], None] | None = None  # the node probes its agents
+        #: Whether a peer's DEALER is at its high-water mark (set by the node once built).
+        self.peers_full: Callable[[], bool] = lambda: False
+        self.stats: Counter[str] = Counter()  # the node's stats, once built
         self.dropped = 0  # frame sets an agent sent after the node stopped
         self._loop = loop
         self._conns: dict[bytes, InProcessConnection] = {}
@@ -295,6 +303,13 @@ class EmbeddedNode(Node):
         super()._build(cast("zmq.Socket[Any]", sockets), reactor)
         sockets.on_agent = self.routing.on_agent
         sockets.on_detached = self.local_agents.probe
+        sockets.stats = self.stats
+        peers = self.peer_table
+
+        def peers_full() -> bool:
+            return any(p.dealer is not None and not p.dealer.closed
+                       and not int(p.dealer.getsockopt(zmq.EVENTS)) & zmq.POLLOUT for p in peers)
+        sockets.peers_full = peers_full
         # In-process agents are not told to re-register elsewhere: no node takes over from this one.
         self.local_agents.handover.stays_attached = sockets.__contains__
 

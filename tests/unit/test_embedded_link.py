@@ -121,3 +121,21 @@ def test_after_the_node_stops_an_agent_send_is_refused_and_nothing_routes() -> N
         assert routed == [] and len(sockets) == 0
     asyncio.run(run())
 
+
+
+def test_a_full_peer_queue_makes_the_agent_wait_instead_of_being_refused() -> None:
+    """When a peer's DEALER is at its high-water mark the node would refuse what the agent routes
+    (PEER_UNREACHABLE); the in-process connection says Again at the start of the turn instead, as
+    a full DEALER makes its sender wait, and lets frames through once the peer has room."""
+    async def run() -> None:
+        sockets, _, routed = make(asyncio.get_running_loop())
+        full = [True]
+        sockets.peers_full = lambda: full[0]
+        conn = sockets.attach(lambda frames: None)
+        with pytest.raises(zmq.Again):
+            conn.send_multipart([b"sig", b"h", b"0"])
+        assert routed == [] and sockets.stats["embedded_peer_waits"] == 1
+        full[0] = False
+        conn.send_multipart([b"sig", b"h", b"1"])
+        assert [f[-1] for f in routed] == [b"1"]
+    asyncio.run(run())
