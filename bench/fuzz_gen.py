@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from meshd import protocol as P
 from meshd.protocol import FrameError, Kind
+from meshd.routing import _id_of  # the rule a refused frame set is answered by, as the daemon applies it
 
 ALL_KINDS = sorted(P.KNOWN_KINDS)
 KEYS = sorted({v for k, v in vars(P).items() if k.isupper() and isinstance(v, str) and len(v) < 16}
@@ -224,16 +225,6 @@ class Mutator:
         if r.random() < 0.01:
             frames = frames[:r.randrange(1, len(frames))]  # down to the signature alone
         return frames
-
-
-def _id_of(frames: list[bytes]) -> Any:
-    """routing.py's rule for a frame set whose header decodes but whose frame count is wrong."""
-    if len(frames) < 3 or frames[1] != P.SIGNATURE:
-        return None
-    try:
-        return P.unpack_header(frames[2]).get(P.ID)
-    except (FrameError, TypeError):
-        return None
 
 
 _AGENT_DATA = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}

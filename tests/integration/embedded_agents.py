@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -87,21 +86,14 @@ async def echo(node: EmbeddedNode, args: argparse.Namespace) -> int:
 
 async def receiver(node: EmbeddedNode, args: argparse.Namespace) -> int:
     """qos_agents.py's receiver, with its handler registered before the agent connects (as
-    docs/embedded.md asks: units waiting in a peer's outbox can arrive at once, and a qos-1 unit
-    on a topic with no handler yet would be acked and dropped by the client)."""
+    docs/embedded.md asks: units waiting in a peer's outbox can arrive at once, and a unit on a
+    topic with no handler yet would become a dead letter instead of a handled line)."""
+    sys.path.insert(0, str(HERE))
+    import qos_agents  # the qos-1 fault tests' job handler
+
     agent = node.agent(args.name, heartbeat_interval=args.heartbeat)
     out = open(args.out, "a", buffering=1)  # noqa: SIM115, ASYNC230 - line buffered: one write per run
-    kill_pending = args.kill_at >= 0
-
-    @agent.on("job")
-    def job(msg: Any) -> None:
-        nonlocal kill_pending
-        p = msg.payload
-        out.write(f"{p['i']} {p.get('a', 0)} {msg.id}\n")
-        out.flush()
-        if kill_pending and p["i"] >= args.kill_at:
-            kill_pending = False  # kill -9 right after this handler ran: its unit is not acked
-            os.kill(os.getpid(), signal.SIGKILL)
+    qos_agents.record_jobs(agent, out, args.kill_at)
 
     await agent.connect()
     Path(args.out + ".ready").write_text(f"{agent.node}\n")  # noqa: ASYNC240 - once, tiny

@@ -49,6 +49,24 @@ async def _connect(args: argparse.Namespace, deadline: float) -> Agent:
         lambda: Agent(args.name, socket=args.socket, heartbeat_interval=args.heartbeat), deadline)
 
 
+def record_jobs(agent: Agent, out: Any, kill_at: int, kill_pid: int = 0) -> None:
+    """The receiver's ``job`` handler: one line per message handled (``i a id``), and with
+    ``kill_at`` >= 0 a SIGKILL (of ``kill_pid``, or this process) right after the handler for
+    message ``kill_at`` ran. Fault injection at a known point: this handler has finished, its unit
+    is not acked yet, and the rest of its batch may still be unhandled."""
+    kill_pending = kill_at >= 0
+
+    @agent.on("job")
+    def job(msg: Any) -> None:
+        nonlocal kill_pending
+        p = msg.payload
+        out.write(f"{p['i']} {p.get('a', 0)} {msg.id}\n")
+        out.flush()
+        if kill_pending and p["i"] >= kill_at:
+            kill_pending = False
+            os.kill(kill_pid or os.getpid(), signal.SIGKILL)
+
+
 async def receiver(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -57,19 +75,7 @@ async def receiver(args: argparse.Namespace) -> int:
     agent = await _connect(args, time.monotonic() + 30)
     out = open(args.out, "a", buffering=1)  # noqa: SIM115, ASYNC230 - line buffered: one write per run
 
-    kill_pending = args.kill_at >= 0
-
-    @agent.on("job")
-    def job(msg: Any) -> None:
-        nonlocal kill_pending
-        p = msg.payload
-        out.write(f"{p['i']} {p.get('a', 0)} {msg.id}\n")
-        out.flush()
-        if kill_pending and p["i"] >= args.kill_at:
-            # Fault injection at a known point: this handler has finished, its unit is not acked
-            # yet, and the rest of its batch may still be unhandled.
-            kill_pending = False
-            os.kill(args.kill_pid or os.getpid(), signal.SIGKILL)
+    record_jobs(agent, out, args.kill_at, args.kill_pid)
 
     Path(args.out + ".ready").write_text(f"{agent.node}\n")  # noqa: ASYNC240 - once, tiny
     with contextlib.suppress(TimeoutError):
