@@ -59,7 +59,9 @@ def test_thousands_of_subscriptions_cost_deltas_not_directories(meshd_factory: M
           f"+{nbytes} for {topic_bytes} bytes of topics")
     assert payload == {"last": True}
     assert full == 0
-    assert 0 < deltas <= n
+    # At most one delta per change. The stats queries' own probe agents (registered on a and gone
+    # again) are changes too: up to two each, for the query before and the one after.
+    assert 0 < deltas <= n + 4
     assert nbytes < 5 * topic_bytes
     assert a.alive() and b.alive()
 
