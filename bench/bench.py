@@ -75,6 +75,8 @@ class Run:
             "lost": [sent - g["received"] for g in got], "rate": min(g["rate"] for g in got),
             "lost_total": sum(sent - g["received"] for g in got), "daemon_cpu_s": self.cpu,
             "daemon_cpu_us_per_msg": {k: v * 1e6 / sent for k, v in self.cpu.items()} if sent else {},
+            # each receiver's own CPU per message, between its first and last arrival
+            "receiver_cpu_us_per_msg": [g.get("cpu_us_per_msg") for g in got],
         }
 
 
@@ -171,6 +173,9 @@ class Bench:
         per = ", ".join(f"{k} {v:.1f}" for k, v in out["daemon_cpu_us_per_msg"].items())
         if out["sender_cpu_us_per_msg"] is not None:
             per += f"; sender (client) CPU us/msg {out['sender_cpu_us_per_msg']:.1f}"
+        recv_cpu = [c for c in out["receiver_cpu_us_per_msg"] if c is not None]
+        if recv_cpu:
+            per += "; receiver CPU us/msg " + " / ".join(f"{c:.1f}" for c in recv_cpu)
         print(f"  {label}: {out['rate']:,.0f} msgs/s at the receiver (sender {out['send_rate']:,.0f}), "
               f"sent {run.sent:,}, lost {out['lost_total']:,}, sender errors {out['sender_errors']}"
               + (f"; daemon CPU us/msg: {per}" if per else ""), flush=True)

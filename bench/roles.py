@@ -134,23 +134,26 @@ class Tally:
     def __init__(self) -> None:
         self.count = self.first_k = 0
         self.first = self.last = 0.0
-        self.cpu_first = self.cpu_last = 0.0  # this process's CPU time at the first and last arrival
+        self.cpu_first = 0.0  # this process's CPU time at the first arrival
 
     def add(self, k: int) -> None:
         if not k:
             return
         self.last = time.perf_counter()
-        self.cpu_last = time.process_time()
         if not self.count:
-            self.first, self.first_k, self.cpu_first = self.last, k, self.cpu_last
+            self.first, self.first_k, self.cpu_first = self.last, k, time.process_time()
         self.count += k
 
     def result(self) -> dict[str, Any]:
+        """Called once the tail is done (within one 10 ms poll of the last arrival): the CPU time
+        is read here, not per message (``process_time`` is a ~0.45 us syscall, which every
+        receiver paid per message before, ~12 % of a meshd receiver's CPU)."""
         span = self.last - self.first
         # The first arrival opens the span, so its messages are not part of the rate.
         n = self.count - self.first_k
+        cpu = time.process_time() - self.cpu_first
         return {"received": self.count, "span_s": span, "rate": n / span if span > 0 else 0.0,
-                "cpu_us_per_msg": (self.cpu_last - self.cpu_first) * 1e6 / n if n > 0 else None}
+                "cpu_us_per_msg": cpu * 1e6 / n if n > 0 else None}
 
 
 class Tail:

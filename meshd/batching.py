@@ -180,13 +180,16 @@ def split_incoming(frames: list[bytes]) -> Incoming:
     pairs = P.split_batch(frames)
     kinds = header.get(P.KINDS)
     declared = frozenset(k for k in kinds if isinstance(k, str)) if isinstance(kinds, list) else frozenset()
-    for inner, _ in pairs:
+    undeclared = False
+    for inner, _ in pairs:  # one pass: every message of every batch received passes here
         inner[P.FROM] = sender  # the sender the daemon checked: an inner 'from' is never trusted
         if to is not None:
             inner.setdefault(P.TO, to)
         if topic is not None:
             inner.setdefault(P.TOPIC, topic)
-    if any(inner[P.KIND] in _CHECKED_KINDS and inner[P.KIND] not in declared for inner, _ in pairs):
+        if inner[P.KIND] in _CHECKED_KINDS and inner[P.KIND] not in declared:
+            undeclared = True
+    if undeclared:
         # An answer the batch header did not declare was never checked by the sender's daemon
         # (it checks only declared ones, docs/PROTOCOL.md §4.2): drop those, keep the rest.
         pairs = [(h, p) for h, p in pairs if h[P.KIND] not in _CHECKED_KINDS or h[P.KIND] in declared]

@@ -31,6 +31,8 @@ log = logging.getLogger("meshd.client")
 _STATE_CHANGING = frozenset({P.ErrorCode.NAME_TAKEN, P.ErrorCode.NOT_REGISTERED,
                              P.ErrorCode.DAEMON_STOPPING})
 """Error codes that change this agent's state; honoured only from its own daemon."""
+_WORK_KINDS = frozenset({Kind.SEND, Kind.REQUEST, Kind.PUBLISH})
+"""Kinds that run a handler (the rest are answers and cancels)."""
 ERROR_LOG_EVERY = 1000
 """Errors nobody handles (no ``on_error``) are logged once per code, then every this many."""
 
@@ -54,9 +56,16 @@ class Incoming:
             if a._dispatch.seen_unit(unit):
                 return  # handled (or running) already: a daemon restart redelivered it
             a._dispatch.begin_unit(unit, len(messages))
+        slots = a._handler_slots
+        dispatch = a._dispatch.runner(unit)
         for header, payload in messages:
             try:
-                self.on_message(header, payload, unit)
+                if header[P.KIND] in _WORK_KINDS and slots.running < slots.limit and not slots.parked:
+                    # Work with a free handler slot runs now, as ``HandlerSlots.offer`` would run
+                    # it (one call less per message); the rest goes the general way.
+                    dispatch(header, payload, unit)
+                else:
+                    self.on_message(header, payload, unit)
             except Exception:
                 log.exception("agent %s: dropped a message that could not be handled", a.name)
         if a._handler_slots.full:
@@ -65,7 +74,7 @@ class Incoming:
     def on_message(self, header: dict[str, Any], payload: bytes, unit: str | None = None) -> None:
         a = self.agent
         kind = header[P.KIND]
-        if kind in (Kind.SEND, Kind.REQUEST, Kind.PUBLISH):
+        if kind in _WORK_KINDS:
             a._handler_slots.offer(header, payload, unit)  # runs now, or waits for a handler slot
             return
         a._dispatch.unit_done(unit)
