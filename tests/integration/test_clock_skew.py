@@ -173,9 +173,14 @@ def test_a_budget_is_enforced_on_the_requesters_clock(meshd_factory: MeshdFactor
             # From the true-clock side to the skewed side: measured on this (requester's) clock.
             for budget in (0.3, 1.0):
                 t0 = time.monotonic()
-                with pytest.raises(RequestTimeout):
-                    await sink_a.request("echo-b", "ask", {"to": "sink-a", "topic": "hold",
-                                                            "timeout": 60}, timeout=budget)
+                try:
+                    answer = await sink_a.request("echo-b", "ask", {"to": "sink-a", "topic": "hold",
+                                                                     "timeout": 60}, timeout=budget)
+                except RequestTimeout:
+                    answer = None
+                # echo-b's own ask runs out of the same budget (it holds the rest of it, counted from
+                # when its request arrived), so its TIMEOUT answer may win the race by a hair.
+                assert answer in (None, {"error": "TIMEOUT"}), answer
                 late = time.monotonic() - t0 - budget
                 assert late >= 0  # never gives up early
                 print(f"offset={offset} budget={budget:g}s timeout_after_budget={late * 1000:.1f}ms")
