@@ -11,6 +11,7 @@ zeroconf, sqlite3). Must not import daemon modules at import time.
 
 from typing import TYPE_CHECKING, Any
 
+from . import lazyssl  # noqa: F401  (first: asyncio without ssl until TLS is asked for)
 from .client import DEFER, Agent, BlockingAgent, HandoffResult, Message
 from .errors import (
     Cancelled,

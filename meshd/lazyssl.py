@@ -1,0 +1,121 @@
+"""asyncio without ``ssl`` until something asks for it: ~4.5 MiB less in every meshd process.
+
+asyncio imports ``ssl`` at import time, and with it OpenSSL (``_ssl``, libssl, libcrypto: ~4.5
+MiB resident), although neither the daemon (CurveZMQ on the mesh, a plain-HTTP gateway on
+loopback by default) nor an agent speaks TLS unless asked to (issue 11, goal 6). Importing this
+module (``meshd/__init__.py`` does it first) imports asyncio while ``ssl`` cannot be found, so
+asyncio notes ``ssl = None`` as on a Python built without it, and leaves a finder in
+``sys.meta_path`` for the first later ``import ssl`` (aiohttp, an https client in a plugin or an
+agent, the gateway's TLS context): that import loads the real module, then hands it to the
+asyncio modules that noted ``None``, so TLS through asyncio works as if ``ssl`` had been there
+from the start (tests/unit/test_lazy_ssl.py makes a TLS connection through asyncio after it).
+
+Does nothing when asyncio or ssl is already imported, or with ``MESHD_LAZY_SSL=0``.
+Owns: the two finders and the hand-over to asyncio's modules (:func:`hand_ssl_to_asyncio`).
+Must not touch any other import, nor import anything of meshd.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # nothing more at run time: this module is imported by every agent too
+    from collections.abc import Sequence
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+
+__all__ = ["ENV_SWITCH", "hand_ssl_to_asyncio", "held_back"]
+
+ENV_SWITCH = "MESHD_LAZY_SSL"  # "0": import asyncio as usual (ssl and OpenSSL at once)
+
+#: Modules imported while ssl was held back (asyncio's): the ones to hand ssl to later.
+held_back: list[str] = []
+
+
+class _RefuseSsl:
+    """In ``sys.meta_path`` only while asyncio is imported: ``import ssl`` fails as if missing."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        if fullname == "ssl":
+            raise ModuleNotFoundError("ssl is imported on first use (meshd/lazyssl.py)", name=fullname)
+        return None
+
+
+class _SslThenAsyncio:
+    """The real ``ssl`` loader; once it has run, asyncio gets the module (:func:`hand_ssl_to_asyncio`)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        module: ModuleType | None = self.real.create_module(spec)
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.real.exec_module(module)
+        hand_ssl_to_asyncio(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... as the real loader
+        return getattr(self.real, name)
+
+
+class _OnFirstSslImport:
+    """Finds nothing itself: for the first ``import ssl`` it takes itself out, finds the real spec
+    and wraps its loader in :class:`_SslThenAsyncio`."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        if fullname != "ssl":
+            return None
+        _remove(self)
+        spec = None
+        for finder in list(sys.meta_path):  # as the import system looks, minus this finder
+            find = getattr(finder, "find_spec", None)
+            spec = cast("ModuleSpec | None", find(fullname, path, target)) if find is not None else None
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None:
+            return None  # no ssl in this Python: asyncio says so itself when TLS is asked for
+        spec.loader = cast("Loader", _SslThenAsyncio(spec.loader))
+        return spec
+
+
+def _remove(finder: object) -> None:
+    try:
+        sys.meta_path.remove(finder)  # type: ignore[arg-type]
+    except ValueError:
+        pass
+
+
+def hand_ssl_to_asyncio(ssl: ModuleType) -> None:
+    """Give ``ssl`` to the modules imported while it was held back (they noted ``ssl = None``) and
+    define what asyncio.sslproto defines only when ssl is there."""
+    for name in held_back:
+        module = sys.modules.get(name)
+        if module is not None and "ssl" in vars(module) and vars(module)["ssl"] is None:
+            setattr(module, "ssl", ssl)  # noqa: B010  (a module global, not a declared attribute)
+    sslproto = sys.modules.get("asyncio.sslproto")
+    if sslproto is not None and not hasattr(sslproto, "SSLAgainErrors"):
+        setattr(sslproto, "SSLAgainErrors", (ssl.SSLWantReadError, ssl.SSLSyscallError))  # noqa: B010
+
+
+def _import_asyncio_without_ssl() -> None:
+    if "asyncio" in sys.modules or "ssl" in sys.modules or os.environ.get(ENV_SWITCH, "1") == "0":
+        return
+    before = set(sys.modules)
+    refuse = _RefuseSsl()
+    sys.meta_path.insert(0, refuse)
+    try:
+        import asyncio  # noqa: F401  (the point of this module)
+    finally:
+        _remove(refuse)
+    held_back.extend(sorted(set(sys.modules) - before))
+    if "ssl" not in sys.modules:
+        sys.meta_path.insert(0, _OnFirstSslImport())
+
+
+_import_asyncio_without_ssl()
