@@ -28,3 +28,14 @@ def test_an_idle_daemon_maps_no_openssl_until_its_first_http_request(meshd_facto
     with urllib.request.urlopen(req, timeout=30) as r:
         assert json.loads(r.read())["node"] == a.node_id
     assert {"libssl", "libcrypto", "/_ssl."} <= mapped(a.pid)
+
+
+def test_regenerate_id_travels_to_the_reexecd_image(meshd_factory: MeshdFactory) -> None:
+    # The re-exec'd image parses no command line: --regenerate-id is handed over with the settings.
+    a = meshd_factory.spawn("a")
+    old = a.node_id
+    a.stop()
+    a.args.append("--regenerate-id")
+    a.start()
+    assert a.node_id != old
+    assert "--regenerate-id: removed" in a.log()
