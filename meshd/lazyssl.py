@@ -46,10 +46,12 @@ class _RefuseSsl:
 
 
 class _SslThenAsyncio:
-    """The real ``ssl`` loader; once it has run, asyncio gets the module (:func:`hand_ssl_to_asyncio`)."""
+    """The real ``ssl`` loader; once it has run, asyncio gets the module (:func:`hand_ssl_to_asyncio`)
+    and the finder that wrapped it leaves ``sys.meta_path``."""
 
-    def __init__(self, real: Any) -> None:
+    def __init__(self, real: Any, finder: object) -> None:
         self.real = real
+        self.finder = finder
 
     def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         module: ModuleType | None = self.real.create_module(spec)
@@ -58,29 +60,30 @@ class _SslThenAsyncio:
     def exec_module(self, module: ModuleType) -> None:
         self.real.exec_module(module)
         hand_ssl_to_asyncio(module)
+        _remove(self.finder)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... as the real loader
         return getattr(self.real, name)
 
 
 class _OnFirstSslImport:
-    """Finds nothing itself: for the first ``import ssl`` it takes itself out, finds the real spec
-    and wraps its loader in :class:`_SslThenAsyncio`."""
+    """Finds nothing itself: for ``import ssl`` it finds the real spec with the other finders and
+    wraps its loader in :class:`_SslThenAsyncio`. It stays until ssl has been executed, so a mere
+    ``importlib.util.find_spec("ssl")`` (a library checking for TLS support) does not use it up."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != "ssl":
             return None
-        _remove(self)
         spec = None
         for finder in list(sys.meta_path):  # as the import system looks, minus this finder
-            find = getattr(finder, "find_spec", None)
+            find = getattr(finder, "find_spec", None) if finder is not self else None
             spec = cast("ModuleSpec | None", find(fullname, path, target)) if find is not None else None
             if spec is not None:
                 break
         if spec is None or spec.loader is None:
             return None  # no ssl in this Python: asyncio says so itself when TLS is asked for
-        spec.loader = cast("Loader", _SslThenAsyncio(spec.loader))
+        spec.loader = cast("Loader", _SslThenAsyncio(spec.loader, self))
         return spec
 
 

@@ -42,6 +42,14 @@ def test_switched_off_or_asyncio_first_is_left_alone() -> None:
     assert run("import asyncio; " + probe) == "True False"
 
 
+def test_ssl_looked_up_before_it_is_imported_still_reaches_asyncio() -> None:
+    probe = ("import sys, importlib.util, meshd; importlib.util.find_spec('ssl'); import ssl; "
+             "import asyncio.base_events as b, asyncio.sslproto as p; "
+             "print(b.ssl is ssl, p.SSLAgainErrors == (ssl.SSLWantReadError, ssl.SSLSyscallError), "
+             "any('lazyssl' in repr(f) for f in sys.meta_path))")
+    assert run(probe).split() == ["True", "True", "False"]
+
+
 def test_a_key_fingerprint_is_sha256_without_openssl() -> None:
     probe = ("import sys, base64, meshd.keys as k; from zmq.utils import z85; raw = bytes(range(32)); "
              "f = k.fingerprint(z85.encode(raw).decode()); print('_hashlib' in sys.modules); "
