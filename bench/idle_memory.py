@@ -80,6 +80,7 @@ def main() -> int:
     ap.add_argument("--agent", action="store_true", help="also an idle agent per daemon")
     ap.add_argument("--meshd-first", action="store_true",
                     help="the agent imports meshd before asyncio (no ssl until asked: meshd/lazyssl.py)")
+    ap.add_argument("--secure", action="store_true", help="CurveZMQ on (no --insecure), keys mode")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     tree: Path = args.tree.resolve()
@@ -91,7 +92,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="meshd-idle-") as tmp:
         for i in range(args.runs):
             d = DaemonProcess(f"idle{i}", f"idle-{os.getpid()}-{i}", Path(tmp) / f"d{i}",
-                              args=["--interface", "127.0.0.1"], env=env, cwd=tree)
+                              args=["--interface", "127.0.0.1"], env=env, cwd=tree, insecure=not args.secure)
             d.start()
             try:
                 d.wait_ready(30)
