@@ -6,7 +6,8 @@ The public API is small: ``Agent`` (asyncio) and ``BlockingAgent`` to attach to 
 Importing this package loads the client only: ``hookimpl`` (for plugin authors) and
 ``EmbeddedNode`` (a node inside the agent's process, docs/embedded.md) are resolved on first use,
 so an agent process never imports the daemon's dependencies (pluggy, pydantic,
-zeroconf, sqlite3). Must not import daemon modules at import time.
+zeroconf, sqlite3). Must not import daemon modules at import time. Imported before asyncio, it
+imports asyncio without ``ssl`` until something asks for TLS (meshd/lazyssl.py).
 """
 
 from typing import TYPE_CHECKING, Any
