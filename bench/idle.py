@@ -86,8 +86,6 @@ def raw_pyzmq(cfg: dict[str, Any]) -> None:
 
 def main() -> None:
     system, cfg = sys.argv[1], json.loads(sys.argv[2])
-    if system == "meshd" and cfg.get("meshd_first"):
-        import meshd  # noqa: F401  (before asyncio: asyncio then loads ssl on first use, meshd/lazyssl.py)
     if system in ("meshd", "nats"):
         import asyncio  # only the asyncio clients pay for it
     if system == "meshd":

@@ -5,7 +5,7 @@ daemons one after another (default config, HTTP gateway on, 127.0.0.1 only, a un
 each read ``settle`` seconds after READY=1 (VmRSS, and anonymous / file-backed from
 ``/proc/PID/smaps_rollup``; whether OpenSSL's libcrypto is mapped) and stopped by its PID; with
 ``--agent`` also one idle agent (``idle.py meshd``, asyncio imported first as the README writes
-it; ``--meshd-first``: meshd imported before asyncio) per daemon. Prints each reading and the
+it) per daemon. Prints each reading and the
 medians. ``--tree`` runs another checkout's meshd (for A/B runs: alternate old and new back to
 back); ``--env`` sets environment variables for the daemon. Bytecode is compiled first, as a
 wheel install has it.
@@ -49,8 +49,8 @@ def memory(pid: int) -> dict[str, float]:
     return out
 
 
-def idle_agent(tree: Path, socket: Path, settle: float, meshd_first: bool) -> dict[str, float]:
-    cfg = json.dumps({"name": "idle-agent", "socket": str(socket), "meshd_first": meshd_first})
+def idle_agent(tree: Path, socket: Path, settle: float) -> dict[str, float]:
+    cfg = json.dumps({"name": "idle-agent", "socket": str(socket)})
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.Popen([sys.executable, str(BENCH_DIR / "idle.py"), "meshd", cfg], cwd=str(tree),
                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -78,8 +78,6 @@ def main() -> int:
     ap.add_argument("--tree", type=Path, default=REPO)
     ap.add_argument("--env", action="append", default=[], help="K=V for the daemon")
     ap.add_argument("--agent", action="store_true", help="also an idle agent per daemon")
-    ap.add_argument("--meshd-first", action="store_true",
-                    help="the agent imports meshd before asyncio (no ssl until asked: meshd/lazyssl.py)")
     ap.add_argument("--secure", action="store_true", help="CurveZMQ on (no --insecure), keys mode")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -99,7 +97,7 @@ def main() -> int:
                 time.sleep(args.settle)
                 daemons.append(memory(d.pid))
                 if args.agent:
-                    agents.append(idle_agent(tree, d.socket, args.settle, args.meshd_first))
+                    agents.append(idle_agent(tree, d.socket, args.settle))
             finally:
                 try:
                     d.stop(10)

@@ -1,16 +1,19 @@
-"""asyncio without ``ssl`` until something asks for it: ~4.5 MiB less in every meshd process.
+"""The daemon's asyncio without ``ssl`` until something asks for it: ~4.5 MiB less per daemon.
 
 asyncio imports ``ssl`` at import time, and with it OpenSSL (``_ssl``, libssl, libcrypto: ~4.5
-MiB resident), although neither the daemon (CurveZMQ on the mesh, a plain-HTTP gateway on
-loopback by default) nor an agent speaks TLS unless asked to (issue 11, goal 6). Importing this
-module (``meshd/__init__.py`` does it first) imports asyncio while ``ssl`` cannot be found, so
-asyncio notes ``ssl = None`` as on a Python built without it, and leaves a finder in
-``sys.meta_path`` for the first later ``import ssl`` (aiohttp, an https client in a plugin or an
-agent, the gateway's TLS context): that import loads the real module, then hands it to the
-asyncio modules that noted ``None``, so TLS through asyncio works as if ``ssl`` had been there
-from the start (tests/unit/test_lazy_ssl.py makes a TLS connection through asyncio after it).
+MiB resident), although the daemon does not speak TLS unless asked to (CurveZMQ on the mesh, a
+plain-HTTP gateway on loopback by default; issue 11, goal 6). :func:`activate` imports asyncio
+while ``ssl`` cannot be found, so asyncio notes ``ssl = None`` as on a Python built without it,
+and leaves a finder in ``sys.meta_path`` for the first later ``import ssl`` (aiohttp, an https
+client in a plugin, the gateway's TLS context): that import loads the real module, then hands it
+to the asyncio modules that noted ``None``. asyncio's one TLS entry that needs no ``ssl`` object
+from its caller, ``ssl=True`` (``SSLProtocol``), imports it first. So TLS through asyncio works as
+if ``ssl`` had been there from the start (tests/unit/test_lazy_ssl.py).
 
-Does nothing when asyncio or ssl is already imported, or with ``MESHD_LAZY_SSL=0``.
+Only the daemon's own image activates it (``meshd/__init__.py``, when started as the image
+``meshd run`` re-execs, meshd/reexec.py): an agent's process is the user's, and meshd does not
+change how the user's asyncio imports. ``MESHD_LAZY_SSL=0`` turns it off; it does nothing when
+asyncio or ssl is already imported.
 Owns: the two finders and the hand-over to asyncio's modules (:func:`hand_ssl_to_asyncio`).
 Must not touch any other import, nor import anything of meshd.
 """
@@ -27,7 +30,7 @@ if TYPE_CHECKING:  # nothing more at run time: this module is imported by every 
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
-__all__ = ["ENV_SWITCH", "hand_ssl_to_asyncio", "held_back"]
+__all__ = ["ENV_SWITCH", "activate", "hand_ssl_to_asyncio", "held_back"]
 
 ENV_SWITCH = "MESHD_LAZY_SSL"  # "0": import asyncio as usual (ssl and OpenSSL at once)
 
@@ -106,19 +109,30 @@ def hand_ssl_to_asyncio(ssl: ModuleType) -> None:
         setattr(sslproto, "SSLAgainErrors", (ssl.SSLWantReadError, ssl.SSLSyscallError))  # noqa: B010
 
 
-def _import_asyncio_without_ssl() -> None:
+def _import_ssl_first(init: Any) -> Any:
+    """``SSLProtocol.__init__`` that imports ssl first (handing it to asyncio), for ``ssl=True``
+    callers that never imported it themselves."""
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        import ssl  # noqa: F401  (the finder above hands it to asyncio's modules)
+        init(self, *args, **kwargs)
+    return __init__
+
+
+def activate() -> bool:
+    """Import asyncio with ssl held back (see the module docstring); True when it did."""
     if "asyncio" in sys.modules or "ssl" in sys.modules or os.environ.get(ENV_SWITCH, "1") == "0":
-        return
+        return False
     before = set(sys.modules)
     refuse = _RefuseSsl()
     sys.meta_path.insert(0, refuse)
     try:
-        import asyncio  # noqa: F401  (the point of this module)
+        import asyncio.sslproto
     finally:
         _remove(refuse)
     held_back.extend(sorted(set(sys.modules) - before))
-    if "ssl" not in sys.modules:
-        sys.meta_path.insert(0, _OnFirstSslImport())
-
-
-_import_asyncio_without_ssl()
+    if "ssl" in sys.modules:
+        return False
+    protocol = asyncio.sslproto.SSLProtocol
+    protocol.__init__ = _import_ssl_first(protocol.__init__)  # type: ignore[method-assign]
+    sys.meta_path.insert(0, _OnFirstSslImport())
+    return True
