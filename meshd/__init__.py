@@ -6,11 +6,18 @@ The public API is small: ``Agent`` (asyncio) and ``BlockingAgent`` to attach to 
 Importing this package loads the client only: ``hookimpl`` (for plugin authors) and
 ``EmbeddedNode`` (a node inside the agent's process, docs/embedded.md) are resolved on first use,
 so an agent process never imports the daemon's dependencies (pluggy, pydantic,
-zeroconf, sqlite3). Must not import daemon modules at import time.
+zeroconf, sqlite3). Must not import daemon modules at import time. In the daemon's own image
+(``python -m meshd ... --settings-fd N``, what ``meshd run`` re-execs) it first imports asyncio
+without ``ssl`` until something asks for TLS (meshd/lazyssl.py); an agent's asyncio is left alone.
 """
 
+import sys
 from typing import TYPE_CHECKING, Any
 
+if "--settings-fd" in sys.argv[1:]:  # the daemon's image (meshd/reexec.py FD_FLAG), before asyncio
+    from . import lazyssl
+
+    lazyssl.activate()
 from .client import DEFER, Agent, BlockingAgent, HandoffResult, Message
 from .errors import (
     Cancelled,

@@ -17,11 +17,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import zmq
-
 from . import __version__
 from .ctlfmt import print_json, table
-from .errors import ConfigError, MeshError, StateFileError
+from .daemon_run import run_daemon, setup_logging  # noqa: F401  (setup_logging: kept importable here)
+from .errors import ConfigError, MeshError
 from .keys import KeyFileError
 from .paths import find_agent_socket
 from .top import run_top
@@ -30,33 +29,6 @@ if TYPE_CHECKING:  # meshd.config imports pydantic: the daemon's own image must 
     from .config import Settings
 
 log = logging.getLogger("meshd")
-
-
-# --------------------------------------------------------------------------------- logging
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": round(record.created, 6),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-def setup_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    logging.getLogger("zeroconf").setLevel(max(logging.WARNING, root.level))
 
 
 # --------------------------------------------------------------------------------- meshd
@@ -114,27 +86,6 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
     return load_settings(config, overrides=overrides, environ=env)
 
 
-async def _serve(settings: Settings) -> int:
-    from .node import Node
-
-    node = Node(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await node.serve(stop)
-    return 0
-
-
-def _user_name() -> str:
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return f"uid {os.getuid()}"
-
-
 def meshd_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meshd", description="peer-mesh daemon for agents")
     parser.add_argument("--version", action="version", version=f"meshd {__version__}")
@@ -182,45 +133,15 @@ def meshd_main(argv: list[str] | None = None) -> int:
     from .reexec import settings_for_run
 
     try:  # validated here, then (real command line) re-exec'd without pydantic: meshd/reexec.py
-        settings: Any = settings_for_run(args.settings_fd, argv, lambda: settings_from_args(args))
+        settings: Any = settings_for_run(args.settings_fd, argv, lambda: settings_from_args(args),
+                                         {"regenerate_id": args.regenerate_id})
     except ConfigError as exc:
         print(f"meshd: config error: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:  # an unreadable --settings-fd
         print(f"meshd: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level, settings.log_format)
-    if args.regenerate_id:
-        from .keys import reset_identity
-
-        removed = reset_identity(settings.state_dir)
-        log.warning("--regenerate-id: removed %s; a new node id and keypair are made now",
-                    ", ".join(map(str, removed)) or "nothing (no identity yet)")
-    if settings.insecure:
-        log.warning("INSECURE MODE: the mesh runs in plaintext; anyone on the LAN can read and inject")
-    try:
-        return asyncio.run(_serve(settings))
-    except KeyboardInterrupt:
-        return 0
-    except ConfigError as exc:
-        print(f"meshd: config error: {exc}", file=sys.stderr)
-        return 2
-    except KeyFileError as exc:
-        print(f"meshd: cannot start: {exc}", file=sys.stderr)
-        return 2
-    except StateFileError as exc:
-        # Corrupt state: restarting cannot fix it (exit 2, which the systemd unit does not restart).
-        print(f"meshd: cannot start: {exc}", file=sys.stderr)
-        return 2
-    except PermissionError as exc:
-        # A file or directory this user may not read or write: retrying cannot fix it (exit 2, which
-        # the systemd unit does not restart).
-        print(f"meshd: cannot start: {exc.filename}: {exc.strerror} (fix: give the user meshd runs as, "
-              f"{_user_name()}, access to it)", file=sys.stderr)
-        return 2
-    except (RuntimeError, OSError, zmq.ZMQError) as exc:
-        log.error("cannot start: %s", exc)
-        return 1
+    return run_daemon(settings, regenerate_id=args.regenerate_id)
 
 
 # --------------------------------------------------------------------------------- meshctl

@@ -13,7 +13,7 @@ ZeroMQ tooling read them. Secret files are created 0600 and refused when others 
 from __future__ import annotations
 
 import base64
-import hashlib
+import importlib
 import logging
 import os
 import re
@@ -61,7 +61,21 @@ def fingerprint(key: str) -> str:
         raw = z85.decode(key.encode("ascii"))
     except (ValueError, UnicodeEncodeError):
         raw = key.encode("utf-8", "replace")
-    return "SHA256:" + base64.b64encode(hashlib.sha256(raw).digest()).decode("ascii").rstrip("=")
+    return "SHA256:" + base64.b64encode(_sha256(raw)).decode("ascii").rstrip("=")
+
+
+def _sha256(data: bytes) -> bytes:
+    """SHA-256 by CPython's built-in module (hashlib's own fallback), so that a daemon which
+    fingerprints the keys of nodes it discovers does not map OpenSSL's libcrypto (~3.5 MiB,
+    meshd/lazyssl.py); hashlib where that module is missing."""
+    for name in ("_sha2", "_sha256"):  # Python 3.12+, 3.11
+        try:
+            return bytes(importlib.import_module(name).sha256(data).digest())
+        except ImportError:
+            continue
+    import hashlib
+
+    return hashlib.sha256(data).digest()
 
 
 def key_from_hex(text: str) -> str:
@@ -184,6 +198,8 @@ def load_mesh_secret(path: Path) -> bytes:
 
 def derive_mesh_keypair(secret: bytes) -> KeyPair:
     """Every node with the same secret derives the same CURVE keypair."""
+    import hashlib  # here, not at start: it maps OpenSSL's libcrypto (meshd/lazyssl.py)
+
     seed = hashlib.blake2b(secret, digest_size=32, person=b"meshd-mesh-key1").digest()
     secret_z85 = z85.encode(seed)
     public_z85 = zmq.curve_public(secret_z85)

@@ -5,7 +5,9 @@ process cannot unload a library it imported. So ``meshd run`` validates exactly 
 same errors, exit 2), then replaces itself (``execv``: the same PID, so systemd's Type=notify and
 ``NotifyAccess=main`` are unaffected) with ``python -m meshd <the same arguments> --settings-fd N``,
 where fd N is an anonymous memory file (memfd) holding the validated settings as a
-:class:`SettingsSnapshot`. The new image reads it, closes it and runs the daemon.
+:class:`SettingsSnapshot` and the run options parsed from the command line. The new image
+(meshd/__main__.py sends it to meshd/daemon_run.py, without argparse) reads it, closes it and
+runs the daemon.
 
 Owns: the snapshot (the validated :class:`meshd.config.Settings` as plain attributes: the same
 names, types and values; nested sections as :class:`SettingsSection`; ``resolved_socket()``,
@@ -25,7 +27,7 @@ import pickle
 import subprocess
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -35,7 +37,7 @@ from .plugin_entrypoints import Listed, hand_over
 if TYPE_CHECKING:
     from .config import Settings
 
-__all__ = ["SettingsSection", "SettingsSnapshot", "exec_with_settings", "read_settings",
+__all__ = ["SettingsSection", "SettingsSnapshot", "exec_with_settings", "read_image", "read_settings",
            "settings_for_run", "wanted"]
 
 FD_FLAG = "--settings-fd"
@@ -114,8 +116,10 @@ def wanted(argv: list[str] | None) -> bool:
     return argv is None and hasattr(os, "memfd_create") and os.environ.get(ENV_SWITCH, "1") != "0"
 
 
-def exec_with_settings(settings: Settings) -> NoReturn:
-    """Replace this process with ``python -m meshd <same args> --settings-fd N``; raises OSError."""
+def exec_with_settings(settings: Settings, options: Mapping[str, Any] | None = None) -> NoReturn:
+    """Replace this process with ``python -m meshd <same args> --settings-fd N``; raises OSError.
+    ``options``: what the command line asked for besides settings (``regenerate_id``), handed over
+    so that the new image parses no command line (meshd/daemon_run.py: no argparse)."""
     from .plugin_entrypoints import list_entry_points
     from .plugins import ENTRYPOINT_GROUP
 
@@ -123,7 +127,8 @@ def exec_with_settings(settings: Settings) -> NoReturn:
         entry_points: list[Listed] | None = list_entry_points(ENTRYPOINT_GROUP)
     except Exception:
         entry_points = None  # the daemon's image lists them itself and reports the error
-    data = pickle.dumps((snapshot(settings), entry_points), protocol=pickle.HIGHEST_PROTOCOL)
+    handed = (snapshot(settings), entry_points, dict(options or {}))
+    data = pickle.dumps(handed, protocol=pickle.HIGHEST_PROTOCOL)
     fd = os.memfd_create("meshd-settings", 0)  # no MFD_CLOEXEC: the new image inherits it
     try:
         os.write(fd, data)
@@ -139,6 +144,12 @@ def exec_with_settings(settings: Settings) -> NoReturn:
 
 def read_settings(fd: int) -> SettingsSnapshot:
     """The snapshot the validating image left in ``fd`` (closed afterwards); raises ValueError."""
+    return read_image(fd)[0]
+
+
+def read_image(fd: int) -> tuple[SettingsSnapshot, dict[str, Any]]:
+    """The snapshot and the run options the validating image left in ``fd`` (closed afterwards);
+    the listed entry points are handed over (meshd/plugin_entrypoints.py). Raises ValueError."""
     try:
         with os.fdopen(fd, "rb") as f:
             data = f.read(_MAX_BYTES + 1)
@@ -150,18 +161,20 @@ def read_settings(fd: int) -> SettingsSnapshot:
         value = pickle.loads(data)  # written by this same program just before execv
     except Exception as exc:
         raise ValueError(f"{FD_FLAG} {fd}: not meshd settings ({type(exc).__name__})") from None
-    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], SettingsSnapshot)):
+    if not (isinstance(value, tuple) and len(value) in (2, 3) and isinstance(value[0], SettingsSnapshot)
+            and (len(value) == 2 or isinstance(value[2], dict))):
         raise ValueError(f"{FD_FLAG} {fd}: not meshd settings")
     if value[1] is not None:
         hand_over(value[1])
-    return value[0]
+    return value[0], (value[2] if len(value) == 3 else {})
 
 
-def settings_for_run(settings_fd: int | None, argv: list[str] | None,
-                     validate: Callable[[], Settings]) -> Settings | SettingsSnapshot:
+def settings_for_run(settings_fd: int | None, argv: list[str] | None, validate: Callable[[], Settings],
+                     options: Mapping[str, Any] | None = None) -> Settings | SettingsSnapshot:
     """``meshd run``'s settings: read from ``settings_fd`` in the re-exec'd image; else ``validate()``
     them (ConfigError as ever), create the state and socket dirs, and re-exec when :func:`wanted`
-    (then this does not return). A failed ``execv`` is reported and the daemon runs on as is."""
+    (then this does not return; ``options`` travel along). A failed ``execv`` is reported and the
+    daemon runs on as is."""
     if settings_fd is not None:
         return read_settings(settings_fd)
     from .config import ensure_dirs
@@ -170,7 +183,7 @@ def settings_for_run(settings_fd: int | None, argv: list[str] | None,
     ensure_dirs(settings)
     if wanted(argv):
         try:
-            exec_with_settings(settings)
+            exec_with_settings(settings, options)
         except OSError as exc:
             print(f"meshd: re-exec without pydantic failed ({exc}); running on as is", file=sys.stderr)
     return settings

@@ -8,10 +8,9 @@ Must not touch: HTTP routing, sessions, the node. The token is never logged or p
 
 from __future__ import annotations
 
-import hmac
+import base64
 import json
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +25,9 @@ URL_FILE = "http.json"
 
 
 def new_token() -> str:
-    """A fresh random bearer token (256 bits, URL-safe)."""
-    return secrets.token_urlsafe(32)
+    """A fresh random bearer token (256 bits, URL-safe), made as ``secrets.token_urlsafe(32)``
+    makes it, without importing ``secrets`` (whose hmac import maps OpenSSL's libcrypto)."""
+    return base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode("ascii")
 
 
 def _write_private(path: Path, text: str, mode: int) -> None:
@@ -79,6 +79,8 @@ class TokenGuard:
 
     def check(self, header: str | None) -> bool:
         """True when ``header`` carries the current token; counts refusals."""
+        import hmac  # at the first request (aiohttp has loaded OpenSSL by then), not at start
+
         given = (header or "").encode("utf-8", "replace")
         ok = hmac.compare_digest(given, self._expected)
         if not ok:

@@ -36,7 +36,10 @@ class PendingListener:
 
     def bind(self) -> None:
         """Bind and listen on every address ``host`` resolves to; raises OSError like create_server."""
-        infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        # An ASCII host as bytes: for a str, getaddrinfo always loads the idna codec (encodings.idna,
+        # stringprep, unicodedata: ~0.4 MiB resident that the daemon never needs otherwise).
+        host: str | bytes = self.host.encode("ascii") if self.host.isascii() else self.host
+        infos = socket.getaddrinfo(host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         seen: set[tuple[int, object]] = set()
         try:
             for family, kind, proto, _name, addr in infos:

@@ -25,7 +25,6 @@ import contextlib
 import ipaddress
 import logging
 import socket
-import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +38,8 @@ from .listener import PendingListener
 from .sessions import SessionTable
 
 if TYPE_CHECKING:
+    import ssl
+
     from aiohttp import web
 
     from meshd.config import Settings  # pydantic: not in the daemon's image (meshd/reexec.py)
@@ -59,6 +60,8 @@ def check_listen(settings: Settings) -> ssl.SSLContext | None:
     host = settings.http_host
     loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     if settings.http_tls_cert is not None and settings.http_tls_key is not None:
+        import ssl  # only for TLS: ssl and OpenSSL stay out of a plain-HTTP daemon (meshd/lazyssl.py)
+
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         try:
             ctx.load_cert_chain(settings.http_tls_cert, settings.http_tls_key)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -203,6 +202,8 @@ class SessionTable:
             if len(self.by_id) >= self.max_sessions:
                 raise TooManySessions(f"{self.max_sessions} HTTP agents are registered already "
                                       "(http_max_sessions)")
+            import secrets  # at the first registration, not at start (its hmac maps OpenSSL's libcrypto)
+
             metadata = {"via": "http", **{k: v for k, v in info.items() if v is not None}}
             agent = Agent(name, socket=self.socket, capabilities=capabilities, metadata=metadata,
                           max_payload_bytes=self.max_payload_bytes, auto_heartbeat=False)

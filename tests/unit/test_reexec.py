@@ -76,6 +76,29 @@ def test_the_daemon_modules_import_no_optional_dependency() -> None:
     assert out.strip() == "[]"
 
 
+def test_the_reexecd_image_imports_no_argparse() -> None:
+    probe = "import sys, meshd.daemon_run, meshd.reexec, meshd.node; print('argparse' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+@pytest.mark.parametrize(("tail", "message"), [(["987654"], "--settings-fd 987654: Bad file descriptor"),
+                                               ([], "--settings-fd needs a file descriptor number")])
+def test_the_reexecd_image_refuses_a_bad_settings_fd(tail: list[str], message: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "meshd", "run", "--settings-fd", *tail],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert message in out.stderr
+
+
+def test_run_options_travel_with_the_settings(tmp_path: Path) -> None:
+    fd = os.memfd_create("test", 0)
+    os.write(fd, pickle.dumps((reexec.snapshot(settings(tmp_path)), None, {"regenerate_id": True})))
+    os.lseek(fd, 0, os.SEEK_SET)
+    snap, options = reexec.read_image(fd)
+    assert snap.name == "n1" and options == {"regenerate_id": True}
+
+
 def test_reexec_only_from_the_real_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(reexec.ENV_SWITCH, raising=False)
     assert reexec.wanted(None)
