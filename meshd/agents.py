@@ -57,6 +57,8 @@ class AgentLink:
     def __init__(self, sock: zmq.Socket[Any], reactor: transport.Reactor, node_id: str, *,
                  backlog_max: int = 1000, stats: Counter[str] | None = None) -> None:
         self.sock = sock
+        #: ``sock.send_multipart(frames, NOBLOCK)`` without pyzmq's Python layer (transport.send_frames)
+        self.send_now = transport.frame_sender(sock)
         self.reactor = reactor
         self.node_id = node_id
         self.backlog_max = backlog_max
@@ -83,7 +85,7 @@ class AgentLink:
         waiting = self._backlog.get(rid)
         if waiting is None:
             try:
-                self.sock.send_multipart(frames, zmq.NOBLOCK)
+                self.send_now(frames)
                 return True
             except zmq.Again:
                 waiting = self._backlog[rid] = deque()
@@ -111,7 +113,7 @@ class AgentLink:
         for rid, waiting in list(self._backlog.items()):
             try:
                 while waiting:
-                    self.sock.send_multipart(waiting[0], zmq.NOBLOCK)
+                    self.send_now(waiting[0])
                     waiting.popleft()
             except zmq.Again:
                 continue
