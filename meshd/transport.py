@@ -75,6 +75,23 @@ def send_frames(sock: zmq.Socket[Any], frames: list[Any]) -> None:
     _send_frame(sock, frames[last], _NOBLOCK)
 
 
+_recv_frame = zmq.backend.Socket.recv
+"""pyzmq's compiled one-frame receive (``copy=False`` gives a ``zmq.Frame`` that knows ``more``)."""
+
+
+def recv_frames(sock: zmq.Socket[Any]) -> list[bytes]:
+    """``sock.recv_multipart(zmq.NOBLOCK)`` (copied frames) in ~1.9 us instead of ~3.1 for 4 frames:
+    ``recv_multipart`` asks ``getsockopt(RCVMORE)`` after every frame (~1 us each, an enum lookup
+    inside pyzmq); the received ``zmq.Frame`` carries that flag already. ``zmq.Again`` when nothing
+    waits; a multipart message arrives whole or not at all."""
+    frame = _recv_frame(sock, _NOBLOCK, False)
+    frames = [frame.bytes]
+    while frame.more:
+        frame = _recv_frame(sock, _NOBLOCK, False)
+        frames.append(frame.bytes)
+    return frames
+
+
 def frame_sender(sock: Any) -> FrameSender:
     """A NOBLOCK multipart sender for ``sock``: :func:`send_frames` for a zmq socket, else its own
     ``send_multipart`` (the embedded node's in-process stand-ins, meshd/embedded.py)."""
@@ -316,10 +333,11 @@ class Reactor:
         handler = self._handlers.get(sock)
         if handler is None or sock.closed:
             return
-        recv = sock.recv_multipart
         getsockopt = sock.getsockopt
         handlers = self._handlers
         copy = self._copy.get(sock, True)
+        recv: Callable[[], list[Any]] = (partial(recv_frames, sock) if copy else
+                                         partial(sock.recv_multipart, zmq.NOBLOCK, copy=False))
         deadline = time.perf_counter() + DRAIN_SECONDS
         self._draining = sock
         try:
@@ -328,7 +346,7 @@ class Reactor:
                     self._loop.call_soon(self._drain, sock)
                     break
                 try:
-                    frames = recv(zmq.NOBLOCK, copy=copy)
+                    frames = recv()
                 except zmq.Again:
                     break
                 except zmq.ZMQError as exc:

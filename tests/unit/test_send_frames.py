@@ -1,6 +1,7 @@
-"""transport.send_frames: what ``send_multipart(frames, NOBLOCK)`` does, on real zmq sockets
-(inproc, nothing leaves the process): the frames arrive as one multipart message, a full pipe
-refuses the whole message with zmq.Again, and a frame that is not a buffer is a TypeError."""
+"""transport.send_frames and recv_frames: what ``send_multipart(frames, NOBLOCK)`` and
+``recv_multipart(NOBLOCK)`` do, on real zmq sockets (inproc, nothing leaves the process): the
+frames arrive as one multipart message, a full pipe refuses the whole message with zmq.Again, a
+frame that is not a buffer is a TypeError, and an empty pipe is zmq.Again to the reader."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 import zmq
 
-from meshd.transport import frame_sender, send_frames
+from meshd.transport import frame_sender, recv_frames, send_frames
 
 
 @pytest.fixture
@@ -71,3 +72,16 @@ def test_frame_sender_uses_send_multipart_of_what_is_not_a_zmq_socket() -> None:
     stand_in = StandIn()
     frame_sender(stand_in)([b"a", b"b"])
     assert stand_in.calls == [([b"a", b"b"], zmq.NOBLOCK)]
+
+
+def test_recv_frames_reads_one_whole_message_at_a_time(pair: tuple[zmq.Socket[Any], zmq.Socket[Any]]) -> None:
+    sender, receiver = pair
+    with pytest.raises(zmq.Again):
+        recv_frames(receiver)
+    sender.send_multipart([b"rid", b"", b"header", b"x" * 5000])
+    sender.send_multipart([b"one"])
+    assert receiver.poll(1000)
+    assert recv_frames(receiver) == [b"rid", b"", b"header", b"x" * 5000]
+    assert recv_frames(receiver) == [b"one"]
+    with pytest.raises(zmq.Again):
+        recv_frames(receiver)
