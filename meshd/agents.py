@@ -59,6 +59,7 @@ class AgentLink:
         self.sock = sock
         #: ``sock.send_multipart(frames, NOBLOCK)`` without pyzmq's Python layer (transport.send_frames)
         self.send_now = transport.frame_sender(sock)
+        self._hand_over: Callable[[list[bytes]], bool] | None = getattr(sock, "hand_over", None)
         self.reactor = reactor
         self.node_id = node_id
         self.backlog_max = backlog_max
@@ -77,12 +78,16 @@ class AgentLink:
         """Answers wait for this connection: data must not overtake them."""
         return rid in self._backlog
 
-    def send_answer(self, frames: list[bytes]) -> bool:
+    def send_answer(self, frames: list[bytes], reply: bool = False) -> bool:
         """Send ``[rid, signature, header, payload]`` now, or keep it until the agent reads.
 
-        False if the connection is gone or its backlog is full (counted)."""
+        ``reply``: a routed reply, which an in-process agent may take at once (its socket stand-in's
+        ``hand_over``, meshd/embedded.py: no loop turn). False if the connection is gone or its
+        backlog is full (counted)."""
         rid = frames[0]
         waiting = self._backlog.get(rid)
+        if reply and waiting is None and self._hand_over is not None and self._hand_over(frames):
+            return True
         if waiting is None:
             try:
                 self.send_now(frames)

@@ -459,7 +459,7 @@ class Router:
             self._record_requests(agent, header, msg)
         code: str | None = None
         if header.kind in _LANE_KINDS:  # the answer lane: never silenced by the data inbox cap
-            if self.link.send_answer([agent.rid, *msg]):
+            if self.link.send_answer([agent.rid, *msg], header.kind == Kind.REPLY):
                 self.stats["delivered"] += 1
                 return None
             return self.bounce(header, msg, P.ErrorCode.INBOX_FULL,
