@@ -183,6 +183,8 @@ class AgentSockets:
         self.dropped = 0  # frame sets an agent sent after the node stopped
         #: Inside an in-process agent's call into the node (``from_agent``): nothing is handed over.
         self.in_agent_call = 0
+        #: Sent on the ipc ROUTER since the last kick (a send there can swallow its read edge).
+        self.router_sent = False
         self._loop = loop
         self._conns: dict[bytes, InProcessConnection] = {}
         self._seq = itertools.count(1)
@@ -237,6 +239,7 @@ class AgentSockets:
         """``[rid, signature, header, payload]`` to an in-process agent or over the ipc ROUTER."""
         conn = self._conns.get(frames[0])
         if conn is None:
+            self.router_sent = True  # the reactor's next kick of us re-checks the ROUTER
             self.router.send_multipart(frames, flags)
         else:
             conn.put(frames[1:])
@@ -256,7 +259,12 @@ class _Reactor(transport.Reactor):
 
     def kick(self, sock: zmq.Socket[Any]) -> None:
         sockets, target = self.sockets, cast(object, sock)
-        super().kick(sockets.router if sockets is not None and target is sockets else sock)
+        if sockets is not None and target is sockets:
+            if not sockets.router_sent:
+                return  # only in-process connections were sent to: no read edge to re-check
+            sockets.router_sent = False
+            sock = sockets.router
+        super().kick(sock)
 
 
 class EmbeddedNode(Node):

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import zmq
 
-from meshd.embedded import DELIVER_BUDGET, ROUTE_BUDGET, AgentSockets
+from meshd import transport
+from meshd.embedded import DELIVER_BUDGET, ROUTE_BUDGET, AgentSockets, _Reactor
 from meshd.errors import DaemonUnreachable
 
 
@@ -160,4 +161,25 @@ def test_a_reply_from_the_node_is_handed_over_at_once_unless_something_comes_fir
         assert seen == [False]
         assert not sockets.hand_over([b"\x00abcd", b"sig", b"reply", b"6"])  # not ours: usual path
         assert [f[2] for f in got] == [b"0", b"1"]
+    asyncio.run(run())
+
+
+def test_the_node_rechecks_the_ipc_router_only_after_sending_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kick re-checks a socket's read edge after a send on it; frame sets handed to in-process
+    connections never touched the ROUTER, so they cost no re-check (a loop callback each)."""
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        sockets, router, _ = make(loop)
+        reactor = _Reactor(loop)
+        reactor.sockets = sockets
+        kicked: list[Any] = []
+        monkeypatch.setattr(transport.Reactor, "kick", lambda self, sock: kicked.append(sock))
+        conn = sockets.attach(lambda frames: None)
+        sockets.send_multipart([conn.rid, b"sig", b"h", b"in-process"])
+        reactor.kick(sockets)  # type: ignore[arg-type]
+        assert kicked == []
+        sockets.send_multipart([b"\x00abcd", b"sig", b"h", b"ipc"])
+        reactor.kick(sockets)  # type: ignore[arg-type]
+        reactor.kick(sockets)  # type: ignore[arg-type]  # nothing sent on it since the last one
+        assert kicked == [router]
     asyncio.run(run())
