@@ -507,8 +507,8 @@ class Agent:
         return self._loop
 
     def _call_soon(self, fn: Callable[[], None]) -> None:
-        if self._loop is not None:
-            self._loop.call_soon(fn)
+        if self._reactor is not None:  # inside a drain: at its end, this loop turn (Reactor.soon)
+            self._reactor.soon(fn)
 
     def _payload(self, payload: Any) -> bytes:
         data = encode_payload(payload)

@@ -248,6 +248,7 @@ class Reactor:
         self._kick_scheduled = False
         self._draining: zmq.Socket[Any] | None = None
         self._rechecking = False
+        self._at_drain_end: list[Callable[[], None]] = []
         self.handler_errors = 0
 
     def add(self, sock: zmq.Socket[Any], handler: Handler, copy: bool = True) -> None:
@@ -289,6 +290,16 @@ class Reactor:
         if self._draining is None and not self._kick_scheduled:
             self._kick_scheduled = True
             self._loop.call_soon(self._recheck)
+
+    def soon(self, fn: Callable[[], None]) -> None:
+        """``fn()`` once the work of this loop turn is done: at the end of the drain under way (the
+        callbacks it drove are done; no extra loop turn), else on the next turn (``call_soon``).
+        The client's batch flush and ack flush use it: a reply made by a handler inside the drain
+        leaves when the drain ends, instead of after one more pass of the loop."""
+        if self._draining is not None:
+            self._at_drain_end.append(fn)
+        else:
+            self._loop.call_soon(fn)
 
     def kick(self, sock: zmq.Socket[Any]) -> None:
         """Note that ``sock`` was sent on; its read edge is re-checked before the loop sleeps.
@@ -379,10 +390,21 @@ class Reactor:
                 # Budget used up: more may be waiting; come back after timers and other sockets ran.
                 self._loop.call_soon(self._drain, sock)
         finally:
+            self._run_at_drain_end()  # still draining: what they send is kicked, re-checked below
             self._draining = None
         if self._kicked:
             # Sockets we sent on while draining may have lost their read edge: look now.
             self._recheck()
+
+    def _run_at_drain_end(self) -> None:
+        pending = self._at_drain_end
+        while pending:
+            fn = pending.pop(0)
+            try:
+                fn()
+            except Exception:
+                self.handler_errors += 1
+                log.exception("a callback at the end of a drain raised")
 
     def close(self) -> None:
         self._paused.clear()
