@@ -57,6 +57,9 @@ class AgentLink:
     def __init__(self, sock: zmq.Socket[Any], reactor: transport.Reactor, node_id: str, *,
                  backlog_max: int = 1000, stats: Counter[str] | None = None) -> None:
         self.sock = sock
+        #: ``sock.send_multipart(frames, NOBLOCK)`` without pyzmq's Python layer (transport.send_frames)
+        self.send_now = transport.frame_sender(sock)
+        self._hand_over: Callable[[list[bytes]], bool] | None = getattr(sock, "hand_over", None)
         self.reactor = reactor
         self.node_id = node_id
         self.backlog_max = backlog_max
@@ -75,15 +78,19 @@ class AgentLink:
         """Answers wait for this connection: data must not overtake them."""
         return rid in self._backlog
 
-    def send_answer(self, frames: list[bytes]) -> bool:
+    def send_answer(self, frames: list[bytes], reply: bool = False) -> bool:
         """Send ``[rid, signature, header, payload]`` now, or keep it until the agent reads.
 
-        False if the connection is gone or its backlog is full (counted)."""
+        ``reply``: a routed reply, which an in-process agent may take at once (its socket stand-in's
+        ``hand_over``, meshd/embedded.py: no loop turn). False if the connection is gone or its
+        backlog is full (counted)."""
         rid = frames[0]
         waiting = self._backlog.get(rid)
+        if reply and waiting is None and self._hand_over is not None and self._hand_over(frames):
+            return True
         if waiting is None:
             try:
-                self.sock.send_multipart(frames, zmq.NOBLOCK)
+                self.send_now(frames)
                 return True
             except zmq.Again:
                 waiting = self._backlog[rid] = deque()
@@ -111,7 +118,7 @@ class AgentLink:
         for rid, waiting in list(self._backlog.items()):
             try:
                 while waiting:
-                    self.sock.send_multipart(waiting[0], zmq.NOBLOCK)
+                    self.send_now(waiting[0])
                     waiting.popleft()
             except zmq.Again:
                 continue

@@ -6,6 +6,9 @@ at most ``in_flight_max`` answers for a connection that is not reading (its regi
 how many; PROTOCOL.md, "The answer lane"): a client that never has more calls out than that loses
 no answer, so extra calls wait here instead of being sent and their answers dropped.
 
+It also holds the requests' deadlines (``deadlines``, meshd/call_deadlines.py: one loop timer,
+not one per request).
+
 Must not touch: the socket, the futures of the calls themselves, the publish window (its own
 part of the allowance, meshd/publish_window.py). The ``Agent`` (meshd/client.py) owns one.
 """
@@ -16,6 +19,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
+from .call_deadlines import CallDeadlines
 from .errors import DaemonUnreachable
 
 __all__ = ["CallSlots"]
@@ -38,6 +42,8 @@ class CallSlots:
         self._waiters: deque[asyncio.Future[None]] = deque()
         #: Called when the first call goes out and when the last one is answered.
         self.on_busy_change: Callable[[], None] | None = None
+        #: When each request awaiting its reply times out (the ``Agent`` adds and discards them).
+        self.deadlines = CallDeadlines()
 
     def fit_daemon(self, in_flight_max: object, publish_window: int) -> None:
         """The register answer's ``in_flight_max``, less what the publish window may use."""

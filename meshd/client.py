@@ -323,7 +323,7 @@ class Agent:
         self._pending[msg_id] = fut
         if on_progress is not None:
             self._progress_cbs[msg_id] = on_progress
-        timer = loop.call_later(timeout, self._expire, msg_id, to, topic, timeout)
+        self._calls.deadlines.add(loop, msg_id, timeout, self._expire, msg_id, to, topic, timeout)
         try:
             send()
             return await fut
@@ -331,7 +331,7 @@ class Agent:
             self._dispatch.send_cancel(to, msg_id)
             raise
         finally:
-            timer.cancel()
+            self._calls.deadlines.discard(msg_id)
             self._pending.pop(msg_id, None)
             self._progress_cbs.pop(msg_id, None)
             self._calls.give_back()
@@ -507,8 +507,8 @@ class Agent:
         return self._loop
 
     def _call_soon(self, fn: Callable[[], None]) -> None:
-        if self._loop is not None:
-            self._loop.call_soon(fn)
+        if self._reactor is not None:  # inside a drain: at its end, this loop turn (Reactor.soon)
+            self._reactor.soon(fn)
 
     def _payload(self, payload: Any) -> bytes:
         data = encode_payload(payload)

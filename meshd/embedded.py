@@ -10,7 +10,9 @@ What it adds is the in-process attachment: ``Agent(name, embedded=node)`` (or
 ``node.agent(name)``) talks to the node through an :class:`InProcessConnection` instead of a
 DEALER on the ipc socket. The agent's frame sets go straight to ``Router.on_agent``, in the
 agent's call (no socket, no copy, no loop turn); the node's frame sets to the agent go through a
-bounded per-connection queue drained by ``call_soon`` (never re-entrant, like a socket). The
+bounded per-connection queue drained by ``call_soon`` (never re-entrant, like a socket), except a
+routed reply from the node's own events, handed over at once (``hand_over``: it only resolves a
+future, saving a loop turn per round trip). The
 node's side of it is :class:`AgentSockets`, which stands where the ipc ROUTER stood for
 ``AgentLink``, ``Router`` and ``LocalAgents``, with the ROUTER's contract: ``zmq.Again`` when a
 connection's queue is full (INBOX_FULL, the answer lane's backlog), ``zmq.ZMQError``
@@ -134,6 +136,22 @@ class InProcessConnection:
             self._scheduled = True
             self._loop.call_soon(self._deliver)
 
+    def hand_over(self, frames: list[bytes]) -> bool:
+        """Hand a reply to the agent now, in the node's call, instead of on the next loop turn.
+
+        Only when nothing waits before it (FIFO), the agent reads, and no agent's call is on the
+        stack (``AgentSockets.in_agent_call``): the node's own events (a peer's frames drained
+        from the mesh, a timer) only. A reply only resolves the awaiting call's future (its task
+        resumes on the next turn as always), so no handler runs inside the node's routing.
+        False: the caller queues it with :meth:`put`."""
+        if self._queue or self.paused or self.closed or self._sockets.in_agent_call:
+            return False
+        try:
+            self._on_frames(frames)
+        except Exception:
+            log.exception("in-process agent: handling a frame set raised; dropped")
+        return True
+
     def _deliver(self) -> None:
         self._scheduled = False
         queue, on_frames = self._queue, self._on_frames
@@ -163,6 +181,10 @@ class AgentSockets:
         self.peers_full: Callable[[], bool] = lambda: False
         self.stats: Counter[str] = Counter()  # the node's stats, once built
         self.dropped = 0  # frame sets an agent sent after the node stopped
+        #: Inside an in-process agent's call into the node (``from_agent``): nothing is handed over.
+        self.in_agent_call = 0
+        #: Sent on the ipc ROUTER since the last kick (a send there can swallow its read edge).
+        self.router_sent = False
         self._loop = loop
         self._conns: dict[bytes, InProcessConnection] = {}
         self._seq = itertools.count(1)
@@ -199,15 +221,25 @@ class AgentSockets:
         if on_agent is None:
             self.dropped += 1
             return
+        self.in_agent_call += 1
         try:
             on_agent([rid, *frames])
         except Exception:
             log.exception("routing a frame set from in-process agent failed; dropped")
+        finally:
+            self.in_agent_call -= 1
+
+    def hand_over(self, frames: list[bytes]) -> bool:
+        """``[rid, signature, header, payload]``, a reply: to an in-process agent at once if it can
+        take it (:meth:`InProcessConnection.hand_over`); False for the usual path."""
+        conn = self._conns.get(frames[0])
+        return conn is not None and conn.hand_over(frames[1:])
 
     def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
         """``[rid, signature, header, payload]`` to an in-process agent or over the ipc ROUTER."""
         conn = self._conns.get(frames[0])
         if conn is None:
+            self.router_sent = True  # the reactor's next kick of us re-checks the ROUTER
             self.router.send_multipart(frames, flags)
         else:
             conn.put(frames[1:])
@@ -227,7 +259,12 @@ class _Reactor(transport.Reactor):
 
     def kick(self, sock: zmq.Socket[Any]) -> None:
         sockets, target = self.sockets, cast(object, sock)
-        super().kick(sockets.router if sockets is not None and target is sockets else sock)
+        if sockets is not None and target is sockets:
+            if not sockets.router_sent:
+                return  # only in-process connections were sent to: no read edge to re-check
+            sockets.router_sent = False
+            sock = sockets.router
+        super().kick(sock)
 
 
 class EmbeddedNode(Node):

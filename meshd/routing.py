@@ -440,7 +440,7 @@ class Router:
                                 f"node {peer.node_id} hosting {name!r} is one-way: it has not confirmed "
                                 "hearing this node recently", retry=True)
         try:
-            peer.dealer.send_multipart(msg, zmq.NOBLOCK)
+            transport.send_frames(peer.dealer, msg)
         except zmq.ZMQError:
             return self.bounce(header, msg, P.ErrorCode.PEER_UNREACHABLE,
                                 f"node {peer.node_id} is not accepting messages", retry=True)
@@ -459,7 +459,7 @@ class Router:
             self._record_requests(agent, header, msg)
         code: str | None = None
         if header.kind in _LANE_KINDS:  # the answer lane: never silenced by the data inbox cap
-            if self.link.send_answer([agent.rid, *msg]):
+            if self.link.send_answer([agent.rid, *msg], header.kind == Kind.REPLY):
                 self.stats["delivered"] += 1
                 return None
             return self.bounce(header, msg, P.ErrorCode.INBOX_FULL,
@@ -468,7 +468,7 @@ class Router:
         try:
             if self.link.has_backlog(agent.rid):
                 raise zmq.Again  # answers wait for this agent: they go first
-            self.link.sock.send_multipart([agent.rid, *msg], zmq.NOBLOCK)
+            self.link.send_now([agent.rid, *msg])
             self.stats["delivered"] += 1
         except zmq.Again:
             if unit_id is not None:

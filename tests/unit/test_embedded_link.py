@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import zmq
 
-from meshd.embedded import DELIVER_BUDGET, ROUTE_BUDGET, AgentSockets
+from meshd import transport
+from meshd.embedded import DELIVER_BUDGET, ROUTE_BUDGET, AgentSockets, _Reactor
 from meshd.errors import DaemonUnreachable
 
 
@@ -138,4 +139,47 @@ def test_a_full_peer_queue_makes_the_agent_wait_instead_of_being_refused() -> No
         full[0] = False
         conn.send_multipart([b"sig", b"h", b"1"])
         assert [f[-1] for f in routed] == [b"1"]
+    asyncio.run(run())
+
+
+def test_a_reply_from_the_node_is_handed_over_at_once_unless_something_comes_first() -> None:
+    async def run() -> None:
+        sockets, _, _ = make(asyncio.get_running_loop(), capacity=4)
+        got: list[list[bytes]] = []
+        conn = sockets.attach(got.append)
+        assert sockets.hand_over([conn.rid, b"sig", b"reply", b"0"])  # the node's own event: at once
+        assert got == [[b"sig", b"reply", b"0"]]
+        sockets.send_multipart([conn.rid, b"sig", b"h", b"1"])  # queued for the next turn
+        assert not sockets.hand_over([conn.rid, b"sig", b"reply", b"2"])  # would overtake "1": no
+        await turn()
+        conn.pause()  # the agent does not read: nothing handed over
+        assert not sockets.hand_over([conn.rid, b"sig", b"reply", b"3"])
+        conn.resume()
+        seen: list[bool] = []
+        sockets.on_agent = lambda frames: seen.append(sockets.hand_over([conn.rid, b"sig", b"reply", b"4"]))
+        conn.send_multipart([b"sig", b"h", b"5"])  # inside the agent's own call into the node: no
+        assert seen == [False]
+        assert not sockets.hand_over([b"\x00abcd", b"sig", b"reply", b"6"])  # not ours: usual path
+        assert [f[2] for f in got] == [b"0", b"1"]
+    asyncio.run(run())
+
+
+def test_the_node_rechecks_the_ipc_router_only_after_sending_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kick re-checks a socket's read edge after a send on it; frame sets handed to in-process
+    connections never touched the ROUTER, so they cost no re-check (a loop callback each)."""
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        sockets, router, _ = make(loop)
+        reactor = _Reactor(loop)
+        reactor.sockets = sockets
+        kicked: list[Any] = []
+        monkeypatch.setattr(transport.Reactor, "kick", lambda self, sock: kicked.append(sock))
+        conn = sockets.attach(lambda frames: None)
+        sockets.send_multipart([conn.rid, b"sig", b"h", b"in-process"])
+        reactor.kick(sockets)  # type: ignore[arg-type]
+        assert kicked == []
+        sockets.send_multipart([b"\x00abcd", b"sig", b"h", b"ipc"])
+        reactor.kick(sockets)  # type: ignore[arg-type]
+        reactor.kick(sockets)  # type: ignore[arg-type]  # nothing sent on it since the last one
+        assert kicked == [router]
     asyncio.run(run())

@@ -83,3 +83,49 @@ def test_a_paused_socket_is_not_read_until_resumed_and_nothing_is_skipped() -> N
     while_paused, got = asyncio.run(scenario())
     assert while_paused == [b"0", b"1", b"2"]
     assert got == [str(i).encode() for i in range(12)]
+
+
+def test_soon_inside_a_drain_runs_when_the_drain_ends_and_outside_on_the_next_turn() -> None:
+    """``Reactor.soon``: called by a handler during a drain, the callback runs once the drain has
+    handled every waiting message (in the same loop turn: before a callback queued with
+    ``call_soon`` during the drain); called outside a drain, it waits for the next turn. A
+    callback that raises is counted and does not stop the others."""
+    async def scenario() -> tuple[list[str], int]:
+        loop = asyncio.get_running_loop()
+        ctx = zmq.Context()
+        endpoint = f"inproc://reactor-{uuid.uuid4().hex}"
+        inbound = ctx.socket(zmq.PAIR)
+        inbound.bind(endpoint)
+        outbound = ctx.socket(zmq.PAIR)
+        outbound.connect(endpoint)
+        events: list[str] = []
+        reactor = Reactor(loop)
+
+        def boom() -> None:
+            raise RuntimeError("a failing end-of-drain callback")
+
+        def handle(frames: list[bytes]) -> None:
+            events.append(f"msg{frames[0].decode()}")
+            if frames[0] == b"0":
+                loop.call_soon(events.append, "call_soon")
+                reactor.soon(boom)
+                reactor.soon(lambda: events.append("at drain end"))
+
+        try:
+            for i in range(3):
+                outbound.send_multipart([str(i).encode()])
+            reactor.add(inbound, handle)
+            await async_wait_until(lambda: "call_soon" in events, 5, what="the drain and its turn")
+            reactor.soon(lambda: events.append("next turn"))
+            assert events[-1] != "next turn"  # not run inside the call
+            await asyncio.sleep(0)
+            return events, reactor.handler_errors
+        finally:
+            reactor.close()
+            inbound.close(0)
+            outbound.close(0)
+            ctx.term()
+
+    events, errors = asyncio.run(scenario())
+    assert events == ["msg0", "msg1", "msg2", "at drain end", "call_soon", "next turn"]
+    assert errors == 1
