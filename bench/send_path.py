@@ -7,9 +7,10 @@ is refused), so the sending process does only its own work. The agent is wired a
 wires it (loop, socket, reactor, send queue) without the registration a daemon would answer.
 Prints the CPU per message of the sending process (``process_time``: the loop and libzmq's I/O
 thread) and of its main thread alone (``thread_time``), best of ``--repeat``; ``--profile``
-prints a cProfile table of one run.
+prints a cProfile table of one run; ``--pieces`` times each step of ``Agent.send`` apart
+(timeit, the same objects, no socket), which is how bench/README.md says where each us goes.
 
-    .venv/bin/python bench/send_path.py [--messages 200000] [--repeat 5] [--profile]
+    .venv/bin/python bench/send_path.py [--messages 200000] [--repeat 5] [--profile] [--pieces]
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import os
 import pstats
 import tempfile
 import time
+import timeit
 from typing import Any
 
 import zmq
 from common import make_payload
 
+from meshd import protocol as P
+from meshd.batching import to_agent
 from meshd.client import SEND_QUEUE_LIMIT, Agent
 from meshd.transport import Reactor, SendQueue, agent_dealer
 
@@ -89,12 +93,49 @@ async def one_run(address: str, messages: int, profile: bool) -> tuple[float, fl
     return cpu / messages * 1e6, thread_cpu / messages * 1e6
 
 
+def pieces(number: int = 100_000) -> None:
+    """Each step of a qos-0 ``Agent.send`` timed apart, on an agent's own parts (no socket)."""
+    agent = Agent("sender", socket="/nonexistent/send-path-bench.sock")
+    pushed: list[list[bytes]] = []
+    batcher = agent._batcher
+    batcher._push, batcher._busy, batcher._schedule = pushed.append, lambda: True, lambda fn: None
+    payload = make_payload(1)
+    data = agent._payload(payload)
+    key = to_agent("recv")
+    ids = iter(range(10**9))
+
+    def enqueue() -> None:  # a fresh header per message, as send makes it; batches of batch_max
+        batcher.enqueue(key, {P.KIND: P.Kind.SEND, P.ID: "0123456789ab1f", P.TOPIC: "bench"}, data)
+        if len(pushed) > 64:
+            pushed.clear()
+
+    steps: list[tuple[str, Any]] = [
+        ("payload built (the caller's: compare.py's make_payload)", lambda: make_payload(1)),
+        ("payload encoded (Agent._payload)", lambda: agent._payload(payload)),
+        ("message id (P.new_id)", P.new_id),
+        ("header dict", lambda: {P.KIND: P.Kind.SEND, P.ID: "0123456789ab1f", P.TOPIC: "bench"}),
+        ("send pause bookkeeping (SendPauses.sent)", lambda: agent.send_pauses.sent(str(next(ids)), "recv")),
+        ("resend window (ResendHold.remember)",
+         lambda: agent._resend.remember(str(next(ids)), (key, {}, data))),
+        ("batcher: enqueue, batch header, body, frames", enqueue),
+        ("(str(next(ids)) inside the two above)", lambda: str(next(ids))),
+    ]
+    for name, fn in steps:
+        agent.send_pauses.due = 10**9
+        best = min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
+        print(f"{best:6.3f} us  {name}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--pieces", action="store_true", help="time each step of Agent.send apart")
     args = ap.parse_args()
+    if args.pieces:
+        pieces()
+        return
     with tempfile.TemporaryDirectory(prefix="sendpath-") as tmp:
         address = f"ipc://{os.path.join(tmp, 'sink.sock')}"
         ready, stop = multiprocessing.Event(), multiprocessing.Event()
