@@ -52,7 +52,7 @@ from .errors import (
 from .handler_slots import DEFAULT_MAX_CONCURRENT_HANDLERS, HandlerSlots
 from .logonce import LogOnce
 from .paths import find_agent_socket
-from .payloads import PayloadEncoder
+from .payloads import payload_encoder
 from .protocol import Kind
 from .publish_window import PUBLISH_WINDOW as PUBLISH_WINDOW
 from .publish_window import PublishWindow
@@ -140,7 +140,7 @@ class Agent:
         self._window = PublishWindow(CONTROL_TIMEOUT)  # publishes nobody awaits (meshd/publish_window.py)
         #: qos-0 sends to a destination whose inbox said INBOX_FULL wait a moment (meshd/send_pause.py)
         self.send_pauses = SendPauses()
-        self._encode = PayloadEncoder()  # one reused msgpack Packer (meshd/payloads.py)
+        self._encode = payload_encoder()  # one reused msgpack Packer (meshd/payloads.py)
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
                                 push=self._push, schedule=self._call_soon, busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
@@ -264,7 +264,7 @@ class Agent:
         header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic}
         if headers:
             header[P.HEADERS] = headers
-        data = self._payload(payload)
+        data = self._encode(payload, self.max_payload_bytes)  # as _payload, one call less
         if qos == 0:  # the README's loop: no coroutine but this one, no loop turn unless one is due
             key: BatchKey = (P.TO, to, 0)
             if self._resend.holding:  # the daemon is restarting: sent once registered again

@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from meshd.errors import TooLarge, ValidationFailed
-from meshd.payloads import PayloadEncoder, decode_payload, encode_payload
+from meshd.payloads import decode_payload, encode_payload, payload_encoder
 
 LIMIT = 1024
 
@@ -23,13 +23,13 @@ class Point(BaseModel):
 @pytest.mark.parametrize("payload", [None, 1, "text", b"bytes", {"id": "a1", "seq": 7, "body": "x" * 252},
                                      [1, 2, {"k": {"n": None}}], Point(x=1, y=2), {"tags": {"a"}}, (1, 2)])
 def test_same_bytes_as_encode_payload(payload: Any) -> None:
-    encode = PayloadEncoder()
+    encode = payload_encoder()
     assert encode(payload, LIMIT) == encode_payload(payload)
     assert encode(payload, LIMIT) == encode_payload(payload)  # and again, from the reused Packer
 
 
 def test_an_unencodable_payload_is_refused_typed_and_the_next_one_is_whole() -> None:
-    encode = PayloadEncoder()
+    encode = payload_encoder()
     with pytest.raises(ValidationFailed, match="not msgpack-encodable"):
         encode({"ok": 1, "bad": object()}, LIMIT)  # fails half-way through the map
     with pytest.raises(ValidationFailed):
@@ -40,7 +40,7 @@ def test_an_unencodable_payload_is_refused_typed_and_the_next_one_is_whole() -> 
 
 
 def test_past_the_limit_is_too_large_and_the_next_one_is_whole() -> None:
-    encode = PayloadEncoder()
+    encode = payload_encoder()
     with pytest.raises(TooLarge, match=f"exceeds the limit of {LIMIT}"):
         encode("x" * LIMIT, LIMIT)
     assert len(encode("x" * (LIMIT - 3), LIMIT)) == LIMIT  # str8/16 header: 3 bytes, at the limit
