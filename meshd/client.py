@@ -47,13 +47,12 @@ from .errors import (
     DaemonUnreachable,
     MeshError,
     RequestTimeout,
-    TooLarge,
     ValidationFailed,
 )
 from .handler_slots import DEFAULT_MAX_CONCURRENT_HANDLERS, HandlerSlots
 from .logonce import LogOnce
 from .paths import find_agent_socket
-from .payloads import encode_payload
+from .payloads import payload_encoder
 from .protocol import Kind
 from .publish_window import PUBLISH_WINDOW as PUBLISH_WINDOW
 from .publish_window import PublishWindow
@@ -141,6 +140,7 @@ class Agent:
         self._window = PublishWindow(CONTROL_TIMEOUT)  # publishes nobody awaits (meshd/publish_window.py)
         #: qos-0 sends to a destination whose inbox said INBOX_FULL wait a moment (meshd/send_pause.py)
         self.send_pauses = SendPauses()
+        self._encode = payload_encoder()  # one reused msgpack Packer (meshd/payloads.py)
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
                                 push=self._push, schedule=self._call_soon, busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
@@ -264,18 +264,21 @@ class Agent:
         header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic}
         if headers:
             header[P.HEADERS] = headers
-        data = self._payload(payload)
-        if qos == 0:
+        data = self._encode(payload, self.max_payload_bytes)  # as _payload, one call less
+        if qos == 0:  # the README's loop: no coroutine but this one, no loop turn unless one is due
+            key: BatchKey = (P.TO, to, 0)
             if self._resend.holding:  # the daemon is restarting: sent once registered again
                 self._require_loop()
-                if await self._resend.hold_new(msg_id, ((P.TO, to, 0), header, data)):
+                if await self._resend.hold_new(msg_id, (key, header, data)):
                     return msg_id
             if self.send_pauses.sent(msg_id, to):  # a full inbox pauses sends to it (meshd/send_pause.py)
                 await self.send_pauses.before_send(to)
-            self._enqueue((P.TO, to, 0), header, data)
+            self._require_loop()
+            self._batcher.enqueue(key, header, data)
             if self.embedded is None:  # an embedded node never restarts under its agent
-                self._resend.remember(msg_id, ((P.TO, to, 0), header, data))
-            await self._backpressure()
+                self._resend.remember(msg_id, (key, header, data))
+            if (sendq := self._sendq) is not None and len(sendq) > sendq.limit:  # _backpressure, inline
+                await sendq.writable.wait()
             return msg_id
         loop = self._require_loop()
         await self._calls.wait(CONTROL_TIMEOUT * 2)
@@ -511,10 +514,7 @@ class Agent:
             self._reactor.soon(fn)
 
     def _payload(self, payload: Any) -> bytes:
-        data = encode_payload(payload)
-        if len(data) > self.max_payload_bytes:
-            raise TooLarge(f"payload of {len(data)} bytes exceeds the limit of {self.max_payload_bytes}")
-        return data
+        return self._encode(payload, self.max_payload_bytes)  # ValidationFailed, TooLarge
 
     def _expire(self, msg_id: str, to: str, topic: str, timeout: float) -> None:
         fut = self._pending.get(msg_id)

@@ -1,6 +1,7 @@
 """The client's qos-0 resend hold across a daemon restart, and the re-registration that ends it.
 
-Owns: the last ``RESEND_WINDOW`` qos-0 sends (bounded by count and by bytes), the sends a
+Owns: the last ``RESEND_WINDOW`` qos-0 sends at least (two generations, each bounded by count
+and by bytes), the sends a
 restarted daemon refused with NOT_REGISTERED (held, at most ``RESEND_WINDOW``, until the agent
 has registered again), the qos-0 sends made while re-registering (``holding``: held in the
 same bound, in order, never written to a socket the daemon is about to close), and the
@@ -17,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,9 +31,10 @@ REREGISTER_ATTEMPTS = 5
 """Tries to register again after the daemon forgot this agent (it restarted), with jittered backoff."""
 RESEND_WINDOW = 1000
 RESEND_WINDOW_BYTES = 8 * 1024 * 1024
-"""The last qos-0 sends (at most this many and bytes) kept so that one the daemon refused with
-NOT_REGISTERED (it restarted and forgot this agent) is sent again after registering again; the
-same bound holds the sends refused and those made while registering again."""
+"""The last qos-0 sends kept so that one the daemon refused with NOT_REGISTERED (it restarted and
+forgot this agent) is sent again after registering again: two generations of at most this many
+and bytes each (so at least the last this many, or this many bytes, and at most twice that). The
+same bound (once) holds the sends refused and those made while registering again."""
 RESTART_WAIT = 30.0
 """How long the client keeps registering again while its daemon answers DAEMON_STOPPING (it is
 stopping, or the next one is not up yet); then what it holds is reported to ``on_error``."""
@@ -50,8 +51,10 @@ class ResendHold:
         self.name = name
         self._enqueue = enqueue
         self._report = report
-        self.recent: OrderedDict[str, SentItem] = OrderedDict()
-        self.recent_bytes = 0
+        #: The recent qos-0 sends by id, this generation and the one before (``remember``).
+        self.recent: dict[str, SentItem] = {}
+        self.recent_bytes = 0  # of this generation
+        self.recent_before: dict[str, SentItem] = {}
         self.held: list[tuple[str, SentItem]] = []
         self.held_bytes = 0
         #: Sends made while re-registering, after those refused (``held``): sent in this order.
@@ -63,12 +66,16 @@ class ResendHold:
         self._released = asyncio.Event()
 
     def remember(self, msg_id: str, item: SentItem) -> None:
-        """Keep a qos-0 send for a while: if the daemon refuses it NOT_REGISTERED, it goes again."""
-        self.recent[msg_id] = item
+        """Keep a qos-0 send for a while: if the daemon refuses it NOT_REGISTERED, it goes again.
+
+        Called for every qos-0 send through a daemon, so it is a dict store and two compares: a
+        full generation becomes the one before and the older one is dropped whole (0.1 us instead
+        of 0.3-0.45 us with an ordered dict trimmed per send, bench/send_path.py)."""
+        recent = self.recent
+        recent[msg_id] = item
         self.recent_bytes += len(item[2])
-        while len(self.recent) > RESEND_WINDOW or self.recent_bytes > RESEND_WINDOW_BYTES:
-            _, old = self.recent.popitem(last=False)
-            self.recent_bytes -= len(old[2])
+        if len(recent) >= RESEND_WINDOW or self.recent_bytes >= RESEND_WINDOW_BYTES:
+            self.recent_before, self.recent, self.recent_bytes = recent, {}, 0
 
     def full(self) -> bool:
         """The hold is at its bound (``RESEND_WINDOW`` sends or ``RESEND_WINDOW_BYTES``)."""
@@ -81,10 +88,13 @@ class ResendHold:
         rest = []
         for target in targets:
             item = self.recent.pop(str(target), None) if target is not None else None
+            if item is not None:
+                self.recent_bytes -= len(item[2])
+            elif target is not None:
+                item = self.recent_before.pop(str(target), None)
             if item is None:
                 rest.append(target)
                 continue
-            self.recent_bytes -= len(item[2])
             if self.full():
                 rest.append(target)
                 continue

@@ -70,7 +70,7 @@ class SendPauses:
         if len(sent) >= SEND_PAUSE_IDS:
             self._sent_before, self._sent = sent, {}
         self.due -= 1
-        return bool(self.active) or self.due <= 0
+        return self.active != 0 or self.due <= 0
 
     def refused(self, targets: Iterable[Any], retry_after: float | None,
                 loop: asyncio.AbstractEventLoop) -> None:

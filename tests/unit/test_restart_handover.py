@@ -60,6 +60,29 @@ def test_a_failed_re_registration_reports_every_held_send() -> None:
     asyncio.run(run())
 
 
+def test_the_last_resend_window_sends_are_kept_and_older_ones_go_bounded() -> None:
+    hold, _, _ = _hold()
+    total = RESEND_WINDOW * 3 + 7
+    for i in range(total):
+        hold.remember(str(i), _item(str(i)))
+        assert len(hold.recent) + len(hold.recent_before) <= 2 * RESEND_WINDOW  # bounded
+    last = [str(i) for i in range(total - RESEND_WINDOW, total)]
+    assert hold.hold(["0", str(total - RESEND_WINDOW - RESEND_WINDOW - 8)]) == [
+        "0", str(total - RESEND_WINDOW - RESEND_WINDOW - 8)]  # two generations back: forgotten
+    assert hold.hold(last) == []  # every one of the last RESEND_WINDOW can go again
+    assert [msg_id for msg_id, _ in hold.held] == last
+    assert hold.hold(last[:1]) == last[:1]  # held once, not twice
+
+
+def test_the_bytes_bound_rolls_a_generation_too() -> None:
+    hold, _, _ = _hold()
+    big = ((P.TO, "you", 0), {P.KIND: "send", P.ID: "b"}, b"x" * (resend.RESEND_WINDOW_BYTES // 4))
+    for i in range(9):
+        hold.remember(str(i), big)
+        assert hold.recent_bytes < resend.RESEND_WINDOW_BYTES
+    assert len(hold.recent) + len(hold.recent_before) <= 8  # at most twice the bytes bound
+
+
 def test_a_full_hold_makes_send_wait_until_the_release() -> None:
     async def run() -> None:
         hold, sent, _ = _hold()
