@@ -2,10 +2,13 @@
 
 Owns: ``Publications.publish`` (PUB/SUB for everyone, and for a qos-1 publication one outbox unit
 per durable subscriber), ``Publications.on_topic`` (a peer's publication to the local
-subscribers), the gap notices (``Publications.missed`` sums what a full inbox refused per
-subscriber and topic into one PUBLICATIONS_MISSED, soon) and the INBOX_FULL notice to a
-publisher (``Publications.publication_dropped``, rate-limited, the publishers remembered bounded
-by the config's ``publisher_notices_max``).
+subscribers), handing a publication to one local subscriber (``Publications.deliver``: at once,
+or into the ``PublicationHold`` it composes, meshd/publish_hold.py, while that subscriber's inbox
+is full; dropped only past the hold's bounds), the gap notices (``Publications.missed`` sums what
+was dropped per subscriber and topic into one PUBLICATIONS_MISSED, soon) and the INBOX_FULL
+notice to a publisher (``Publications.publication_dropped``: with ``held`` a pause before
+anything is lost, without it a loss; rate-limited, the publishers remembered bounded by the
+config's ``publisher_notices_max``).
 
 Must not touch: the edge checks and routing decisions (routing.py: the ``Router`` composes this
 and is the one way out, ``Router.route`` and ``Router.refuse``), peer state, agent records (it
