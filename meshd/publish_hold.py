@@ -4,8 +4,9 @@ Owns: per local subscriber connection, the publications (ZeroMQ messages: one pu
 publishing batch) that its inbox (``inbox_cap``, the agent ROUTER's high-water mark) refused, in
 the order they came, bounded by ``publish_hold_max`` publications per connection and
 ``publish_hold_max_bytes`` over all connections; sending them, oldest first, as the subscriber
-reads (a timer every ``HOLD_FLUSH_S`` while any wait, and before each newer publication to that
-connection, so a newer one never overtakes a held one); forgetting what waits for a connection
+reads (a timer every ``HOLD_FLUSH_S`` while any wait, backing off to ``HOLD_FLUSH_MAX_S`` while
+none goes out, and before each newer publication to that connection, so a newer one never
+overtakes a held one); forgetting what waits for a connection
 that is gone; and the counters ``publish_held`` (publications that waited here),
 ``publish_hold_delivered``, ``publish_hold_discarded`` (their subscriber left) and
 ``publish_hold_peak`` (the most publications one connection had waiting).
@@ -29,10 +30,13 @@ import zmq
 if TYPE_CHECKING:
     from .agents import AgentLink
 
-__all__ = ["HOLD_FLUSH_S", "PublicationHold"]
+__all__ = ["HOLD_FLUSH_MAX_S", "HOLD_FLUSH_S", "PublicationHold"]
 
 HOLD_FLUSH_S = 0.002
-"""While publications wait, the held ones are offered to their inboxes again this often."""
+"""While publications wait, the held ones are offered to their inboxes again this often..."""
+HOLD_FLUSH_MAX_S = 0.05
+"""...and, while no inbox takes any (subscribers that read nothing), doubling up to this, so that
+stuck subscribers cost a failed send each per 50 ms, not per 2 ms."""
 
 
 class _Waiting:
@@ -56,6 +60,7 @@ class PublicationHold:
         self._waiting: dict[bytes, _Waiting] = {}
         self.bytes = 0  # held over all connections (frame bytes)
         self._timer: asyncio.TimerHandle | None = None
+        self._interval = HOLD_FLUSH_S
 
     def waiting(self, rid: bytes) -> int:
         """Publications held for connection ``rid`` (0: none, newer ones may go straight out)."""
@@ -71,6 +76,8 @@ class PublicationHold:
         if held + publications > self.per_subscriber_max or self.bytes + size > self.max_bytes:
             return False
         if waiting is None:
+            if not self._waiting:
+                self._interval = HOLD_FLUSH_S  # a new episode: look soon
             waiting = self._waiting[rid] = _Waiting()
         waiting.items.append(([rid, *msg], publications, size))
         waiting.count += publications
@@ -111,11 +118,16 @@ class PublicationHold:
     def flush(self) -> None:
         """The timer: offer every connection's held publications again; forget those gone."""
         self._timer = None
+        delivered = self.stats["publish_hold_delivered"]
         for rid in list(self._waiting):
             if not self._connected(rid):
                 self._discard(rid)
             else:
                 self.flush_one(rid)
+        if self.stats["publish_hold_delivered"] > delivered:
+            self._interval = HOLD_FLUSH_S
+        else:  # no inbox took any: look less often (a newer publication still tries at once)
+            self._interval = min(self._interval * 2, HOLD_FLUSH_MAX_S)
         if self._waiting:
             self._schedule()
 
@@ -128,4 +140,4 @@ class PublicationHold:
     def _schedule(self) -> None:
         if self._timer is None:
             with contextlib.suppress(RuntimeError):  # no loop: nothing to flush later
-                self._timer = asyncio.get_running_loop().call_later(HOLD_FLUSH_S, self.flush)
+                self._timer = asyncio.get_running_loop().call_later(self._interval, self.flush)

@@ -14,7 +14,7 @@ import zmq
 
 from meshd import protocol as P
 from meshd.agents import AgentLink
-from meshd.publish_hold import PublicationHold
+from meshd.publish_hold import HOLD_FLUSH_MAX_S, HOLD_FLUSH_S, PublicationHold
 from meshd.transport import Reactor
 
 
@@ -128,3 +128,23 @@ def test_what_waits_for_a_connection_that_left_is_forgotten_and_counted(
         assert stats["publish_hold_discarded"] == 3
     finally:
         loop.close()
+
+
+def test_a_hold_nobody_reads_is_looked_at_less_often_and_soon_again_once_one_reads(
+        pair: tuple[zmq.Socket[Any], zmq.Socket[Any]]) -> None:
+    router, dealer = pair
+
+    async def scenario() -> None:
+        link = AgentLink(router, Reactor(asyncio.get_running_loop()), "node")
+        hold = PublicationHold(link, Counter(), per_subscriber_max=100, max_bytes=1 << 20,
+                               connected=lambda rid: True)
+        _fill(router)
+        assert hold.offer(b"sub", _publication(0), 1)
+        for _ in range(10):  # nothing goes out: each round doubles the wait, up to the bound
+            hold.flush()
+        assert hold._interval == HOLD_FLUSH_MAX_S
+        _drain(dealer)
+        hold.flush()  # the subscriber read: the held one goes out, and the next look is soon
+        assert hold.waiting(b"sub") == 0 and hold._interval == HOLD_FLUSH_S
+
+    asyncio.run(scenario())
