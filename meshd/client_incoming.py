@@ -125,6 +125,8 @@ class Incoming:
         if err.code == P.ErrorCode.INBOX_FULL and P.TOPIC in header and a._loop is not None:
             # A subscriber's inbox dropped our publications: the next publish waits retry_after.
             a._window.pause(a._loop.time() + min(err.retry_after or 0.1, 1.0))
+            if a._window.held_notice(header):  # they wait at its daemon: a pause, nothing lost
+                return
         ids = header.get(P.IDS)
         if isinstance(ids, list):
             targets: list[Any] = ids  # one envelope for a refused batch: one id per message

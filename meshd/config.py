@@ -202,6 +202,12 @@ class Settings(BaseModel):
         "subscriber inbox sends them (at most one per 0.1 s each); past it the oldest is forgotten "
         "(and may hear one notice more).",
     )
+    publish_hold_max: int = Field(
+        default=2048, ge=0, le=1_000_000,
+        description="Publications a subscriber's daemon holds for it while its inbox is full (its "
+        "publishers are asked to pause); past it they are dropped with a gap notice. 0: no hold.")
+    publish_hold_max_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=0, description="Bytes of held publications, all subscribers together.")
     max_subscriptions_per_agent: int = Field(
         default=256, ge=1, le=10_000,
         description="Topics one agent may subscribe to; more are refused with TOO_LARGE.",

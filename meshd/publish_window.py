@@ -2,7 +2,8 @@
 
 Owns: the ids of qos-0 publishes sent without ``reach=True`` that the daemon has not confirmed
 yet (at most ``PUBLISH_WINDOW`` before ``publish`` waits for half of them), and the pause a
-subscriber's INBOX_FULL asks for.
+subscriber's INBOX_FULL asks for (when its daemon dropped our publications, or holds them:
+``held_notice`` tells the two apart).
 
 Must not touch: the socket, the batcher, the futures of awaited calls. The ``Agent``
 (meshd/client.py) owns one (composition) and tells it what was sent and confirmed.
@@ -11,7 +12,9 @@ Must not touch: the socket, the batcher, the futures of awaited calls. The ``Age
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+from . import protocol as P
 from .errors import DaemonUnreachable
 
 PUBLISH_WINDOW = 4096
@@ -30,7 +33,9 @@ class PublishWindow:
         self.size = size
         self.unconfirmed: set[str] = set()
         self.room = asyncio.Event()
-        self.paused_until = 0.0  # loop time: a subscriber's inbox dropped our publications
+        self.paused_until = 0.0  # loop time: a subscriber's inbox dropped (or holds) our publications
+        #: Pauses asked for by a subscriber's daemon that held our publications (nothing lost).
+        self.held_pauses = 0
 
     def fit_daemon(self, in_flight_max: object) -> None:
         """The daemon's register answer said how many answers it keeps per connection."""
@@ -63,6 +68,19 @@ class PublishWindow:
         self.paused_until = 0.0
         if wait > 0:
             await asyncio.sleep(wait)
+
+    def held_notice(self, header: dict[str, Any]) -> bool:
+        """Is this INBOX_FULL (with ``topic``) a daemon's word that our publications wait in a
+        subscriber's hold (``held`` in its error map, docs/PROTOCOL.md §8.4), not lost? Counted in
+        ``held_pauses``; the caller pauses either way, and reports only a loss to ``on_error``."""
+        err = header.get(P.ERROR)
+        held = err.get("held") if isinstance(err, dict) else None
+        if not isinstance(held, int) or held <= 0:
+            return False
+        if not str(header.get(P.FROM, "")).startswith(P.DAEMON_PREFIX):
+            return False  # only a daemon's word counts: an agent cannot silence a loss report
+        self.held_pauses += 1
+        return True
 
     def confirmed(self, msg_id: str) -> None:
         """The daemon confirmed (or refused) publish ``msg_id``: it no longer uses the window."""

@@ -2,10 +2,13 @@
 
 Owns: ``Publications.publish`` (PUB/SUB for everyone, and for a qos-1 publication one outbox unit
 per durable subscriber), ``Publications.on_topic`` (a peer's publication to the local
-subscribers), the gap notices (``Publications.missed`` sums what a full inbox refused per
-subscriber and topic into one PUBLICATIONS_MISSED, soon) and the INBOX_FULL notice to a
-publisher (``Publications.publication_dropped``, rate-limited, the publishers remembered bounded
-by the config's ``publisher_notices_max``).
+subscribers), handing a publication to one local subscriber (``Publications.deliver``: at once,
+or into the ``PublicationHold`` it composes, meshd/publish_hold.py, while that subscriber's inbox
+is full; dropped only past the hold's bounds), the gap notices (``Publications.missed`` sums what
+was dropped per subscriber and topic into one PUBLICATIONS_MISSED, soon) and the INBOX_FULL
+notice to a publisher (``Publications.publication_dropped``: with ``held`` a pause before
+anything is lost, without it a loss; rate-limited, the publishers remembered bounded by the
+config's ``publisher_notices_max``).
 
 Must not touch: the edge checks and routing decisions (routing.py: the ``Router`` composes this
 and is the one way out, ``Router.route`` and ``Router.refuse``), peer state, agent records (it
@@ -24,6 +27,7 @@ import zmq
 from . import protocol as P
 from .directory import LocalAgent
 from .protocol import FrameError, Kind
+from .publish_hold import PublicationHold
 
 if TYPE_CHECKING:
     from .routing import Router
@@ -31,6 +35,9 @@ if TYPE_CHECKING:
 DROP_NOTICE_S = 0.1
 """A publisher whose publications a full subscriber inbox dropped hears INBOX_FULL at most this
 often (its client pauses publishing that long)."""
+HELD_NOTICE_S = 0.1
+"""A publisher whose publications wait in a full subscriber's hold (meshd/publish_hold.py) hears
+INBOX_FULL with ``held`` at most this often, and its client pauses publishing that long."""
 GAP_NOTICE_DELAY = 0.05
 """Seconds over which missed publications are summed into one gap notice per topic."""
 OUTBOX_RETRY_AFTER = 1.0
@@ -48,14 +55,60 @@ def _publications_in(msg: list[bytes]) -> int:
         return 1
 
 
+def _held_count(msg: list[bytes]) -> int:
+    """How many publications a message about to be held counts for: 1, or a publishing batch's
+    ``count`` (its header only; clamped to 1..MAX_BATCH: the bytes bound holds whatever it says)."""
+    try:
+        header = P.unpack_header(msg[1])
+    except (FrameError, IndexError):
+        return 1
+    count = header.get(P.COUNT) if header.get(P.KIND) == Kind.BATCH else 1
+    return min(max(count, 1), P.MAX_BATCH) if isinstance(count, int) else 1
+
+
 class Publications:
     """The publish path of one daemon; built and owned by its ``Router``."""
 
     def __init__(self, router: Router) -> None:
         self.router = router
-        self._drop_notice_until: dict[str, float] = {}  # publisher -> monotonic (DROP_NOTICE_S)
+        # (publisher, held) -> monotonic time of its next notice (DROP_NOTICE_S, HELD_NOTICE_S)
+        self._drop_notice_until: dict[tuple[str, bool], float] = {}
         self._gaps: dict[tuple[bytes, str], int] = {}  # (subscriber connection, topic) -> missed
         self._gap_timer: asyncio.TimerHandle | None = None
+        s = router.settings
+        directory = router.directory
+        self.hold = PublicationHold(router.link, router.stats, per_subscriber_max=s.publish_hold_max,
+                                    max_bytes=s.publish_hold_max_bytes,
+                                    connected=lambda rid: rid in directory.local_by_rid)
+
+    def deliver(self, sub: LocalAgent, topic: str | bytes, msg: list[bytes]) -> bool:
+        """Hand a publication (or publishing batch) to the local subscriber ``sub``: at once if its
+        inbox takes it and nothing is held for it; else held (meshd/publish_hold.py: it goes out
+        in order as the subscriber reads) and its publisher asked to pause (INBOX_FULL with
+        ``held``); only past the hold's bounds dropped, with a gap notice. ``topic``: the topic, or
+        its key (on a peer's publication). True if it was delivered or held."""
+        r = self.router
+        rid = sub.rid
+        hold = self.hold
+        if (not hold.waiting(rid) or hold.flush_one(rid)) and not r.link.has_backlog(rid):
+            try:
+                r.link.sock.send_multipart([rid, *msg], zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                pass  # the inbox is full: hold it
+            except zmq.ZMQError:
+                return self._drop(sub, topic, msg)  # the connection is gone
+        if hold.offer(rid, msg, _held_count(msg)):
+            self.publication_dropped(sub.name, msg, held=hold.waiting(rid))
+            return True
+        return self._drop(sub, topic, msg)
+
+    def _drop(self, sub: LocalAgent, topic: str | bytes, msg: list[bytes]) -> bool:
+        self.router.stats["publish_local_dropped"] += 1
+        name = topic if isinstance(topic, str) else topic[:-1].decode("utf-8", "replace")
+        self.missed(sub, name, _publications_in(msg))
+        self.publication_dropped(sub.name, msg)
+        return False
 
     def publish(self, agent: LocalAgent, topic: str, header: P.Header, msg: list[bytes]) -> None:
         """Fan a publication out: PUB/SUB for everyone, and for a qos-1 publication one outbox
@@ -85,15 +138,8 @@ class Publications:
         for sub in r.directory.local_topics.get(topic, ()):
             if sub.name in skip:
                 continue
-            try:
-                if r.link.has_backlog(sub.rid):
-                    raise zmq.Again
-                r.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
+            if self.deliver(sub, topic, msg):
                 reached += 1
-            except zmq.ZMQError:
-                r.stats["publish_local_dropped"] += 1
-                self.missed(sub, topic, _publications_in(msg))
-                self.publication_dropped(sub.name, msg)
         local = r.directory.local
         remote = r.directory.remote_subscribers(topic) - sum(1 for n in durable if n not in local)
         if remote > 0:
@@ -127,21 +173,16 @@ class Publications:
                     qos1 = False
             if qos1 and sub.durable and any(k == frames[0] for k in map(P.topic_key, sub.durable)):
                 continue  # it gets its own qos-1 copy from the publisher's outbox
-            try:
-                if r.link.has_backlog(sub.rid):
-                    raise zmq.Again
-                r.link.sock.send_multipart([sub.rid, *msg], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                r.stats["publish_local_dropped"] += 1
-                self.missed(sub, frames[0][:-1].decode("utf-8", "replace"), _publications_in(msg))
-                self.publication_dropped(sub.name, msg)
+            self.deliver(sub, frames[0], msg)
         r.link.kick()
 
-    def publication_dropped(self, subscriber: str, msg: list[bytes]) -> None:
-        """A full inbox refused a qos-0 publication (or publishing batch): it is lost for that
-        subscriber (counted by the caller). Tell its publisher INBOX_FULL with ``topic`` and
-        ``retry_after``, at most once per DROP_NOTICE_S, so its client slows down instead of
-        losing more in silence."""
+    def publication_dropped(self, subscriber: str, msg: list[bytes], held: int = 0) -> None:
+        """A full inbox refused a qos-0 publication (or publishing batch). Dropped (``held`` 0):
+        it is lost for that subscriber (counted by the caller); held (``held``: publications now
+        waiting for that subscriber): nothing is lost yet. Either way tell its publisher
+        INBOX_FULL with ``topic`` and ``retry_after`` (and ``held`` in the error map when held),
+        at most once per DROP_NOTICE_S (HELD_NOTICE_S) for each, so its client slows down before
+        the hold overflows, and instead of losing more in silence."""
         r = self.router
         try:
             header = P.unpack_header(msg[1])
@@ -151,17 +192,23 @@ class Publications:
         if not isinstance(publisher, str) or not isinstance(pub_id, str) or not isinstance(topic, str):
             return
         now = time.monotonic()
-        if now < self._drop_notice_until.get(publisher, 0.0):
+        key = (publisher, held > 0)
+        if now < self._drop_notice_until.get(key, 0.0):
             return
-        self._drop_notice_until.pop(publisher, None)
-        self._drop_notice_until[publisher] = now + DROP_NOTICE_S
+        pause = HELD_NOTICE_S if held else DROP_NOTICE_S
+        self._drop_notice_until.pop(key, None)
+        self._drop_notice_until[key] = now + pause
         if len(self._drop_notice_until) > r.settings.publisher_notices_max:
             self._drop_notice_until.pop(next(iter(self._drop_notice_until)))
+        what = (f"{held} publication(s) wait for it at its daemon: pause" if held
+                else f"publications on {topic!r} were dropped")
         err = P.error_header(publisher, pub_id, P.ErrorCode.INBOX_FULL,
-                             f"inbox of subscriber {subscriber!r} is full: publications on {topic!r} "
-                             "were dropped", retry=True, retry_after=DROP_NOTICE_S,
-                             sender=f"meshd@{r.node_id}")
+                             f"inbox of subscriber {subscriber!r} is full: {what}", retry=True,
+                             retry_after=pause, sender=f"meshd@{r.node_id}")
         err[P.TOPIC] = topic
+        if held:
+            err[P.ERROR]["held"] = held
+            r.stats["publish_pause_notices"] += 1
         r.route(publisher, P.header_from_map(err), P.frames(err))
 
     def missed(self, sub: LocalAgent, topic: str, count: int = 1) -> None:
