@@ -46,10 +46,15 @@ class AgentLink:
 
     Answers (``ok``, daemon errors, error notices and replies routed to an agent) have a lane
     of their own: what the connection's inbox (``inbox_cap``, the socket's high-water mark)
-    refuses waits here, per connection, up to ``backlog_max``, and goes out first as the agent
-    reads; while some wait, data for that connection is refused (``has_backlog``) so the
-    answers cannot starve. Past ``backlog_max`` an answer is dropped and counted
-    (``answers_dropped``): a client that keeps at most ``backlog_max`` calls in flight loses none.
+    refuses waits here, per connection, and goes out first as the agent reads; while some wait,
+    data for that connection is refused (``has_backlog``) so the answers cannot starve.
+
+    Two bounds per connection, each ``backlog_max``: answers to calls, and *notices* (an error
+    whose ``error`` map says ``notice``: it answers nothing the client awaits, such as
+    ``INBOX_FULL`` for a qos-0 send, a publisher's pause or a gap notice). Past its bound an
+    answer is dropped and counted (``answers_dropped``), a notice likewise (``notices_dropped``):
+    a client that keeps at most ``backlog_max`` calls in flight loses no answer, however many
+    notices its fire-and-forget sends cause.
     """
 
     FLUSH_INTERVAL = 0.005
@@ -64,7 +69,9 @@ class AgentLink:
         self.node_id = node_id
         self.backlog_max = backlog_max
         self.stats: Counter[str] = stats if stats is not None else Counter()
-        self._backlog: dict[bytes, deque[list[bytes]]] = {}
+        # rid -> (frames, is a notice) waiting, and how many of them are notices
+        self._backlog: dict[bytes, deque[tuple[list[bytes], bool]]] = {}
+        self._notices: Counter[bytes] = Counter()
         self._flush_timer: asyncio.TimerHandle | None = None
 
     def kick(self) -> None:
@@ -72,18 +79,18 @@ class AgentLink:
         self.reactor.kick(self.sock)
 
     def send(self, rid: bytes, header: Mapping[str, Any], body: bytes = b"") -> bool:
-        return self.send_answer([rid, *P.frames(header, body)])
+        return self.send_answer([rid, *P.frames(header, body)], notice=P.is_notice(header))
 
     def has_backlog(self, rid: bytes) -> bool:
         """Answers wait for this connection: data must not overtake them."""
         return rid in self._backlog
 
-    def send_answer(self, frames: list[bytes], reply: bool = False) -> bool:
+    def send_answer(self, frames: list[bytes], reply: bool = False, notice: bool = False) -> bool:
         """Send ``[rid, signature, header, payload]`` now, or keep it until the agent reads.
 
         ``reply``: a routed reply, which an in-process agent may take at once (its socket stand-in's
-        ``hand_over``, meshd/embedded.py: no loop turn). False if the connection is gone or its
-        backlog is full (counted)."""
+        ``hand_over``, meshd/embedded.py: no loop turn). ``notice``: it answers no call (its own
+        bound). False if the connection is gone or its bound is reached (counted)."""
         rid = frames[0]
         waiting = self._backlog.get(rid)
         if reply and waiting is None and self._hand_over is not None and self._hand_over(frames):
@@ -99,10 +106,16 @@ class AgentLink:
                 return False  # the connection is gone
             finally:
                 self.reactor.kick(self.sock)
-        if len(waiting) >= self.backlog_max:
+        notices = self._notices[rid]
+        if notice:
+            if notices >= self.backlog_max:
+                self.stats["notices_dropped"] += 1
+                return False
+            self._notices[rid] = notices + 1
+        elif len(waiting) - notices >= self.backlog_max:
             self.stats["answers_dropped"] += 1
             return False
-        waiting.append(frames)
+        waiting.append((frames, notice))
         self.stats["answers_held"] += 1
         return True
 
@@ -118,14 +131,20 @@ class AgentLink:
         for rid, waiting in list(self._backlog.items()):
             try:
                 while waiting:
-                    self.send_now(waiting[0])
+                    frames, notice = waiting[0]
+                    self.send_now(frames)
                     waiting.popleft()
+                    if notice:
+                        self._notices[rid] -= 1
             except zmq.Again:
                 continue
             except zmq.ZMQError:
-                self.stats["answers_dropped"] += len(waiting)  # the connection is gone
+                notices = self._notices[rid]  # the connection is gone
+                self.stats["notices_dropped"] += notices
+                self.stats["answers_dropped"] += len(waiting) - notices
                 waiting.clear()
             del self._backlog[rid]
+            self._notices.pop(rid, None)
         self.reactor.kick(self.sock)
         if self._backlog:
             self._schedule_flush()
@@ -138,6 +157,7 @@ class AgentLink:
     def forget(self, rid: bytes) -> None:
         """The connection left: drop what waited for it."""
         self._backlog.pop(rid, None)
+        self._notices.pop(rid, None)
 
     def send_error(self, rid: bytes, corr: Any, code: str, message: str, *,
                    retry_after: float | None = None) -> None:

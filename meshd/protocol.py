@@ -60,6 +60,7 @@ NOTE: Final = "note"  # a progress report's short text
 OP: Final = "op"  # an admin call's operation
 SEQ: Final = "seq"  # a daemon's HELLO/heartbeat sequence number (both-ways liveness, §9.5)
 ECHO: Final = "echo"  # the last SEQ the sender heard from the receiver (both-ways liveness, §9.5)
+NOTICE: Final = "notice"  # in an error map: it answers no call (the answer lane's notice room, §8.2)
 KINDS: Final = "kinds"  # on a batch header: the kinds of its inner messages (issue 8, item 1)
 
 
@@ -413,10 +414,16 @@ def error_body(code: str, message: str, *, retry: bool = False, retry_after: flo
 
 def error_header(
     to: str | None, corr: str | None, code: str, message: str, *, retry: bool = False,
-    retry_after: float | None = None, sender: str | None = None,
+    retry_after: float | None = None, sender: str | None = None, notice: bool = False,
 ) -> dict[str, Any]:
-    """Header of an error envelope addressed back to the sender of a failed message."""
+    """Header of an error envelope addressed back to the sender of a failed message.
+
+    ``notice``: it answers nothing the client awaits (a qos-0 send refused, a publisher's pause,
+    a gap notice): ``notice: true`` in the ``error`` map, so that daemons hold it in the answer
+    lane's notice room, not in the room kept for answers to calls (docs/PROTOCOL.md §8.2)."""
     err = error_body(code, message, retry=retry, retry_after=retry_after)
+    if notice:
+        err[NOTICE] = True
     header: dict[str, Any] = {KIND: Kind.ERROR, ID: new_id(), ERROR: err}
     if to is not None:
         header[TO] = to
@@ -429,6 +436,12 @@ def error_header(
 
 _id_prefix = os.urandom(6).hex()
 _id_counter = count(1)
+
+
+def is_notice(header: Mapping[str, Any] | Header) -> bool:
+    """An error envelope that answers nothing the client awaits (``error_header(notice=True)``)."""
+    err = header.get(ERROR)
+    return isinstance(err, dict) and err.get(NOTICE) is True
 
 
 def new_id() -> str:

@@ -204,7 +204,7 @@ class Publications:
                 else f"publications on {topic!r} were dropped")
         err = P.error_header(publisher, pub_id, P.ErrorCode.INBOX_FULL,
                              f"inbox of subscriber {subscriber!r} is full: {what}", retry=True,
-                             retry_after=pause, sender=f"meshd@{r.node_id}")
+                             retry_after=pause, sender=f"meshd@{r.node_id}", notice=True)
         err[P.TOPIC] = topic
         if held:
             err[P.ERROR]["held"] = held
@@ -232,6 +232,6 @@ class Publications:
                 continue  # it left
             err = P.error_header(agent.name, None, P.ErrorCode.PUBLICATIONS_MISSED,
                                  f"missed {count} publication(s) on topic {topic!r}: your inbox was full",
-                                 sender=f"meshd@{r.node_id}")
+                                 sender=f"meshd@{r.node_id}", notice=True)
             err[P.ERROR].update(topic=topic, missed=count)
             r.link.send(rid, err)  # the answer lane: ahead of later publications

@@ -459,7 +459,7 @@ class Router:
             self._record_requests(agent, header, msg)
         code: str | None = None
         if header.kind in _LANE_KINDS:  # the answer lane: never silenced by the data inbox cap
-            if self.link.send_answer([agent.rid, *msg], header.kind == Kind.REPLY):
+            if self.link.send_answer([agent.rid, *msg], header.kind == Kind.REPLY, P.is_notice(header)):
                 self.stats["delivered"] += 1
                 return None
             return self.bounce(header, msg, P.ErrorCode.INBOX_FULL,
@@ -514,8 +514,10 @@ class Router:
                 inner = P.split_batch(msg)
             ids = [h.get(P.CORR) or h.get(P.ID) for h, _ in inner
                    if h.get(P.KIND) in (Kind.SEND, Kind.REQUEST)]
+            notice = not any(h.get(P.KIND) == Kind.REQUEST for h, _ in inner)
         elif header.kind in (Kind.SEND, Kind.REQUEST):
             ids = [header.corr or header.id]
+            notice = header.kind == Kind.SEND  # a qos-0 send: its client awaits nothing
         else:
             return code  # replies and errors never bounce: no loops
         ids = [i for i in ids if isinstance(i, str)]
@@ -523,7 +525,7 @@ class Router:
             return code
         # One envelope for the whole batch (``ids``), so a refused batch of 64 is one message back.
         err = P.error_header(sender, ids[0] if len(ids) == 1 else None, code, message, retry=retry,
-                             retry_after=retry_after, sender=f"meshd@{self.node_id}")
+                             retry_after=retry_after, sender=f"meshd@{self.node_id}", notice=notice)
         if len(ids) > 1:
             err[P.IDS] = ids
         self.route(sender, P.header_from_map(err), P.frames(err))

@@ -260,8 +260,8 @@ def test_inbox_full_backpressure_and_bounded_memory(meshd_factory: MeshdFactory)
         counts = asyncio.run(flood())
         print(f"inbox test: {counts}")
         # The flooder keeps far more than in_flight_max sends unanswered, so past the answer lane's
-        # room (agent_answer_backlog, 1000) its INBOX_FULL notices are dropped and counted at the
-        # daemon (PROTOCOL.md, "The answer lane"); at least the lane's worth always arrives.
+        # notice room (agent_answer_backlog, 1000) its INBOX_FULL notices are dropped and counted at
+        # the daemon (notices_dropped, PROTOCOL.md §8.2); at least the lane's worth always arrives.
         assert counts["inbox_full"] > 1_000
         # Bounded by HWMs and the answer lane, not by what is offered: measured 9-35 MiB over runs
         # for 50,000 sends, and 18 MiB for 150,000 (allocator and socket buffers vary by run).

@@ -53,8 +53,11 @@ def test_a_send_loop_pauses_for_a_full_inbox_and_not_for_another_destination(
                 # Also reported: refused by the slow agent itself (work read while it awaited an
                 # answer, past what it parks: a dead letter at its daemon, docs/client.md "Running
                 # handlers"), or a refusal notice the daemon could not hold for the sender (past
-                # in_flight_max, counted as answers_dropped: docs/PROTOCOL.md §8.2).
-                dropped[0] = (await snd.node_info())["stats"].get("answers_dropped", 0)
+                # the answer lane's notice room, counted as notices_dropped: docs/PROTOCOL.md §8.2;
+                # the answers to calls, node_info's here, have room of their own).
+                stats = (await snd.node_info())["stats"]
+                assert stats.get("answers_dropped", 0) == 0, "no answer to a call is dropped"
+                dropped[0] = stats.get("notices_dropped", 0)
                 return len(got["slow"]) + len(errors) + slow_refused() + dropped[0] >= n
             await async_wait_until(accounted, 60, interval=0.1,
                                    what="every send to the slow agent handled or reported")

@@ -19,7 +19,7 @@ DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "PROTOCOL.md"
 NODE_PATH = DOC_PATH.parents[1] / "meshd" / "admin.py"  # where the admin ops are answered
 
 # Module-level str constants of meshd.protocol that are not header keys; every other one is.
-NOT_HEADER_KEYS = frozenset({"HANDOFF_TOPIC", "DAEMON_PREFIX"})
+NOT_HEADER_KEYS = frozenset({"HANDOFF_TOPIC", "DAEMON_PREFIX", "NOTICE"})  # NOTICE: an error-map key (§7)
 
 
 def _constants(namespace: object) -> dict[str, str]:
