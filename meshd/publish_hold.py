@@ -6,8 +6,9 @@ the order they came, bounded by ``publish_hold_max`` publications per connection
 ``publish_hold_max_bytes`` over all connections; sending them, oldest first, as the subscriber
 reads (a timer every ``HOLD_FLUSH_S`` while any wait, backing off to ``HOLD_FLUSH_MAX_S`` while
 none goes out, and before each newer publication to that connection, so a newer one never
-overtakes a held one); forgetting what waits for a connection
-that is gone; and the counters ``publish_held`` (publications that waited here),
+overtakes a held one); forgetting what waits for a connection that is gone; whose publications
+wait (``held_from``; ``reading_publishers``: those held for a subscriber whose hold began or
+last moved recently); and the counters ``publish_held`` (publications that waited here),
 ``publish_hold_delivered``, ``publish_hold_discarded`` (their subscriber left) and
 ``publish_hold_peak`` (the most publications one connection had waiting).
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -40,11 +42,14 @@ stuck subscribers cost a failed send each per 50 ms, not per 2 ms."""
 
 
 class _Waiting:
-    __slots__ = ("count", "items")
+    __slots__ = ("count", "items", "progress", "publishers")
 
-    def __init__(self) -> None:
-        self.items: deque[tuple[list[bytes], int, int]] = deque()  # (frames, publications, bytes)
+    def __init__(self, now: float) -> None:
+        # (frames, publications, bytes, publisher)
+        self.items: deque[tuple[list[bytes], int, int, str]] = deque()
         self.count = 0  # publications in ``items``
+        self.publishers: Counter[str] = Counter()  # publisher -> its publications in ``items``
+        self.progress = now  # monotonic: the hold began, or last sent one out
 
 
 class PublicationHold:
@@ -67,9 +72,10 @@ class PublicationHold:
         waiting = self._waiting.get(rid)
         return waiting.count if waiting is not None else 0
 
-    def offer(self, rid: bytes, msg: list[bytes], publications: int) -> bool:
-        """Hold ``msg`` (``[signature, header, payload]``, ``publications`` of them) for ``rid``
-        behind what waits already. False if that would pass a bound: the caller drops it."""
+    def offer(self, rid: bytes, msg: list[bytes], publications: int, publisher: str = "") -> bool:
+        """Hold ``msg`` (``[signature, header, payload]``, ``publications`` of them, from
+        ``publisher``) for ``rid`` behind what waits already. False if that would pass a bound:
+        the caller drops it."""
         size = sum(map(len, msg))
         waiting = self._waiting.get(rid)
         held = waiting.count if waiting is not None else 0
@@ -78,9 +84,10 @@ class PublicationHold:
         if waiting is None:
             if not self._waiting:
                 self._interval = HOLD_FLUSH_S  # a new episode: look soon
-            waiting = self._waiting[rid] = _Waiting()
-        waiting.items.append(([rid, *msg], publications, size))
+            waiting = self._waiting[rid] = _Waiting(time.monotonic())
+        waiting.items.append(([rid, *msg], publications, size, publisher))
         waiting.count += publications
+        waiting.publishers[publisher] += publications
         self.bytes += size
         self.stats["publish_held"] += publications
         if waiting.count > self.stats["publish_hold_peak"]:
@@ -99,13 +106,17 @@ class PublicationHold:
         items = waiting.items
         try:
             while items:
-                frames, publications, size = items[0]
+                frames, publications, size, publisher = items[0]
                 send(frames, zmq.NOBLOCK)
                 items.popleft()
                 waiting.count -= publications
+                waiting.publishers[publisher] -= publications
                 self.bytes -= size
                 self.stats["publish_hold_delivered"] += publications
+                waiting.progress = 0.0  # stamped below (one clock read per flush)
         except zmq.Again:
+            if not waiting.progress:
+                waiting.progress = time.monotonic()
             return False
         except zmq.ZMQError:
             self._discard(rid)  # the connection is gone
@@ -135,7 +146,19 @@ class PublicationHold:
         waiting = self._waiting.pop(rid, None)
         if waiting is not None:
             self.stats["publish_hold_discarded"] += waiting.count
-            self.bytes -= sum(size for _, _, size in waiting.items)
+            self.bytes -= sum(size for _, _, size, _ in waiting.items)
+
+    def held_from(self, publisher: str) -> int:
+        """Publications of ``publisher`` held, for all subscribers."""
+        return sum(waiting.publishers[publisher] for waiting in self._waiting.values())
+
+    def reading_publishers(self, within: float) -> set[str]:
+        """Publishers with publications held for a subscriber that is reading: its hold began,
+        or last sent one out, less than ``within`` seconds ago (one that reads nothing drops out
+        of this after ``within``, so it cannot keep its publishers paused for good)."""
+        since = time.monotonic() - within
+        return {publisher for waiting in self._waiting.values() if waiting.progress >= since
+                for publisher, n in waiting.publishers.items() if n > 0}
 
     def _schedule(self) -> None:
         if self._timer is None:

@@ -17,6 +17,10 @@ from typing import Any
 from . import protocol as P
 from .errors import DaemonUnreachable
 
+PUBLISH_YIELD_EVERY = 256
+"""A qos-0 ``publish`` that finds room never suspends, so a plain publish loop would read a
+subscriber daemon's pause notice only when its window fills; every this many publishes, one
+yields one loop turn, so the notice stops the loop after at most this many more."""
 PUBLISH_WINDOW = 4096
 """Publishes sent without ``reach=True`` that may await the daemon's confirmation at once; past
 it, ``publish`` waits until half are confirmed (at most the control time-out), so a fast loop is
@@ -36,6 +40,7 @@ class PublishWindow:
         self.paused_until = 0.0  # loop time: a subscriber's inbox dropped (or holds) our publications
         #: Pauses asked for by a subscriber's daemon that held our publications (nothing lost).
         self.held_pauses = 0
+        self._due = PUBLISH_YIELD_EVERY  # publishes left before one yields a loop turn
 
     def fit_daemon(self, in_flight_max: object) -> None:
         """The daemon's register answer said how many answers it keeps per connection."""
@@ -61,13 +66,19 @@ class PublishWindow:
         self.paused_until = until
 
     async def wait_pause(self, loop: asyncio.AbstractEventLoop) -> None:
-        """A subscriber's daemon said INBOX_FULL for our publications: let it catch up."""
-        if not self.paused_until:
-            return
-        wait = self.paused_until - loop.time()
-        self.paused_until = 0.0
-        if wait > 0:
-            await asyncio.sleep(wait)
+        """Called before each qos-0 publish: every PUBLISH_YIELD_EVERY calls, yield a loop turn;
+        and if a subscriber's daemon said INBOX_FULL for our publications, let it catch up (until
+        the last such notice's pause ends: a daemon that holds our publications repeats it until
+        they are out)."""
+        self._due -= 1
+        if self._due <= 0:
+            self._due = PUBLISH_YIELD_EVERY
+            await asyncio.sleep(0)  # read what came: a pause notice among it
+        while self.paused_until:  # a notice that comes meanwhile makes the pause longer
+            wait = self.paused_until - loop.time()
+            self.paused_until = 0.0
+            if wait > 0:
+                await asyncio.sleep(wait)
 
     def held_notice(self, header: dict[str, Any]) -> bool:
         """Is this INBOX_FULL (with ``topic``) a daemon's word that our publications wait in a

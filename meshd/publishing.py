@@ -7,8 +7,9 @@ or into the ``PublicationHold`` it composes, meshd/publish_hold.py, while that s
 is full; dropped only past the hold's bounds), the gap notices (``Publications.missed`` sums what
 was dropped per subscriber and topic into one PUBLICATIONS_MISSED, soon) and the INBOX_FULL
 notice to a publisher (``Publications.publication_dropped``: with ``held`` a pause before
-anything is lost, without it a loss; rate-limited, the publishers remembered bounded by the
-config's ``publisher_notices_max``).
+anything is lost, repeated by ``Publications._remind`` while its publications wait for a
+subscriber that is reading; without ``held`` a loss; rate-limited, the publishers remembered
+bounded by the config's ``publisher_notices_max``).
 
 Must not touch: the edge checks and routing decisions (routing.py: the ``Router`` composes this
 and is the one way out, ``Router.route`` and ``Router.refuse``), peer state, agent records (it
@@ -35,9 +36,17 @@ if TYPE_CHECKING:
 DROP_NOTICE_S = 0.1
 """A publisher whose publications a full subscriber inbox dropped hears INBOX_FULL at most this
 often (its client pauses publishing that long)."""
-HELD_NOTICE_S = 0.1
+HELD_NOTICE_S = 0.15
 """A publisher whose publications wait in a full subscriber's hold (meshd/publish_hold.py) hears
 INBOX_FULL with ``held`` at most this often, and its client pauses publishing that long."""
+HELD_REMIND_S = 0.05
+"""While a publisher's publications wait for a subscriber that is reading, it hears the notice
+again this often (well under HELD_NOTICE_S, so its pause goes on without a gap even when a
+notice takes 0.1 s to arrive on a busy machine) and stays paused until they are out..."""
+HELD_READING_S = 1.0
+"""...as long as that subscriber's hold began, or last sent one out, this recently (a ZeroMQ pipe
+frees room in bursts, every few hundred messages read); one that reads nothing for longer stops
+holding its publishers up (they run into its bound and it misses publications, as before)."""
 GAP_NOTICE_DELAY = 0.05
 """Seconds over which missed publications are summed into one gap notice per topic."""
 OUTBOX_RETRY_AFTER = 1.0
@@ -55,15 +64,18 @@ def _publications_in(msg: list[bytes]) -> int:
         return 1
 
 
-def _held_count(msg: list[bytes]) -> int:
-    """How many publications a message about to be held counts for: 1, or a publishing batch's
-    ``count`` (its header only; clamped to 1..MAX_BATCH: the bytes bound holds whatever it says)."""
+def _held_info(msg: list[bytes]) -> tuple[int, str]:
+    """How many publications a message about to be held counts for (1, or a publishing batch's
+    ``count``: its header only, clamped to 1..MAX_BATCH, the bytes bound holds whatever it says),
+    and its publisher ("" if unreadable)."""
     try:
         header = P.unpack_header(msg[1])
     except (FrameError, IndexError):
-        return 1
+        return 1, ""
     count = header.get(P.COUNT) if header.get(P.KIND) == Kind.BATCH else 1
-    return min(max(count, 1), P.MAX_BATCH) if isinstance(count, int) else 1
+    publisher = header.get(P.FROM)
+    return (min(max(count, 1), P.MAX_BATCH) if isinstance(count, int) else 1,
+            publisher if isinstance(publisher, str) else "")
 
 
 class Publications:
@@ -75,6 +87,9 @@ class Publications:
         self._drop_notice_until: dict[tuple[str, bool], float] = {}
         self._gaps: dict[tuple[bytes, str], int] = {}  # (subscriber connection, topic) -> missed
         self._gap_timer: asyncio.TimerHandle | None = None
+        # publisher -> (publication id, topic, subscriber) of its last held one, for reminders
+        self._held_last: dict[str, tuple[str, str, str]] = {}
+        self._remind_timer: asyncio.TimerHandle | None = None
         s = router.settings
         directory = router.directory
         self.hold = PublicationHold(router.link, router.stats, per_subscriber_max=s.publish_hold_max,
@@ -98,7 +113,8 @@ class Publications:
                 pass  # the inbox is full: hold it
             except zmq.ZMQError:
                 return self._drop(sub, topic, msg)  # the connection is gone
-        if hold.offer(rid, msg, _held_count(msg)):
+        count, publisher = _held_info(msg)
+        if hold.offer(rid, msg, count, publisher):
             self.publication_dropped(sub.name, msg, held=hold.waiting(rid))
             return True
         return self._drop(sub, topic, msg)
@@ -191,9 +207,35 @@ class Publications:
         publisher, pub_id, topic = header.get(P.FROM), header.get(P.ID), header.get(P.TOPIC)
         if not isinstance(publisher, str) or not isinstance(pub_id, str) or not isinstance(topic, str):
             return
+        if held:
+            self._held_last.pop(publisher, None)
+            self._held_last[publisher] = (pub_id, topic, subscriber)
+            if len(self._held_last) > r.settings.publisher_notices_max:
+                self._held_last.pop(next(iter(self._held_last)))
+            if self._remind_timer is None:
+                self._remind_timer = asyncio.get_running_loop().call_later(HELD_REMIND_S, self._remind)
+        self._notice(publisher, pub_id, topic, subscriber, held)
+
+    def _remind(self) -> None:
+        """Tell again each publisher whose publications still wait for a subscriber that is
+        reading (``PublicationHold.reading_publishers``), so that it stays paused until they are
+        out; forget the others."""
+        self._remind_timer = None
+        reading = self.hold.reading_publishers(HELD_READING_S)
+        for publisher in list(self._held_last):
+            if publisher not in reading:
+                del self._held_last[publisher]
+            elif held := self.hold.held_from(publisher):
+                self._notice(publisher, *self._held_last[publisher], held, again=True)
+        if self._held_last:
+            self._remind_timer = asyncio.get_running_loop().call_later(HELD_REMIND_S, self._remind)
+
+    def _notice(self, publisher: str, pub_id: str, topic: str, subscriber: str, held: int,
+                again: bool = False) -> None:
+        r = self.router
         now = time.monotonic()
         key = (publisher, held > 0)
-        if now < self._drop_notice_until.get(key, 0.0):
+        if not again and now < self._drop_notice_until.get(key, 0.0):
             return
         pause = HELD_NOTICE_S if held else DROP_NOTICE_S
         self._drop_notice_until.pop(key, None)

@@ -148,3 +148,22 @@ def test_a_hold_nobody_reads_is_looked_at_less_often_and_soon_again_once_one_rea
         assert hold.waiting(b"sub") == 0 and hold._interval == HOLD_FLUSH_S
 
     asyncio.run(scenario())
+
+
+def test_the_publishers_of_a_reading_subscriber_are_known_and_not_those_of_one_that_stopped(
+        pair: tuple[zmq.Socket[Any], zmq.Socket[Any]]) -> None:
+    router, _ = pair
+    loop = asyncio.new_event_loop()
+    try:
+        link = AgentLink(router, Reactor(loop), "node")
+        hold = PublicationHold(link, Counter(), per_subscriber_max=100, max_bytes=1 << 20,
+                               connected=lambda rid: True)
+        _fill(router)
+        assert hold.offer(b"sub", _publication(0), 3, "pub-a")
+        assert hold.offer(b"sub", _publication(1), 1, "pub-b")
+        assert hold.held_from("pub-a") == 3 and hold.held_from("pub-b") == 1
+        assert hold.reading_publishers(60.0) == {"pub-a", "pub-b"}, "the hold began just now"
+        # A subscriber whose hold neither began nor sent one out within the window holds nobody up.
+        assert hold.reading_publishers(-1.0) == set()
+    finally:
+        loop.close()
