@@ -9,6 +9,7 @@ which drives this store (unit tests give it an in-memory one).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import sqlite3
 import time
@@ -32,6 +33,10 @@ log = logging.getLogger("meshd.delivery")
 
 DELIVERY_DB_FIX = ("stop meshd, move the file (and its -wal and -shm files) aside, and start again: "
                    "the qos-1 messages still in it are then not sent; or restore it from a backup")
+
+WRITABLE_FIX = ("make the state directory writable by meshd's user: a file system remounted "
+                "read-only after disk errors needs checking (dmesg) and a read-write remount; "
+                "or set state_dir to a writable place")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -116,7 +121,8 @@ class DeliveryStore:
             if str(path) != ":memory:":
                 make_private_file(Path(path))  # 0600, and so its -wal and -shm (issue 8)
         except OSError as exc:
-            raise StateFileError(path, f"cannot be opened ({exc.strerror or exc})", DELIVERY_DB_FIX) from None
+            fix = WRITABLE_FIX if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else DELIVERY_DB_FIX
+            raise StateFileError(path, f"cannot be opened ({exc.strerror or exc})", fix) from None
         try:
             self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
