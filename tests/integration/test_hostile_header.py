@@ -93,6 +93,51 @@ def test_out_of_range_header_field_is_refused(meshd_factory: MeshdFactory, key: 
     assert a.info()["stats"]["malformed_bad_field"] == 1
 
 
+def test_a_request_inside_a_batch_is_held_to_the_same_ranges(meshd_factory: MeshdFactory) -> None:
+    """A batch declaring requests whose inner request has hops = -1000000 is refused whole at the
+    edge (VALIDATION_FAILED for each message, counted), like the single request above; a batch of
+    in-range requests from the same connection is served."""
+    a = meshd_factory.spawn("a")
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(f"ipc://{a.socket}")
+
+    def batch(bid: str, inner_hops: list[int]) -> list[bytes]:
+        items = [[{"kind": "request", "id": f"{bid}-{i}", "topic": "think", "hops": h},
+                  msgpack.packb(i)] for i, h in enumerate(inner_hops)]
+        header = {"kind": "batch", "id": bid, "from": "hostile", "to": "worker",
+                  "count": len(items), "kinds": ["request"]}
+        return [P.SIGNATURE, msgpack.packb(header), msgpack.packb(items)]
+
+    async def scenario() -> None:
+        async with Agent("worker", socket=a.socket) as worker:
+            ran: list[Any] = []
+
+            @worker.on("think")
+            async def think(msg: Any) -> str:
+                ran.append(msg.payload)
+                return "ok"
+
+            raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
+                                msgpack.packb({"name": "hostile"})])
+            assert (await asyncio.to_thread(_recv_skipping_pings, raw))["kind"] == "ok"
+            raw.send_multipart(batch("bad", [0, -1_000_000]))
+            refused = {(await asyncio.to_thread(_recv_skipping_pings, raw))["corr"] for _ in range(2)}
+            assert refused == {"bad-0", "bad-1"}, refused  # refused whole: one error per message
+            raw.send_multipart(batch("good", [0, 1]))
+            replies = [await asyncio.to_thread(_recv_skipping_pings, raw) for _ in range(2)]
+            assert {r["kind"] for r in replies} == {"reply"}, replies
+            assert sorted(ran) == [0, 1], ran  # only the good batch reached the handler
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        raw.close(0)
+        ctx.term()
+    assert a.info()["stats"]["malformed_bad_field"] == 1
+
+
 def test_hop_limit_still_bounces_an_in_range_request(meshd_factory: MeshdFactory) -> None:
     """hops within the header's range but above hop_limit is still a HOP_LIMIT bounce (unchanged)."""
     a = meshd_factory.spawn("a")
