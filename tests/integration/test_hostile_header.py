@@ -45,13 +45,25 @@ def _recv_skipping_pings(raw: zmq.Socket[Any]) -> dict[str, Any]:
             return header
 
 
+def _raw_agent(socket: Any) -> tuple[zmq.Context[Any], zmq.Socket[Any]]:
+    """A raw DEALER on the daemon's agent socket (the client library would never send these)."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(f"ipc://{socket}")
+    return ctx, raw
+
+
+async def _register(raw: zmq.Socket[Any], name: str) -> None:
+    raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
+                        msgpack.packb({"name": name})])
+    assert (await asyncio.to_thread(_recv_skipping_pings, raw))["kind"] == "ok"
+
+
 @pytest.mark.parametrize("key,value", BAD_FIELDS, ids=[f"{k}={v!r}" for k, v in BAD_FIELDS])
 def test_out_of_range_header_field_is_refused(meshd_factory: MeshdFactory, key: str, value: Any) -> None:
     a = meshd_factory.spawn("a")
-    ctx = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(f"ipc://{a.socket}")
+    ctx, raw = _raw_agent(a.socket)
 
     async def scenario() -> None:
         async with Agent("worker", socket=a.socket) as worker:
@@ -62,9 +74,7 @@ def test_out_of_range_header_field_is_refused(meshd_factory: MeshdFactory, key: 
                 ran.append(msg.payload)
                 return "ok"
 
-            raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
-                                msgpack.packb({"name": "hostile"})])
-            assert (await asyncio.to_thread(_recv_skipping_pings, raw))["kind"] == "ok"
+            await _register(raw, "hostile")
             header = {"kind": "request", "id": "bad-1", "from": "hostile", "to": "worker",
                       "topic": "think", "hops": 0}
             header[key] = value
@@ -98,10 +108,7 @@ def test_a_request_inside_a_batch_is_held_to_the_same_ranges(meshd_factory: Mesh
     edge (VALIDATION_FAILED for each message, counted), like the single request above; a batch of
     in-range requests from the same connection is served."""
     a = meshd_factory.spawn("a")
-    ctx = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(f"ipc://{a.socket}")
+    ctx, raw = _raw_agent(a.socket)
 
     def batch(bid: str, inner_hops: list[int]) -> list[bytes]:
         items = [[{"kind": "request", "id": f"{bid}-{i}", "topic": "think", "hops": h},
@@ -119,9 +126,7 @@ def test_a_request_inside_a_batch_is_held_to_the_same_ranges(meshd_factory: Mesh
                 ran.append(msg.payload)
                 return "ok"
 
-            raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
-                                msgpack.packb({"name": "hostile"})])
-            assert (await asyncio.to_thread(_recv_skipping_pings, raw))["kind"] == "ok"
+            await _register(raw, "hostile")
             raw.send_multipart(batch("bad", [0, -1_000_000]))
             refused = {(await asyncio.to_thread(_recv_skipping_pings, raw))["corr"] for _ in range(2)}
             assert refused == {"bad-0", "bad-1"}, refused  # refused whole: one error per message
@@ -141,17 +146,12 @@ def test_a_request_inside_a_batch_is_held_to_the_same_ranges(meshd_factory: Mesh
 def test_hop_limit_still_bounces_an_in_range_request(meshd_factory: MeshdFactory) -> None:
     """hops within the header's range but above hop_limit is still a HOP_LIMIT bounce (unchanged)."""
     a = meshd_factory.spawn("a")
-    ctx = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(f"ipc://{a.socket}")
+    ctx, raw = _raw_agent(a.socket)
 
     async def scenario() -> None:
         async with Agent("worker", socket=a.socket) as worker:
             worker.on("think")(lambda m: "ok")
-            raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
-                                msgpack.packb({"name": "relay"})])
-            assert (await asyncio.to_thread(_recv_skipping_pings, raw))["kind"] == "ok"
+            await _register(raw, "relay")
             raw.send_multipart([P.SIGNATURE, msgpack.packb(
                 {"kind": "request", "id": "h1", "from": "relay", "to": "worker", "topic": "think",
                  "hops": 6}), b"\xc0"])

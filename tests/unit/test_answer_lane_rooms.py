@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,21 +20,12 @@ from meshd.transport import Reactor
 ROOM = 5
 
 
+Pair = tuple[zmq.Socket[Any], zmq.Socket[Any]]
+
+
 @pytest.fixture
-def pair() -> Iterator[tuple[zmq.Socket[Any], zmq.Socket[Any]]]:
-    ctx: zmq.Context[Any] = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    router.setsockopt(zmq.SNDHWM, 2)
-    router.bind("inproc://lane")
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.ROUTING_ID, b"agent")
-    dealer.setsockopt(zmq.RCVHWM, 2)
-    dealer.connect("inproc://lane")
-    dealer.send_multipart([b"hello"])  # the ROUTER learns the routing id
-    assert router.recv_multipart() == [b"agent", b"hello"]
-    yield router, dealer
-    ctx.destroy(0)
+def pair(inproc_pair: Callable[[bytes], Pair]) -> Pair:
+    return inproc_pair(b"agent")
 
 
 def _notice(i: int) -> dict[str, Any]:

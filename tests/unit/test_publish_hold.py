@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,22 +17,12 @@ from meshd.agents import AgentLink
 from meshd.publish_hold import HOLD_FLUSH_MAX_S, HOLD_FLUSH_S, PublicationHold
 from meshd.transport import Reactor
 
+Pair = tuple[zmq.Socket[Any], zmq.Socket[Any]]
+
 
 @pytest.fixture
-def pair() -> Iterator[tuple[zmq.Socket[Any], zmq.Socket[Any]]]:
-    ctx: zmq.Context[Any] = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    router.setsockopt(zmq.SNDHWM, 2)
-    router.bind("inproc://hold")
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.ROUTING_ID, b"sub")
-    dealer.setsockopt(zmq.RCVHWM, 2)
-    dealer.connect("inproc://hold")
-    dealer.send_multipart([b"hello"])  # the ROUTER learns the routing id
-    assert router.recv_multipart() == [b"sub", b"hello"]
-    yield router, dealer
-    ctx.destroy(0)
+def pair(inproc_pair: Callable[[bytes], Pair]) -> Pair:
+    return inproc_pair(b"sub")
 
 
 def _publication(i: int) -> list[bytes]:
