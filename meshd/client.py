@@ -191,6 +191,8 @@ class Agent:
         if self.embedded is None:
             self._reactor.add(sock, self._incoming.on_frames)
         await register(self)  # the session with the daemon: meshd/client_session.py
+        if self.embedded is not None:  # handlers are registered by now (or before the next await)
+            cast("InProcessConnection", sock).connected = True
         self._hb_task = asyncio.create_task(heartbeat_loop(self), name=f"meshd-agent-hb-{self.name}")
 
     async def close(self) -> None:

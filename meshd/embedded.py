@@ -10,7 +10,8 @@ What it adds is the in-process attachment: ``Agent(name, embedded=node)`` (or
 ``node.agent(name)``) talks to the node through an :class:`InProcessConnection` instead of a
 DEALER on the ipc socket. The agent's frame sets go straight to ``Router.on_agent``, in the
 agent's call (no socket, no copy, no loop turn); the node's frame sets to the agent go through a
-bounded per-connection queue drained by ``call_soon`` (never re-entrant, like a socket), except a
+bounded per-connection queue drained by ``call_soon`` (never re-entrant, like a socket), or, once
+the agent's ``connect`` returned, at the end of the node's drain that queued them; except a
 routed reply from the node's own events, handed over at once (``hand_over``: it only resolves a
 future, saving a loop turn per round trip). The
 node's side of it is :class:`AgentSockets`, which stands where the ipc ROUTER stood for
@@ -78,6 +79,9 @@ class InProcessConnection:
         self._scheduled = False
         self._routed = 0  # frame sets handed to the node in this loop turn
         self.paused = False  # the agent's handlers are all busy: the queue fills, then Again
+        #: The agent's ``connect`` returned (its code registers handlers before it next awaits):
+        #: from then on frame sets the node queues in its own drain reach it at that drain's end.
+        self.connected = False
 
     def __len__(self) -> int:
         """Frame sets queued for the agent and not handed to it yet."""
@@ -89,17 +93,18 @@ class InProcessConnection:
         """The agent sends ``[signature, header, payload]``: the node routes it now."""
         if self.closed:  # the node stopped (or the agent closed): a typed error, not a zmq one
             raise DaemonUnreachable("the embedded node this agent was attached to has stopped")
-        if self._routed >= ROUTE_BUDGET:
+        routed = self._routed
+        if routed >= ROUTE_BUDGET:
             raise zmq.Again()  # the client's SendQueue retries on the next loop turn
-        if not self._routed:
+        if not routed and self._sockets.peers_full():
             # Once per turn: a peer queue at its high-water mark would refuse what we route
             # (PEER_UNREACHABLE); wait for it as a full DEALER makes its sender wait.
-            if self._sockets.peers_full():
-                self._sockets.stats["embedded_peer_waits"] += 1
-                raise zmq.Again()
-            self._loop.call_soon(self._new_turn)
-        self._routed += 1
+            self._sockets.stats["embedded_peer_waits"] += 1
+            raise zmq.Again()
+        self._routed = routed + 1
         self._sockets.from_agent(self.rid, frames)
+        if not routed:  # after the routing, not before: the frame set is on its way ~1 us sooner
+            self._loop.call_soon(self._new_turn)
 
     def _new_turn(self) -> None:
         self._routed = 0
@@ -134,7 +139,14 @@ class InProcessConnection:
         self._queue.append(frames)
         if not self._scheduled and not self.paused:
             self._scheduled = True
-            self._loop.call_soon(self._deliver)
+            sockets = self._sockets
+            if self.connected and not sockets.in_agent_call:
+                # The node's own event (a peer's frames drained from the mesh, a timer): at the end
+                # of the drain under way, when the node's routing is off the stack (Reactor.soon),
+                # instead of one more loop turn; outside a drain, on the next turn as before.
+                sockets.soon(self._deliver)
+            else:  # an agent's call is on the stack, or its handlers may not be registered yet
+                self._loop.call_soon(self._deliver)
 
     def hand_over(self, frames: list[bytes]) -> bool:
         """Hand a reply to the agent now, in the node's call, instead of on the next loop turn.
@@ -183,6 +195,9 @@ class AgentSockets:
         self.dropped = 0  # frame sets an agent sent after the node stopped
         #: Inside an in-process agent's call into the node (``from_agent``): nothing is handed over.
         self.in_agent_call = 0
+        #: How the node schedules work for the end of its drain under way (its reactor's ``soon``;
+        #: ``call_soon`` until the node is built).
+        self.soon: Callable[[Callable[[], None]], object] = loop.call_soon
         #: Sent on the ipc ROUTER since the last kick (a send there can swallow its read edge).
         self.router_sent = False
         self._loop = loop
@@ -337,6 +352,7 @@ class EmbeddedNode(Node):
         self.agent_sockets = sockets
         if isinstance(reactor, _Reactor):
             reactor.sockets = sockets
+        sockets.soon = reactor.soon
         super()._build(cast("zmq.Socket[Any]", sockets), reactor)
         sockets.on_agent = self.routing.on_agent
         sockets.on_detached = self.local_agents.probe

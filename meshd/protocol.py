@@ -25,9 +25,8 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from itertools import count
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgpack
 
@@ -256,13 +255,16 @@ def decode_routed(frames: list[Any]) -> dict[str, Any]:
     return unpack_header(frames[2])
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
     """A header decoded and range-checked once at the edge; nothing downstream re-parses it.
 
     The routing fields are typed attributes; ``fields`` is the whole decoded map (for the rare
     keys: ``error``, ``ids``, ``what``, ``op``, ``ver``, ``status``, ``count``, and for dead
     letters). Forwarding keeps the raw frames: a Header is never re-encoded on the way.
+
+    A named tuple (read-only, like the frozen dataclass it was): one is built per message at every
+    edge, and the frozen dataclass's ``__init__`` (an ``object.__setattr__`` per field) cost
+    ~1.1 us of it against ~0.2 us, built positionally in :func:`header_from_map`.
     """
 
     kind: str
@@ -310,18 +312,18 @@ def header_from_map(fields: dict[str, Any]) -> Header:
     if type(qos) is not int or qos not in (0, 1):
         raise FrameError("bad_field", f"'qos' must be 0 or 1, not {qos!r}"[:120], fields=fields)
     deadline = local_deadline(fields)
-    return Header(
-        kind=fields[KIND],
-        id=_str_field(fields, ID, MAX_ID_LEN),
-        sender=_str_field(fields, FROM, MAX_ADDRESS_LEN),
-        to=_str_field(fields, TO, MAX_ADDRESS_LEN),
-        topic=_str_field(fields, TOPIC, MAX_TOPIC_LEN),
-        corr=_str_field(fields, CORR, MAX_ID_LEN),
-        origin=_str_field(fields, ORIGIN, MAX_ADDRESS_LEN),
-        hops=hops,
-        deadline=deadline,
-        qos=qos,
-        fields=fields,
+    return Header(  # positional: kind, id, sender, to, topic, corr, origin, hops, deadline, qos, fields
+        fields[KIND],
+        _str_field(fields, ID, MAX_ID_LEN),
+        _str_field(fields, FROM, MAX_ADDRESS_LEN),
+        _str_field(fields, TO, MAX_ADDRESS_LEN),
+        _str_field(fields, TOPIC, MAX_TOPIC_LEN),
+        _str_field(fields, CORR, MAX_ID_LEN),
+        _str_field(fields, ORIGIN, MAX_ADDRESS_LEN),
+        hops,
+        deadline,
+        qos,
+        fields,
     )
 
 

@@ -183,3 +183,31 @@ def test_the_node_rechecks_the_ipc_router_only_after_sending_on_it(monkeypatch: 
         reactor.kick(sockets)  # type: ignore[arg-type]  # nothing sent on it since the last one
         assert kicked == [router]
     asyncio.run(run())
+
+
+def test_once_connected_frames_from_the_node_reach_the_agent_at_the_end_of_its_drain() -> None:
+    """Before ``connect`` returned (handlers may not be registered yet) and inside an agent's own
+    call into the node, frame sets wait for a later loop turn; after it, what the node queues in
+    its own events goes to the reactor's end-of-drain list (``Reactor.soon``), never re-entrant."""
+    async def run() -> None:
+        sockets, _, _ = make(asyncio.get_running_loop(), capacity=8)
+        at_drain_end: list[Any] = []
+        sockets.soon = at_drain_end.append
+        got: list[bytes] = []
+        conn = sockets.attach(lambda frames: got.append(frames[2]))
+        sockets.send_multipart([conn.rid, b"sig", b"h", b"0"])  # not connected yet: next turn
+        assert at_drain_end == [] and got == []
+        await turn()
+        assert got == [b"0"]
+        conn.connected = True
+        sockets.on_agent = lambda frames: sockets.send_multipart([conn.rid, b"sig", b"h", b"1"])
+        conn.send_multipart([b"sig", b"h", b"x"])  # an agent's call on the stack: next turn
+        assert at_drain_end == [] and got == [b"0"]
+        await turn()
+        assert got == [b"0", b"1"]
+        sockets.send_multipart([conn.rid, b"sig", b"h", b"2"])  # the node's own event
+        sockets.send_multipart([conn.rid, b"sig", b"h", b"3"])
+        assert got == [b"0", b"1"] and len(at_drain_end) == 1  # once, not inside the node's call
+        at_drain_end.pop()()
+        assert got == [b"0", b"1", b"2", b"3"]
+    asyncio.run(run())
