@@ -377,6 +377,17 @@ async def _ctl(args: argparse.Namespace) -> int:
     return 0
 
 
+def _key_as_operand(argv: list[str]) -> list[str]:
+    """``keys trust NAME KEY``: a Z85 key may start with ``-`` (one key in ~85), which argparse
+    would take for an option; put ``--`` before it so the key printed by ``keys show`` always
+    works as it is pasted."""
+    if "keys" in argv and "trust" in argv[argv.index("keys"):] and "--" not in argv:
+        at = argv.index("trust", argv.index("keys")) + 2
+        if at < len(argv) and argv[at].startswith("-") and argv[at] not in ("-h", "--help"):
+            return [*argv[:at], "--", *argv[at:]]
+    return argv
+
+
 def meshctl_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meshctl", description="talk to the local meshd")
     parser.add_argument("--socket", type=Path, default=None,
@@ -475,7 +486,7 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     sec.add_argument("--owner", metavar="USER",
                      help="give the file to USER and USER's group (root only), e.g. --owner meshd for the "
                           "systemd service")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_key_as_operand(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.WARNING, format="meshctl: %(message)s")
     if args.cmd == "http":
         try:
