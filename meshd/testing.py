@@ -302,6 +302,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return rep
 
 
+def stuck_subscriber(ctx: Any, proc: MeshdProcess, name: str, topic: str) -> Any:
+    """A raw agent connection (a pyzmq DEALER in ``ctx``) that registers ``name``, subscribes to
+    ``topic`` and then reads nothing: small receive buffers, so the daemon's inbox for it fills at
+    once. It does not heartbeat; the caller sends ``agent_hb`` if it must stay registered."""
+    import msgpack
+    import zmq
+
+    from . import protocol as P
+
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 10)
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    sock.connect(f"ipc://{proc.socket}")
+    for header, body in (({"kind": "register", "id": "r1"}, msgpack.packb({"name": name})),
+                         ({"kind": "subscribe", "id": "s1", "topic": topic}, b"")):
+        sock.send_multipart([P.SIGNATURE, msgpack.packb(header), body])
+        kind = "ping"
+        while kind == "ping":  # the daemon may probe its connections meanwhile
+            assert sock.poll(5000), f"{name}: the daemon did not answer {header['kind']}"
+            kind = msgpack.unpackb(sock.recv_multipart()[1])["kind"]
+        assert kind == "ok", f"{name}: {header['kind']} answered {kind}"
+    return sock
+
+
 __all__ = ["DaemonExited", "MeshdFactory", "MeshdProcess", "async_wait_until", "connect_until",
            "faketime_env", "libfaketime", "meshd_factory", "pid_alive", "pip_install", "short_tempdir",
-           "wait_listed", "wait_until"]
+           "stuck_subscriber", "wait_listed", "wait_until"]

@@ -20,7 +20,7 @@ import zmq
 
 from meshd import Agent, BlockingAgent, MeshError
 from meshd import protocol as P
-from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed
+from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, stuck_subscriber, wait_listed
 
 TOPIC = "flow"
 HERE = Path(__file__).resolve().parent
@@ -99,24 +99,6 @@ def test_a_plain_publish_loop_loses_nothing_to_slower_subscribers(meshd_factory:
             sub.close()
 
 
-def _stuck_subscriber(ctx: zmq.Context[Any], proc: MeshdProcess, name: str) -> zmq.Socket[Any]:
-    """A raw client that subscribes and then reads nothing (its heartbeats come from a thread)."""
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVHWM, 10)
-    sock.setsockopt(zmq.RCVBUF, 4096)
-    sock.connect(f"ipc://{proc.socket}")
-    for header, body in (({"kind": "register", "id": "r1"}, msgpack.packb({"name": name})),
-                         ({"kind": "subscribe", "id": "s1", "topic": TOPIC}, b"")):
-        sock.send_multipart([P.SIGNATURE, msgpack.packb(header), body])
-        kind = "ping"
-        while kind == "ping":  # the daemon may probe its connections meanwhile
-            assert sock.poll(5000)
-            kind = msgpack.unpackb(sock.recv_multipart()[1])["kind"]
-        assert kind == "ok"
-    return sock
-
-
 def test_a_stuck_subscriber_misses_publications_and_stops_neither_the_publisher_nor_the_others(
         meshd_factory: MeshdFactory) -> None:
     a = meshd_factory.spawn("a")
@@ -125,7 +107,7 @@ def test_a_stuck_subscriber_misses_publications_and_stops_neither_the_publisher_
     n = 10_000
     ctx: zmq.Context[Any] = zmq.Context()
     subs, got, errors = _slow_subscribers(b, 1)
-    stuck = _stuck_subscriber(ctx, b, "stuck")
+    stuck = stuck_subscriber(ctx, b, "stuck", TOPIC)
     done = threading.Event()
 
     def beat() -> None:  # alive, just not reading; only this thread touches the socket meanwhile

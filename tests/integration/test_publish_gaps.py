@@ -14,24 +14,7 @@ import zmq
 
 from meshd import Agent
 from meshd import protocol as P
-from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until
-
-
-def _stuck_subscriber(ctx: zmq.Context[Any], proc: MeshdProcess, name: str, topic: str) -> zmq.Socket[Any]:
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVHWM, 10)
-    sock.setsockopt(zmq.RCVBUF, 4096)
-    sock.connect(f"ipc://{proc.socket}")
-    for header, body in (({"kind": "register", "id": "r1"}, msgpack.packb({"name": name})),
-                         ({"kind": "subscribe", "id": "s1", "topic": topic}, b"")):
-        sock.send_multipart([P.SIGNATURE, msgpack.packb(header), body])
-        kind = "ping"
-        while kind == "ping":  # the daemon may probe its connections meanwhile
-            assert sock.poll(5000)
-            kind = msgpack.unpackb(sock.recv_multipart()[1])["kind"]
-        assert kind == "ok"
-    return sock
+from meshd.testing import MeshdFactory, async_wait_until, stuck_subscriber
 
 
 def test_a_subscriber_is_told_how_many_publications_it_missed(meshd_factory: MeshdFactory) -> None:
@@ -41,8 +24,8 @@ def test_a_subscriber_is_told_how_many_publications_it_missed(meshd_factory: Mes
     ctx: zmq.Context[Any] = zmq.Context()
     n = 10_000  # coalesced into batches of up to 64: enough to fill both inboxes (about 5,400 fit)
     try:
-        local = _stuck_subscriber(ctx, a, "slow-local", "news")
-        remote = _stuck_subscriber(ctx, b, "slow-remote", "news")
+        local = stuck_subscriber(ctx, a, "slow-local", "news")
+        remote = stuck_subscriber(ctx, b, "slow-remote", "news")
 
         def heartbeat() -> None:
             for sock in (local, remote):
