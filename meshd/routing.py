@@ -60,17 +60,15 @@ def _declares(header: P.Header, kinds: frozenset[str]) -> bool:
     sends costs nothing more (decoding every body cost ~0.8 us per message)."""
     declared = header.get(P.KINDS)
     return isinstance(declared, list) and any(isinstance(k, str) and k in kinds for k in declared)
-def _bad_inner_request(frames: list[bytes]) -> str | None:
-    """Why a batch that declares requests cannot go on: a request inside it with a header field
-    out of range (``hops``, ``qos``, ``budget``...), checked as a single request is; None if fine.
-    Only batches declaring requests are decoded for this (a batch of sends costs nothing more)."""
-    try:
-        for fields, _ in P.split_batch(frames[1:]):
-            if fields.get(P.KIND) == Kind.REQUEST:
-                P.header_from_map(fields)
-    except FrameError as exc:
-        return f"malformed batch: {exc}"
-    return None
+def _split_checking_requests(frames: list[bytes]) -> list[tuple[dict[str, Any], bytes]]:
+    """Split a batch that declares requests, holding each request inside it to the header ranges
+    of a single request (``hops``, ``qos``, ``budget``...). Raises FrameError. Only batches
+    declaring requests are decoded for this (a batch of sends costs nothing more)."""
+    inner = P.split_batch(frames[1:])
+    for fields, _ in inner:
+        if fields.get(P.KIND) == Kind.REQUEST:
+            P.header_from_map(fields)
+    return inner
 
 
 _AGENT_DATA_KINDS = AGENT_DATA_KINDS
@@ -275,15 +273,17 @@ class Router:
             if isinstance(err, dict) and err.get("code") == P.ErrorCode.HANDLER_ERROR:
                 self._send_handler_failed(agent.name, header, frames)
                 return
+        inner: list[tuple[dict[str, Any], bytes]] | None = None  # split once, if at all
         if kind == Kind.BATCH and _declares(header, _REQUEST_KIND):
-            why = _bad_inner_request(frames)
-            if why is not None:  # the ranges a single request is held to (issue 8, item 3)
+            try:
+                inner = _split_checking_requests(frames)
+            except FrameError as exc:  # the ranges a single request is held to (issue 8, item 3)
                 self.stats["malformed_bad_field"] += 1
-                self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, why)
+                self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"malformed batch: {exc}")
                 return
         if kind in _ANSWER_KINDS or (kind == Kind.BATCH and _declares(header, _CHECKED_KINDS)) or (
                 header.origin is not None and header.origin.partition("@")[0] != agent.name):
-            why = self._unanswerable(agent.name, to, header, frames)
+            why = self._unanswerable(agent.name, to, header, frames, inner)
             if why is not None:
                 self.stats["refused_forged_answer"] += 1
                 self.dead_letter("forged_answer", f"from local agent {agent.name!r}: {why}", frames[1:],
@@ -353,18 +353,21 @@ class Router:
                                      "at": time.time(), "reason": reason})
             return True
         return False
-    def _unanswerable(self, responder: str, to: str, header: P.Header, frames: list[bytes]) -> str | None:
+    def _unanswerable(self, responder: str, to: str, header: P.Header, frames: list[bytes],
+                      inner: list[tuple[dict[str, Any], bytes]] | None = None) -> str | None:
         """Why an agent's reply, error, progress or delegation may not go to ``to`` (None: it may).
 
         It must answer a request this daemon delivered to ``responder`` from the agent ``to``
-        (issue 8: forged NAME_TAKEN errors and replies with a guessed correlation id).
+        (issue 8: forged NAME_TAKEN errors and replies with a guessed correlation id). ``inner``:
+        the batch already split by the caller.
         """
         if header.kind != Kind.BATCH:
             return self._check_answer(responder, header.kind, header.corr, header.origin, to)
-        try:
-            inner = P.split_batch(frames[1:])
-        except FrameError as exc:
-            return f"bad batch: {exc}"
+        if inner is None:
+            try:
+                inner = P.split_batch(frames[1:])
+            except FrameError as exc:
+                return f"bad batch: {exc}"
         checks: list[tuple[str, str | None, str]] = []
         for fields, _ in inner:
             kind, origin = fields.get(P.KIND), fields.get(P.ORIGIN)
