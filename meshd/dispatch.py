@@ -30,7 +30,12 @@ from .errors import MeshError
 from .payloads import decode_payload
 from .protocol import Kind
 
-__all__ = ["ANY_TOPIC", "DEFER", "HANDLED_WINDOW", "Dispatcher", "Handler", "Message"]
+__all__ = ["ACK_EVERY", "ANY_TOPIC", "DEFER", "HANDLED_WINDOW", "Dispatcher", "Handler", "Message"]
+
+ACK_EVERY = 16
+"""Handled qos-1 messages after which their acks leave at once, even in the middle of a drain of
+the agent socket (else they leave when the drain ends). It bounds what a kill -9 of the agent
+makes run twice (docs/DELIVERY.md): a drain of hundreds of messages held every ack until its end."""
 
 HANDLED_WINDOW = 10_000
 """qos-1 units an agent remembers having handled (docs/DELIVERY.md): a redelivery of one of them
@@ -181,6 +186,7 @@ class Dispatcher:
         self._no_handler_logged: set[str] = set()  # topics warned about once (bounded)
         self._acks: list[str] = []
         self._ack_scheduled = False
+        self._handled_unacked = 0  # messages whose unit's ack has not left yet (see ACK_EVERY)
         #: Told of each handler that suspended and got a task (meshd/handler_slots.py counts them).
         self.on_handler_task: Callable[[asyncio.Task[Any]], None] | None = None
 
@@ -376,6 +382,7 @@ class Dispatcher:
         """One message of a qos-1 unit finished; when all have, ack the unit to the daemon."""
         if unit is None:
             return
+        self._handled_unacked += 1
         left = self._unit_left.get(unit, 1) - 1
         if left > 0:
             self._unit_left[unit] = left
@@ -388,14 +395,20 @@ class Dispatcher:
 
     def _ack(self, unit: str) -> None:
         self._acks.append(unit)
-        if not self._ack_scheduled:
+        if self._handled_unacked >= ACK_EVERY:
+            self._send_acks()  # the scheduled flush, if any, finds what came after
+        elif not self._ack_scheduled:
             self._ack_scheduled = True
             self._schedule(self._flush_acks)
 
     def _flush_acks(self) -> None:
         self._ack_scheduled = False
+        self._send_acks()
+
+    def _send_acks(self) -> None:
         acks, self._acks = self._acks, []
-        if self._closed():
+        self._handled_unacked = 0
+        if self._closed() or not acks:
             return
         for chunk in P.chunk_ids(acks):  # each header within the daemon's cap (issue 8, item 7)
             self._push(P.frames({P.KIND: Kind.ACK, P.IDS: chunk}))
