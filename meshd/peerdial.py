@@ -122,14 +122,18 @@ class PeerDialer:
             adopted = self.pending_static.pop(router, None)
             peer.dealer = adopted or transport.peer_dealer(self.ctx, self.node_id, self.security.curve,
                                                            peer.pubkey or None)
-            if adopted is None:
-                peer.dealer.connect(router)
-            peer.connected_router = router
-            peer.link_up = False
+            # The monitor first, then connect: libzmq emits no event to a monitor attached later,
+            # and a refusal can come back within a millisecond. (Attached after connect, a
+            # preempted loop missed the HANDSHAKE_FAILED_AUTH of a redial, and the peer, trusting
+            # us seconds later, waited for a dial that was never retried: CI, test_security.py.)
             peer.monitor = peer.dealer.get_monitor_socket(
                 zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
             )
             self.reactor.add(peer.monitor, functools.partial(self._on_monitor, peer))
+            if adopted is None:
+                peer.dealer.connect(router)
+            peer.connected_router = router
+            peer.link_up = False
         pub = prefer_endpoint(peer.pubs, self.interfaces) if peer.pubs else ""
         if pub and self._plaintext_refused(pub):
             pub = ""
