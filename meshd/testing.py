@@ -240,6 +240,19 @@ class MeshdProcess(DaemonProcess):
     def log(self) -> str:
         return self.log_tail(8000)
 
+    def start_refused(self, label: str, timeout: float = 30.0) -> str:
+        """Start on a fresh log and expect a refusal: exit 2 (a config or state error, which
+        systemd does not restart) without a traceback. Returns that log for the test to check
+        the message."""
+        self.log_path.write_text("")
+        self.start(wait=False)
+        rc = self.wait_exit(timeout)
+        log = self.log_tail()
+        print(f"{label}: exit {rc}: {log.strip().splitlines()[-1] if log.strip() else ''}")
+        assert rc == 2, log
+        assert "Traceback" not in log, log
+        return log
+
 
 class MeshdFactory:
     """Spawns daemons for one test and cleans every one of them up."""
@@ -302,6 +315,42 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return rep
 
 
+def raw_agent(socket: str | Path) -> tuple[Any, Any]:
+    """A raw DEALER on a daemon's agent socket, in a context of its own: ``(ctx, sock)``. For
+    tests that send what the client library never would (hostile headers, forged answers)."""
+    import zmq
+
+    ctx: zmq.Context[Any] = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"ipc://{socket}")
+    return ctx, sock
+
+
+def recv_skipping_pings(sock: Any) -> dict[str, Any]:
+    """The header of the next envelope on a raw agent connection that is not a daemon's ping.
+    Blocking: call it in a thread (``asyncio.to_thread``), so the agents' loop keeps running."""
+    import msgpack
+
+    while True:
+        assert sock.poll(5000), "the daemon did not answer"
+        _, hdr, _ = sock.recv_multipart()
+        header: dict[str, Any] = msgpack.unpackb(hdr)
+        if header["kind"] != "ping":
+            return header
+
+
+async def register_raw(sock: Any, name: str) -> None:
+    """Register ``name`` on a raw agent connection and wait for the daemon's ``ok``."""
+    import msgpack
+
+    from . import protocol as P
+
+    sock.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
+                         msgpack.packb({"name": name})])
+    assert (await asyncio.to_thread(recv_skipping_pings, sock))["kind"] == "ok"
+
+
 def stuck_subscriber(ctx: Any, proc: MeshdProcess, name: str, topic: str) -> Any:
     """A raw agent connection (a pyzmq DEALER in ``ctx``) that registers ``name``, subscribes to
     ``topic`` and then reads nothing: small receive buffers, so the daemon's inbox for it fills at
@@ -328,5 +377,6 @@ def stuck_subscriber(ctx: Any, proc: MeshdProcess, name: str, topic: str) -> Any
 
 
 __all__ = ["DaemonExited", "MeshdFactory", "MeshdProcess", "async_wait_until", "connect_until",
-           "faketime_env", "libfaketime", "meshd_factory", "pid_alive", "pip_install", "short_tempdir",
-           "stuck_subscriber", "wait_listed", "wait_until"]
+           "faketime_env", "libfaketime", "meshd_factory", "pid_alive", "pip_install", "raw_agent",
+           "recv_skipping_pings", "register_raw", "short_tempdir", "stuck_subscriber", "wait_listed",
+           "wait_until"]

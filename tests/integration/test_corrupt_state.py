@@ -62,13 +62,7 @@ def test_corrupt_node_key_stops_start_up_with_a_clear_message(meshd_factory: Mes
     d = _first_run(meshd_factory, secure=True)
     corrupt(d.state_dir / name)
     (d.state_dir / name).chmod(0o600)
-    d.log_path.write_text("")
-    d.start(wait=False)
-    rc = d.wait_exit(30)
-    log = d.log_tail()
-    print(f"{case}: exit {rc}: {log.strip().splitlines()[-1] if log.strip() else ''}")
-    assert rc == 2, log
-    assert "Traceback" not in log, log
+    log = d.start_refused(case)
     assert f"cannot start: {d.state_dir / name}:" in log and "fix: " in log, log
 
 
@@ -88,13 +82,7 @@ def test_corrupt_state_file_stops_start_up_with_a_clear_message(meshd_factory: M
     name, corrupt = CORRUPTIONS[case]
     d = _first_run(meshd_factory)
     corrupt(d.state_dir / name)
-    d.log_path.write_text("")
-    d.start(wait=False)
-    rc = d.wait_exit(30)
-    log = d.log_tail()
-    print(f"{case}: exit {rc}: {log.strip().splitlines()[-1] if log.strip() else ''}")
-    assert rc == 2, log
-    assert "Traceback" not in log, log
+    log = d.start_refused(case)
     assert f"cannot start: {d.state_dir / name}:" in log and "(fix: " in log, log
 
 

@@ -17,7 +17,7 @@ import zmq
 
 from meshd import Agent
 from meshd import protocol as P
-from meshd.testing import MeshdFactory, async_wait_until
+from meshd.testing import MeshdFactory, async_wait_until, raw_agent, recv_skipping_pings, register_raw
 
 BAD_FIELDS: list[tuple[str, Any]] = [
     ("hops", -1_000_000),
@@ -35,35 +35,13 @@ BAD_FIELDS: list[tuple[str, Any]] = [
 ]
 
 
-def _recv_skipping_pings(raw: zmq.Socket[Any]) -> dict[str, Any]:
-    """Blocking: call in a thread, so the agents' loop keeps running."""
-    while True:
-        assert raw.poll(5000), "the daemon did not answer"
-        _, hdr, _ = raw.recv_multipart()
-        header: dict[str, Any] = msgpack.unpackb(hdr)
-        if header["kind"] != "ping":
-            return header
 
-
-def _raw_agent(socket: Any) -> tuple[zmq.Context[Any], zmq.Socket[Any]]:
-    """A raw DEALER on the daemon's agent socket (the client library would never send these)."""
-    ctx: zmq.Context[Any] = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(f"ipc://{socket}")
-    return ctx, raw
-
-
-async def _register(raw: zmq.Socket[Any], name: str) -> None:
-    raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
-                        msgpack.packb({"name": name})])
-    assert (await asyncio.to_thread(_recv_skipping_pings, raw))["kind"] == "ok"
 
 
 @pytest.mark.parametrize("key,value", BAD_FIELDS, ids=[f"{k}={v!r}" for k, v in BAD_FIELDS])
 def test_out_of_range_header_field_is_refused(meshd_factory: MeshdFactory, key: str, value: Any) -> None:
     a = meshd_factory.spawn("a")
-    ctx, raw = _raw_agent(a.socket)
+    ctx, raw = raw_agent(a.socket)
 
     async def scenario() -> None:
         async with Agent("worker", socket=a.socket) as worker:
@@ -74,12 +52,12 @@ def test_out_of_range_header_field_is_refused(meshd_factory: MeshdFactory, key: 
                 ran.append(msg.payload)
                 return "ok"
 
-            await _register(raw, "hostile")
+            await register_raw(raw, "hostile")
             header = {"kind": "request", "id": "bad-1", "from": "hostile", "to": "worker",
                       "topic": "think", "hops": 0}
             header[key] = value
             raw.send_multipart([P.SIGNATURE, msgpack.packb(header), msgpack.packb("bad")])
-            err = await asyncio.to_thread(_recv_skipping_pings, raw)
+            err = await asyncio.to_thread(recv_skipping_pings, raw)
             assert err["kind"] == "error", err
             assert err["error"]["code"] == "VALIDATION_FAILED", err
             assert err["corr"] == "bad-1" and repr(key) in err["error"]["message"]
@@ -88,7 +66,7 @@ def test_out_of_range_header_field_is_refused(meshd_factory: MeshdFactory, key: 
             raw.send_multipart([P.SIGNATURE, msgpack.packb(
                 {"kind": "request", "id": "good-1", "from": "hostile", "to": "worker", "topic": "think"}),
                 msgpack.packb("good")])
-            reply = await asyncio.to_thread(_recv_skipping_pings, raw)
+            reply = await asyncio.to_thread(recv_skipping_pings, raw)
             assert reply["kind"] == "reply" and reply["corr"] == "good-1", reply
             assert ran == ["good"]  # the refused request never reached the handler
 
@@ -108,7 +86,7 @@ def test_a_request_inside_a_batch_is_held_to_the_same_ranges(meshd_factory: Mesh
     edge (VALIDATION_FAILED for each message, counted), like the single request above; a batch of
     in-range requests from the same connection is served."""
     a = meshd_factory.spawn("a")
-    ctx, raw = _raw_agent(a.socket)
+    ctx, raw = raw_agent(a.socket)
 
     def batch(bid: str, inner_hops: list[int]) -> list[bytes]:
         items = [[{"kind": "request", "id": f"{bid}-{i}", "topic": "think", "hops": h},
@@ -126,12 +104,12 @@ def test_a_request_inside_a_batch_is_held_to_the_same_ranges(meshd_factory: Mesh
                 ran.append(msg.payload)
                 return "ok"
 
-            await _register(raw, "hostile")
+            await register_raw(raw, "hostile")
             raw.send_multipart(batch("bad", [0, -1_000_000]))
-            refused = {(await asyncio.to_thread(_recv_skipping_pings, raw))["corr"] for _ in range(2)}
+            refused = {(await asyncio.to_thread(recv_skipping_pings, raw))["corr"] for _ in range(2)}
             assert refused == {"bad-0", "bad-1"}, refused  # refused whole: one error per message
             raw.send_multipart(batch("good", [0, 1]))
-            replies = [await asyncio.to_thread(_recv_skipping_pings, raw) for _ in range(2)]
+            replies = [await asyncio.to_thread(recv_skipping_pings, raw) for _ in range(2)]
             assert {r["kind"] for r in replies} == {"reply"}, replies
             assert sorted(ran) == [0, 1], ran  # only the good batch reached the handler
 
@@ -146,16 +124,16 @@ def test_a_request_inside_a_batch_is_held_to_the_same_ranges(meshd_factory: Mesh
 def test_hop_limit_still_bounces_an_in_range_request(meshd_factory: MeshdFactory) -> None:
     """hops within the header's range but above hop_limit is still a HOP_LIMIT bounce (unchanged)."""
     a = meshd_factory.spawn("a")
-    ctx, raw = _raw_agent(a.socket)
+    ctx, raw = raw_agent(a.socket)
 
     async def scenario() -> None:
         async with Agent("worker", socket=a.socket) as worker:
             worker.on("think")(lambda m: "ok")
-            await _register(raw, "relay")
+            await register_raw(raw, "relay")
             raw.send_multipart([P.SIGNATURE, msgpack.packb(
                 {"kind": "request", "id": "h1", "from": "relay", "to": "worker", "topic": "think",
                  "hops": 6}), b"\xc0"])
-            err = await asyncio.to_thread(_recv_skipping_pings, raw)
+            err = await asyncio.to_thread(recv_skipping_pings, raw)
             assert err["kind"] == "error" and err["error"]["code"] == "HOP_LIMIT" and err["corr"] == "h1"
 
     try:

@@ -20,31 +20,15 @@ import zmq
 from meshd import Agent
 from meshd import protocol as P
 from meshd.keys import load_or_create_node_keys
-from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed
-
-
-def _recv_skipping_pings(raw: zmq.Socket[Any]) -> dict[str, Any]:
-    """Blocking: call in a thread, so the agents' loop keeps running."""
-    while True:
-        assert raw.poll(5000), "the daemon did not answer"
-        _, hdr, _ = raw.recv_multipart()
-        header: dict[str, Any] = msgpack.unpackb(hdr)
-        if header["kind"] != "ping":
-            return header
-
-
-def _attacker(proc: MeshdProcess) -> tuple[zmq.Context[Any], zmq.Socket[Any]]:
-    ctx: zmq.Context[Any] = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(f"ipc://{proc.socket}")
-    return ctx, raw
-
-
-async def _register(raw: zmq.Socket[Any], name: str) -> None:
-    raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r"}),
-                        msgpack.packb({"name": name})])
-    assert (await asyncio.to_thread(_recv_skipping_pings, raw))["kind"] == "ok"
+from meshd.testing import (
+    MeshdFactory,
+    MeshdProcess,
+    async_wait_until,
+    raw_agent,
+    recv_skipping_pings,
+    register_raw,
+    wait_listed,
+)
 
 
 def _two_secure_nodes(meshd_factory: MeshdFactory) -> tuple[MeshdProcess, MeshdProcess]:
@@ -60,7 +44,7 @@ def _two_secure_nodes(meshd_factory: MeshdFactory) -> tuple[MeshdProcess, MeshdP
 
 def test_forged_name_taken_and_forged_reply_are_refused(meshd_factory: MeshdFactory) -> None:
     a, b = _two_secure_nodes(meshd_factory)
-    ctx, raw = _attacker(b)
+    ctx, raw = raw_agent(b.socket)
 
     async def scenario() -> None:
         async with Agent("victim", socket=a.socket) as victim, Agent("worker", socket=b.socket) as worker:
@@ -73,14 +57,14 @@ def test_forged_name_taken_and_forged_reply_are_refused(meshd_factory: MeshdFact
                 await release.wait()
                 return "the real answer"
 
-            await _register(raw, "mallory")
+            await register_raw(raw, "mallory")
             await wait_listed(victim, "worker", "mallory")
 
             # (a) a NAME_TAKEN error to the victim, answering nothing it asked
             forged = {"kind": "error", "id": "f1", "from": "mallory", "to": "victim", "corr": "x1",
                       "error": {"code": "NAME_TAKEN", "message": "you were evicted", "retry": False}}
             raw.send_multipart([P.SIGNATURE, msgpack.packb(forged), b""])
-            refused = await asyncio.to_thread(_recv_skipping_pings, raw)
+            refused = await asyncio.to_thread(recv_skipping_pings, raw)
             assert refused["kind"] == "error" and refused["error"]["code"] == "VALIDATION_FAILED", refused
             assert refused["corr"] == "f1"
 
@@ -91,7 +75,7 @@ def test_forged_name_taken_and_forged_reply_are_refused(meshd_factory: MeshdFact
             assert len(corrs[0]) >= 32  # 128 random bits, not a prefix plus a counter
             reply = {"kind": "reply", "id": "f2", "from": "mallory", "to": "victim", "corr": corrs[0]}
             raw.send_multipart([P.SIGNATURE, msgpack.packb(reply), msgpack.packb("the forged answer")])
-            refused = await asyncio.to_thread(_recv_skipping_pings, raw)
+            refused = await asyncio.to_thread(recv_skipping_pings, raw)
             assert refused["error"]["code"] == "VALIDATION_FAILED" and refused["corr"] == "f2", refused
             release.set()
             assert await pending == "the real answer"
@@ -105,7 +89,7 @@ def test_forged_name_taken_and_forged_reply_are_refused(meshd_factory: MeshdFact
             try:
                 second.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "register", "id": "r2"}),
                                        msgpack.packb({"name": "victim"})])
-                taken = await asyncio.to_thread(_recv_skipping_pings, second)
+                taken = await asyncio.to_thread(recv_skipping_pings, second)
             finally:
                 second.close(0)
             assert taken["kind"] == "error" and taken["error"]["code"] == "NAME_TAKEN", taken
@@ -269,7 +253,7 @@ def test_an_answer_hidden_in_a_batch_is_refused_or_dropped(meshd_factory: MeshdF
     daemon when the batch header declares it (``kinds``), and dropped by the victim's client
     when it does not (the daemon did not decode that batch)."""
     a, b = _two_secure_nodes(meshd_factory)
-    ctx, raw = _attacker(b)
+    ctx, raw = raw_agent(b.socket)
 
     async def scenario() -> None:
         async with Agent("victim", socket=a.socket) as victim, Agent("worker", socket=b.socket) as worker:
@@ -284,7 +268,7 @@ def test_an_answer_hidden_in_a_batch_is_refused_or_dropped(meshd_factory: MeshdF
                 await release.wait()
                 return "the real answer"
 
-            await _register(raw, "mallory")
+            await register_raw(raw, "mallory")
             await wait_listed(victim, "worker", "mallory")
             pending = asyncio.ensure_future(victim.request("worker", "slow", None, timeout=10))
             await async_wait_until(lambda: corrs, what="the worker to get the request")
@@ -294,7 +278,7 @@ def test_an_answer_hidden_in_a_batch_is_refused_or_dropped(meshd_factory: MeshdF
                 raw.send_multipart([P.SIGNATURE, msgpack.packb(
                     {"kind": "batch", "id": batch_id, "from": "mallory", "to": "victim", "count": 2,
                      "kinds": kinds}), msgpack.packb(items)])
-            refused = await asyncio.to_thread(_recv_skipping_pings, raw)
+            refused = await asyncio.to_thread(recv_skipping_pings, raw)
             assert refused["error"]["code"] == "VALIDATION_FAILED", refused  # b1, declared: refused
             await async_wait_until(lambda: sends, what="b2's send to arrive")  # b2: its send passes
             release.set()
