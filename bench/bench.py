@@ -302,14 +302,19 @@ class Bench:
         res = rtt.wait("result", 40)
         if daemons:
             res["daemon_cpu_s"] = cpu()
+        self._end_rtt(rtt, servers)
+        print(f"  {label}: p50 {res['p50_us']:.0f} us, p99 {res['p99_us']:.0f} us", flush=True)
+        return res
+
+    @staticmethod
+    def _end_rtt(rtt: Helper, servers: list[Helper]) -> None:
+        """Stop the echo servers of a request/reply row (each reports once) and reap all helpers."""
         for s in servers:
             s.send(cmd="stop")
         for s in servers:
             s.wait("result", 10)
         for h in (rtt, *servers):
             h.finish()
-        print(f"  {label}: p50 {res['p50_us']:.0f} us, p99 {res['p99_us']:.0f} us", flush=True)
-        return res
 
     def raw_rtt(self) -> dict[str, Any]:
         echo = self.ready_helper("raw_echo")

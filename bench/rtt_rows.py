@@ -60,12 +60,7 @@ class RttRows(Compare):
         rtt.send(cmd="go")
         res: dict[str, Any] = rtt.wait("result", 40)
         end = {k: thread_cpu(p) for k, p in pids.items()}
-        for s in servers:
-            s.send(cmd="stop")
-        for s in servers:
-            s.wait("result", 10)
-        for h in (rtt, *servers):
-            h.finish()
+        self._end_rtt(rtt, servers)
         count = int(self.rtt_cfg["n"]) + int(self.rtt_cfg["warmup"])
         self.cpu[label] = {k: {t: round((v - start[k].get(t, 0.0)) * 1e6 / count, 1)
                                for t, v in end[k].items() if v > start[k].get(t, 0.0)} for k in pids}
