@@ -38,6 +38,18 @@ BAD_FIELDS: list[tuple[str, Any]] = [
 
 
 
+def _record_thinking(worker: Agent) -> list[Any]:
+    """Give ``worker`` a "think" handler that answers "ok"; the payloads it ran for, in a list."""
+    ran: list[Any] = []
+
+    @worker.on("think")
+    async def think(msg: Any) -> str:
+        ran.append(msg.payload)
+        return "ok"
+
+    return ran
+
+
 @pytest.mark.parametrize("key,value", BAD_FIELDS, ids=[f"{k}={v!r}" for k, v in BAD_FIELDS])
 def test_out_of_range_header_field_is_refused(meshd_factory: MeshdFactory, key: str, value: Any) -> None:
     a = meshd_factory.spawn("a")
@@ -45,13 +57,7 @@ def test_out_of_range_header_field_is_refused(meshd_factory: MeshdFactory, key: 
 
     async def scenario() -> None:
         async with Agent("worker", socket=a.socket) as worker:
-            ran: list[Any] = []
-
-            @worker.on("think")
-            async def think(msg: Any) -> str:
-                ran.append(msg.payload)
-                return "ok"
-
+            ran = _record_thinking(worker)
             await register_raw(raw, "hostile")
             header = {"kind": "request", "id": "bad-1", "from": "hostile", "to": "worker",
                       "topic": "think", "hops": 0}
@@ -97,13 +103,7 @@ def test_a_request_inside_a_batch_is_held_to_the_same_ranges(meshd_factory: Mesh
 
     async def scenario() -> None:
         async with Agent("worker", socket=a.socket) as worker:
-            ran: list[Any] = []
-
-            @worker.on("think")
-            async def think(msg: Any) -> str:
-                ran.append(msg.payload)
-                return "ok"
-
+            ran = _record_thinking(worker)
             await register_raw(raw, "hostile")
             raw.send_multipart(batch("bad", [0, -1_000_000]))
             refused = {(await asyncio.to_thread(recv_skipping_pings, raw))["corr"] for _ in range(2)}

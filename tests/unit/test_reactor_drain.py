@@ -14,14 +14,20 @@ from meshd.testing import async_wait_until
 from meshd.transport import Reactor
 
 
+def _pair() -> tuple[zmq.Context[Any], zmq.Socket[Any], zmq.Socket[Any]]:
+    """A fresh context and a connected inproc PAIR: (ctx, inbound, outbound)."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    endpoint = f"inproc://reactor-{uuid.uuid4().hex}"
+    inbound = ctx.socket(zmq.PAIR)
+    inbound.bind(endpoint)
+    outbound = ctx.socket(zmq.PAIR)
+    outbound.connect(endpoint)
+    return ctx, inbound, outbound
+
+
 def test_the_drain_reads_what_waits_and_wakes_again_for_later_messages() -> None:
     async def scenario() -> list[bytes]:
-        ctx = zmq.Context()
-        endpoint = f"inproc://reactor-{uuid.uuid4().hex}"
-        inbound = ctx.socket(zmq.PAIR)
-        inbound.bind(endpoint)
-        outbound = ctx.socket(zmq.PAIR)
-        outbound.connect(endpoint)
+        ctx, inbound, outbound = _pair()
         got: list[bytes] = []
         reactor = Reactor(asyncio.get_running_loop())
         try:
@@ -47,12 +53,7 @@ def test_a_paused_socket_is_not_read_until_resumed_and_nothing_is_skipped() -> N
     """The handler pauses the socket after the third message: the drain stops there, the rest
     waits in the socket (not read while paused, however long), and resume reads it in order."""
     async def scenario() -> tuple[list[bytes], list[bytes]]:
-        ctx = zmq.Context()
-        endpoint = f"inproc://reactor-{uuid.uuid4().hex}"
-        inbound = ctx.socket(zmq.PAIR)
-        inbound.bind(endpoint)
-        outbound = ctx.socket(zmq.PAIR)
-        outbound.connect(endpoint)
+        ctx, inbound, outbound = _pair()
         got: list[bytes] = []
         reactor = Reactor(asyncio.get_running_loop())
 
@@ -92,12 +93,7 @@ def test_soon_inside_a_drain_runs_when_the_drain_ends_and_outside_on_the_next_tu
     callback that raises is counted and does not stop the others."""
     async def scenario() -> tuple[list[str], int]:
         loop = asyncio.get_running_loop()
-        ctx = zmq.Context()
-        endpoint = f"inproc://reactor-{uuid.uuid4().hex}"
-        inbound = ctx.socket(zmq.PAIR)
-        inbound.bind(endpoint)
-        outbound = ctx.socket(zmq.PAIR)
-        outbound.connect(endpoint)
+        ctx, inbound, outbound = _pair()
         events: list[str] = []
         reactor = Reactor(loop)
 
