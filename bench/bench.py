@@ -344,7 +344,7 @@ class Bench:
 
     def secure_pair(self) -> tuple[Daemon, Daemon, dict[str, Any]]:
         """Two daemons with CurveZMQ on (trust_mode keys), trusting each other's node key."""
-        from meshd.keys import load_or_create_node_keys, trust_key
+        from meshd.mesh.keys import load_or_create_node_keys, trust_key
 
         mesh = f"{self.mesh}s"  # a mesh of their own: they never meet the plaintext pair
         sa, sb = self.daemon("SA", mesh, secure=True), self.daemon("SB", mesh, secure=True)
@@ -488,9 +488,9 @@ class Bench:
         print(f"meshd bench: payload {r['meta']['payload_bytes']} bytes, {self.duration:g} s per "
               f"throughput run, best of {self.reps}; mesh {self.mesh}", flush=True)
 
-        from meshd import protocol as P
+        from meshd.wire import protocol as P
         if P.SIGNATURE != SIG:
-            raise RuntimeError(f"bench SIG {SIG!r} != meshd.protocol.SIGNATURE {P.SIGNATURE!r}")
+            raise RuntimeError(f"bench SIG {SIG!r} != meshd.wire.protocol.SIGNATURE {P.SIGNATURE!r}")
 
         a = self.daemon("A")
         a.start()

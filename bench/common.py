@@ -24,7 +24,7 @@ HELPER_HARD_TIMEOUT = 90.0  # every helper exits by itself after this, whatever 
 TAIL_IDLE_S = 2.0  # after the sender is done, a receiver gives up when nothing arrived for this long
 TAIL_CAP_S = 30.0  # ... and in any case after this long (late messages are not lost messages)
 BODY = "x" * 252  # makes the encoded payload ~300 bytes
-SIG = b"MSH\x01"  # meshd.protocol.SIGNATURE (checked against the module at start-up)
+SIG = b"MSH\x01"  # meshd.wire.protocol.SIGNATURE (checked against the module at start-up)
 
 _PID = f"{os.getpid():x}"
 

@@ -45,9 +45,9 @@ import msgpack
 import zmq
 
 from meshd import Agent
-from meshd import protocol as P
-from meshd.keys import trust_key
-from meshd.process import DaemonProcess
+from meshd.mesh.keys import trust_key
+from meshd.util.daemon_process import DaemonProcess
+from meshd.wire import protocol as P
 
 try:
     import fuzz_gen as G

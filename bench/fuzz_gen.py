@@ -22,9 +22,11 @@ import msgpack
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from meshd import protocol as P
-from meshd.protocol import FrameError, Kind
-from meshd.routing import _id_of  # the rule a refused frame set is answered by, as the daemon applies it
+from meshd.delivery.router import (
+    _id_of,  # the rule a refused frame set is answered by, as the daemon applies it
+)
+from meshd.wire import protocol as P
+from meshd.wire.protocol import FrameError, Kind
 
 ALL_KINDS = sorted(P.KNOWN_KINDS)
 KEYS = sorted({v for k, v in vars(P).items() if k.isupper() and isinstance(v, str) and len(v) < 16}

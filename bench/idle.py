@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 # Libraries an agent process should not need: meshd's daemon side and its config/plugin stack.
-HEAVY = ("zeroconf", "pydantic", "pluggy", "sqlite3", "meshd.node", "meshd.discovery", "meshd.qos1")
+HEAVY = ("zeroconf", "pydantic", "pluggy", "sqlite3", "meshd.daemon.node", "meshd.discovery", "meshd.qos1")
 
 
 def ready() -> None:

@@ -28,7 +28,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 sys.path.insert(0, str(REPO))
 
-from meshd.process import DaemonProcess  # noqa: E402
+from meshd.util.daemon_process import DaemonProcess  # noqa: E402
 
 
 def memory(pid: int) -> dict[str, float]:

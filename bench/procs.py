@@ -1,7 +1,7 @@
 """The processes the orchestrator starts: helper roles and ``meshd run`` daemons.
 
 Helpers are started by ``spawn`` (cwd = the repo, stderr into a log file) and ended by ``end``;
-daemons are ``meshd.process.DaemonProcess`` (the helper the test fixtures and the demo use too).
+daemons are ``meshd.util.daemon_process.DaemonProcess`` (the helper the test fixtures and the demo use too).
 Both end by PID: ask first (EOF on stdin for a helper, SIGTERM for a daemon), SIGKILL when that
 takes too long.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 from common import BENCH_DIR, LOOPBACK, REPO
 
-from meshd.process import DaemonProcess
+from meshd.util.daemon_process import DaemonProcess
 
 Proc = subprocess.Popen[bytes]
 
@@ -33,7 +33,7 @@ Proc = subprocess.Popen[bytes]
 def spawn(cmd: list[str], log_path: Path, *, talk: bool = True) -> Proc:
     """Start ``cmd`` in the repo with its stderr in ``log_path``. ``talk``: JSON lines over
     stdin/stdout (helpers); otherwise stdout goes to the log too and stdin is /dev/null
-    (nats-server). (meshd daemons are started by ``meshd.process.DaemonProcess``.)"""
+    (nats-server). (meshd daemons are started by ``meshd.util.daemon_process.DaemonProcess``.)"""
     with open(log_path, "ab") as log:
         if talk:
             return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
@@ -122,7 +122,8 @@ class Helper:
 
 
 class Daemon(DaemonProcess):
-    """One ``meshd run`` subprocess bound to 127.0.0.1, with a pre-made node id (``meshd.process``).
+    """One ``meshd run`` subprocess bound to 127.0.0.1, with a pre-made node id
+    (``meshd.util.daemon_process``).
 
     ``secure``: CurveZMQ on (no ``--insecure``); the caller creates the keypair and the
     authorized-keys folder in ``state_dir`` before ``start`` (see ``Bench.secure_pair``).

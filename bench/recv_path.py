@@ -22,9 +22,9 @@ from typing import Any
 import msgpack
 from common import make_payload
 
-from meshd import protocol as P
-from meshd.batching import Batcher, to_agent
 from meshd.client import Agent
+from meshd.client.batching import Batcher, to_agent
+from meshd.wire import protocol as P
 
 
 def frame_sets(messages: int, batch: int) -> list[list[bytes]]:

@@ -29,10 +29,10 @@ from typing import Any
 import zmq
 from common import make_payload
 
-from meshd import protocol as P
-from meshd.batching import to_agent
-from meshd.client import SEND_QUEUE_LIMIT, Agent
+from meshd.client.agent import SEND_QUEUE_LIMIT, Agent
+from meshd.client.batching import to_agent
 from meshd.transport import Reactor, SendQueue, agent_dealer
+from meshd.wire import protocol as P
 
 
 def sink(address: str, ready: Any, stop: Any) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from meshd import Agent
-from meshd.config import Settings, TaskSettings
+from meshd.config.settings import Settings, TaskSettings
 from meshd.tasks import TaskCall, TaskService, TaskWorker
 from meshd.testing import MeshdFactory, wait_until
 

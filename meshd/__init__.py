@@ -8,18 +8,18 @@ Importing this package loads the client only: ``hookimpl`` (for plugin authors) 
 so an agent process never imports the daemon's dependencies (pluggy, pydantic,
 zeroconf, sqlite3). Must not import daemon modules at import time. In the daemon's own image
 (``python -m meshd ... --settings-fd N``, what ``meshd run`` re-execs) it first imports asyncio
-without ``ssl`` until something asks for TLS (meshd/lazyssl.py); an agent's asyncio is left alone.
+without ``ssl`` until something asks for TLS (meshd/util/lazyssl.py); an agent's asyncio is left alone.
 """
 
 import sys
 from typing import TYPE_CHECKING, Any
 
-if "--settings-fd" in sys.argv[1:]:  # the daemon's image (meshd/reexec.py FD_FLAG), before asyncio
-    from . import lazyssl
+if "--settings-fd" in sys.argv[1:]:  # the daemon's image (meshd/daemon/reexec.py FD_FLAG), before asyncio
+    from meshd.util import lazyssl
 
     lazyssl.activate()
-from .client import DEFER, Agent, BlockingAgent, HandoffResult, Message
-from .errors import (
+from meshd.client import DEFER, Agent, BlockingAgent, HandoffResult, Message
+from meshd.errors import (
     Cancelled,
     ConfigError,
     DaemonStopping,
@@ -41,8 +41,8 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .embedded import EmbeddedNode
-    from .hookspecs import hookimpl
+    from meshd.daemon.embedded import EmbeddedNode
+    from meshd.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
@@ -78,11 +78,11 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "hookimpl":  # pluggy (and pydantic, through hookspecs) only for plugin authors
-        from .hookspecs import hookimpl
+        from meshd.hookspecs import hookimpl
 
         return hookimpl
     if name == "EmbeddedNode":  # the daemon in this process (docs/embedded.md): its imports only if used
-        from .embedded import EmbeddedNode
+        from meshd.daemon.embedded import EmbeddedNode
 
         return EmbeddedNode
     raise AttributeError(f"module 'meshd' has no attribute {name!r}")

@@ -145,7 +145,7 @@ class DaemonStopping(DaemonUnreachable):
 class StartupError(MeshError, RuntimeError):
     """The daemon cannot start: no usable interface, the agent socket path taken or not a socket.
 
-    ``step`` names the start-up step that failed (see ``meshd.node.START_STEPS``).
+    ``step`` names the start-up step that failed (see ``meshd.daemon.node.START_STEPS``).
     """
 
     code = "STARTUP_ERROR"

@@ -30,7 +30,7 @@ Hook families:
   awaited, with the timeout, in the worker's own event loop).
 
 In process mode every hook runs in the plugin's child process, and ``node`` is a
-:class:`meshd.plugin_process.NodeSnapshot` (the node as it was when the child started).
+:class:`meshd.plugins.process.NodeSnapshot` (the node as it was when the child started).
   :func:`meshd_peer_state`, :func:`meshd_agent_state`): queued by the routing loop on a bounded
   queue and called on the plugin worker thread; when the queue is full the event is dropped and
   counted. They get plain copies of the data and their results are ignored (an awaitable result is
@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from .view import NodeView
+from meshd.view import NodeView
 
 if TYPE_CHECKING:  # annotations only: a daemon whose plugins declare no settings never imports pydantic
     from pydantic import BaseModel
@@ -162,7 +162,7 @@ def meshd_dead_letter(letter: dict[str, Any]) -> Awaitable[None] | None:
     """A message could not be delivered, or a frame set was malformed: store it somewhere durable.
 
     The node keeps only a bounded in-memory FIFO of dead letters; this hook is how a sink keeps
-    all of them (the built-in :class:`meshd.builtin_plugins.JsonlDeadLetterSink` is one).
+    all of them (the built-in :class:`meshd.plugins.builtin.JsonlDeadLetterSink` is one).
 
     :param letter: A plain dict: ``seq`` (int, per node), ``at`` (unix time), ``reason`` (an error
         code such as ``"PEER_UNREACHABLE"``, or ``"malformed:<why>"``), ``detail`` (str),
@@ -270,7 +270,7 @@ def meshd_spawner(settings: Any, socket_path: Any, emit: Any) -> Any:
     :param emit: A function ``emit(event, data)`` for ``spawn.*`` events, or None.
 
     Returns None to leave the choice to the next plugin (and finally the built-in
-    :class:`meshd.spawn.Spawner`), or an object with ``async spawn(template, *, requester,
+    :class:`meshd.tools.spawn.Spawner`), or an object with ``async spawn(template, *, requester,
     name=None) -> dict``, ``list() -> list[dict]`` and ``async stop_all()``.
 
     Called once when the daemon's tools start, in the node's event loop; stops at the first

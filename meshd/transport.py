@@ -30,7 +30,7 @@ from typing import Any
 import zmq
 import zmq.backend
 
-from .logonce import LogOnce
+from meshd.util.logonce import LogOnce
 
 log = logging.getLogger("meshd.transport")
 _quiet = LogOnce(log)  # a handler failing on hostile input: one traceback per cause, not per message
@@ -94,7 +94,7 @@ def recv_frames(sock: zmq.Socket[Any]) -> list[bytes]:
 
 def frame_sender(sock: Any) -> FrameSender:
     """A NOBLOCK multipart sender for ``sock``: :func:`send_frames` for a zmq socket, else its own
-    ``send_multipart`` (the embedded node's in-process stand-ins, meshd/embedded.py)."""
+    ``send_multipart`` (the embedded node's in-process stand-ins, meshd/daemon/embedded.py)."""
     if isinstance(sock, zmq.Socket):
         return partial(send_frames, sock)
     return partial(sock.send_multipart, flags=zmq.NOBLOCK)
@@ -482,7 +482,7 @@ AGENT_HWM = 10_000
 """Send high-water mark of an agent's DEALER (the client's side of the ipc socket)."""
 AGENT_RCVHWM = 1000
 """Receive high-water mark of an agent's DEALER (ZeroMQ messages; a batch is one). What an agent
-does not read (all its handler slots taken, meshd/handler_slots.py) fills this pipe, then the
+does not read (all its handler slots taken, meshd/client/handler_slots.py) fills this pipe, then the
 daemon's inbox (``inbox_cap``), and then senders hear INBOX_FULL: bounded, not 10,000 deep as
 before. Not smaller: at 100 (and 16) a fast receiver's bursts were refused and a plain send
 loop, which reads nothing while it sends, lost error notices past the daemon's answer lane

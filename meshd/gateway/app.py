@@ -19,17 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from meshd import protocol as P
 from meshd.errors import MeshError, NoSuchAgent, ValidationFailed
+from meshd.gateway.dashboard import page_html
+from meshd.gateway.errors import BadRequest, TooManyStreams, http_status
+from meshd.gateway.events import EventBuffer, sse_frame
+from meshd.gateway.openapi import openapi_spec
 from meshd.tools.registry import SCHEMA_FORMATS
-
-from .dashboard import page_html
-from .errors import BadRequest, TooManyStreams, http_status
-from .events import EventBuffer, sse_frame
-from .openapi import openapi_spec
+from meshd.wire import protocol as P
 
 if TYPE_CHECKING:
-    from .service import Gateway
+    from meshd.gateway.service import Gateway
 
 __all__ = ["build_app"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshd.errors import DaemonUnreachable
-from meshd.paths import find_agent_socket
+from meshd.util.paths import find_agent_socket
 
 __all__ = ["TOKEN_FILE", "URL_FILE", "GatewayAddress", "TokenGuard", "find_gateway", "new_token",
            "remove_files", "write_token", "write_url"]

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from meshd.hookspecs import hookimpl
-from meshd.plugins import PluginHost
+from meshd.plugins.host import PluginHost
 from meshd.view import NodeView
 
 __all__ = ["MeshInfo", "MeshWatch", "OutcomeFeed", "OutcomeObserver", "page_html"]

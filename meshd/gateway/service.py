@@ -29,22 +29,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshd.errors import ConfigError
-from meshd.lazyimport import import_in_thread
-
-from . import auth
-from .dashboard import MeshInfo, MeshWatch, OutcomeFeed, OutcomeObserver
-from .events import EventBuffer
-from .listener import PendingListener
-from .sessions import SessionTable
+from meshd.gateway import auth
+from meshd.gateway.dashboard import MeshInfo, MeshWatch, OutcomeFeed, OutcomeObserver
+from meshd.gateway.events import EventBuffer
+from meshd.gateway.listener import PendingListener
+from meshd.gateway.sessions import SessionTable
+from meshd.util.lazyimport import import_in_thread
 
 if TYPE_CHECKING:
     import ssl
 
     from aiohttp import web
 
-    from meshd.config import Settings  # pydantic: not in the daemon's image (meshd/reexec.py)
-
-    from .app import Routes
+    from meshd.config.settings import Settings  # pydantic: not in the daemon's image (meshd/daemon/reexec.py)
+    from meshd.gateway.app import Routes
 
 __all__ = ["Gateway"]
 
@@ -60,7 +58,7 @@ def check_listen(settings: Settings) -> ssl.SSLContext | None:
     host = settings.http_host
     loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     if settings.http_tls_cert is not None and settings.http_tls_key is not None:
-        import ssl  # only for TLS: ssl and OpenSSL stay out of a plain-HTTP daemon (meshd/lazyssl.py)
+        import ssl  # only for TLS: ssl and OpenSSL stay out of a plain-HTTP daemon (meshd/util/lazyssl.py)
 
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         try:

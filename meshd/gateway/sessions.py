@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from meshd import protocol as P
 from meshd.client import DEFER, Agent, Message
 from meshd.errors import InboxFull, MeshError
-
-from .errors import NoSuchRequest, NoSuchSession, TooManyInFlight, TooManySessions
-from .events import EventBuffer
+from meshd.gateway.errors import NoSuchRequest, NoSuchSession, TooManyInFlight, TooManySessions
+from meshd.gateway.events import EventBuffer
+from meshd.wire import protocol as P
 
 __all__ = ["HttpSession", "SessionTable"]
 

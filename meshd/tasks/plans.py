@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ValidationFailed
+from meshd.errors import ValidationFailed
 
 __all__ = ["PlanItem", "compile_plan", "plan_state"]
 

@@ -20,12 +20,12 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import MeshError
-from ..logonce import LogOnce
-from .store import FINISHED, TaskStore
+from meshd.errors import MeshError
+from meshd.tasks.store import FINISHED, TaskStore
+from meshd.util.logonce import LogOnce
 
-if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/reexec.py)
-    from ..config import TaskSettings
+if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/daemon/reexec.py)
+    from meshd.config.settings import TaskSettings
 
 __all__ = ["TASK_TOPIC", "Directory", "Scheduler", "TaskHost", "agent_load"]
 

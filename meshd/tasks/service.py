@@ -22,16 +22,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..backoff import backoff_delay
-from ..errors import MeshError, ValidationFailed
-from ..payloads import encode_payload
-from .deadlines import Deadlines
-from .plans import PlanItem, compile_plan, plan_state
-from .scheduler import Scheduler
-from .store import FINISHED, STATES, TaskStore
+from meshd.errors import MeshError, ValidationFailed
+from meshd.tasks.deadlines import Deadlines
+from meshd.tasks.plans import PlanItem, compile_plan, plan_state
+from meshd.tasks.scheduler import Scheduler
+from meshd.tasks.store import FINISHED, STATES, TaskStore
+from meshd.util.backoff import backoff_delay
+from meshd.wire.payloads import encode_payload
 
-if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/reexec.py)
-    from ..config import Settings
+if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/daemon/reexec.py)
+    from meshd.config.settings import Settings
 
 __all__ = ["REPLAN_TOPIC", "TaskService", "public"]
 

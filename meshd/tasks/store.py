@@ -20,8 +20,8 @@ from typing import Any
 
 import msgpack
 
-from ..errors import NoSuchTask, TaskStoreFull
-from ..statefiles import make_private_file
+from meshd.errors import NoSuchTask, TaskStoreFull
+from meshd.util.statefiles import make_private_file
 
 __all__ = ["FINISHED", "STATES", "TaskStore"]
 

@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ValidationFailed
-from .scheduler import TASK_TOPIC
+from meshd.errors import ValidationFailed
+from meshd.tasks.scheduler import TASK_TOPIC
 
 __all__ = ["TaskCall", "TaskWorker"]
 

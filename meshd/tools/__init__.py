@@ -2,14 +2,17 @@
 
 Owns the public names of the tool layer (re-exported here for plugin authors): :class:`Tool` and
 :class:`ToolContext`. The machinery lives in its own modules: ``registry`` (tools and their
-schemas), ``policy`` (approvals, quotas, authorization), ``builtin`` (the built-in tools),
-``service`` (the system agent). Importing this package must stay cheap and must not import the
-client or the node.
+schemas; approvals, quotas and authorization are :mod:`meshd.plugins.policy`), ``builtin`` (the
+built-in tools), ``service`` (the system agent), ``spawn`` (agents started from templates).
+Importing this package must stay cheap: it does not import the client or the node.
+
+May import: ``tasks``, ``client``, daemon parts, ``config``, ``wire``, ``util``, ``errors``.
+Never ``daemon`` or ``cli``.
 """
 
 from __future__ import annotations
 
-from .names import SYSTEM_PREFIX, system_agent_name
-from .registry import SCHEMA_FORMATS, Tool, ToolContext, ToolRegistry
+from meshd.tools.registry import SCHEMA_FORMATS, Tool, ToolContext, ToolRegistry
+from meshd.wire.system_names import SYSTEM_PREFIX, system_agent_name
 
 __all__ = ["SCHEMA_FORMATS", "SYSTEM_PREFIX", "Tool", "ToolContext", "ToolRegistry", "system_agent_name"]

@@ -3,7 +3,7 @@
 Owns each built-in tool's argument model (its JSON Schema is what an LLM sees) and its handler.
 Messaging tools act through the daemon's system agent and mark what they send with the
 ``meshd-caller`` header; task and spawn tools are thin wrappers over the task service and the
-spawner (meshd/tasks/, meshd/spawn.py) and raise :class:`NotWired` when those are not running,
+spawner (meshd/tasks/, meshd/tools/spawn.py) and raise :class:`NotWired` when those are not running,
 never a silent no-op. Must not touch sockets or the node; approval, quotas and authorization of the
 call itself are done before a handler runs (meshd/tools/service.py).
 """
@@ -16,11 +16,11 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import MeshError, NotWired, QueueFull
-from ..hookspecs import hookimpl
-from .names import CALLER_HEADER, TOPIC_ANSWER
-from .policy import Authorizer, Quotas
-from .registry import Tool, ToolContext
+from meshd.errors import MeshError, NotWired, QueueFull
+from meshd.hookspecs import hookimpl
+from meshd.plugins.policy import Authorizer, Quotas
+from meshd.tools.registry import Tool, ToolContext
+from meshd.wire.system_names import CALLER_HEADER, TOPIC_ANSWER
 
 __all__ = ["BUILTIN_PLUGIN_NAME", "BuiltinTools", "builtin_tools"]
 
@@ -172,7 +172,7 @@ async def ask_agent(args: AskAgentArgs, ctx: ToolContext) -> dict[str, Any]:
         raise QueueFull(f"{len(pending)} ask_agent questions are waiting for answers (max {limit})")
     agent, caller = ctx.agent, ctx.caller
     timeout = min(args.timeout_s, ctx.settings.tools.max_wait)
-    from ..protocol import new_id
+    from meshd.wire.protocol import new_id
 
     question_id = new_id()
 
@@ -277,7 +277,7 @@ async def create_plan(args: CreatePlanArgs, ctx: ToolContext) -> dict[str, Any]:
 async def task_status(args: TaskStatusArgs, ctx: ToolContext) -> dict[str, Any]:
     tasks = _tasks(ctx, "task_status")
     if (args.task_id is None) == (args.plan_id is None):
-        from ..errors import ValidationFailed
+        from meshd.errors import ValidationFailed
 
         raise ValidationFailed("tool 'task_status': field 'task_id': give exactly one of task_id or plan_id",
                                details={"field": "task_id"})

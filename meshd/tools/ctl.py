@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from .names import TOPIC_APPROVALS, system_agent_name
+from meshd.wire.system_names import TOPIC_APPROVALS, system_agent_name
 
 __all__ = ["add_parsers", "run"]
 

@@ -4,7 +4,7 @@ Owns :class:`Tool` (name, description, pydantic argument model, async handler, s
 :class:`ToolContext` (what a handler gets besides its arguments), :class:`ToolRegistry` (tools by
 name; a name contributed twice is a start-up error naming both plugins) and the schema export
 (OpenAI function, Anthropic tool, MCP tool). Must not touch sockets, the node or the policy:
-approval, quotas and authorization live in :mod:`meshd.tools.policy`, calling in
+approval, quotas and authorization live in :mod:`meshd.plugins.policy`, calling in
 :mod:`meshd.tools.service`.
 """
 
@@ -15,13 +15,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import ConfigError, NoSuchTool, ValidationFailed
+from meshd.errors import ConfigError, NoSuchTool, ValidationFailed
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from ..client import Agent
-    from ..config import Settings
+    from meshd.client import Agent
+    from meshd.config.settings import Settings
 
 __all__ = ["SCHEMA_FORMATS", "Tool", "ToolContext", "ToolRegistry", "validate_args"]
 

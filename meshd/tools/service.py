@@ -6,7 +6,7 @@ caller's call quota (QUOTA_EXCEEDED) → the arguments validate (VALIDATION_FAIL
 nothing has happened yet) → for a tool with side effects, the approval hook or the config's policy
 (APPROVAL_DENIED; or held for a person, bounded by the approval timeout and the caller's deadline)
 → the handler. It also owns the held-approval requests (``meshctl approvals``), the construction
-of the task service and the spawner (meshd/tasks/, meshd/spawn.py; absent ones make their tools
+of the task service and the spawner (meshd/tasks/, meshd/tools/spawn.py; absent ones make their tools
 fail with NOT_WIRED) and the ``emit`` that carries their events to observers and to topic
 ``meshd.tasks``.
 
@@ -24,16 +24,22 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from ..client import DEFER, Agent, Message
-from ..errors import Forbidden, MeshError, NotWired, QuotaExceeded, StateFileError, ValidationFailed
-from ..lazyimport import import_in_thread
-from ..plugins import PluginHost
-from .names import TOPIC_APPROVALS, TOPIC_CALL, TOPIC_LIST, TOPIC_TASK_EVENTS, system_agent_name
-from .policy import DENY, HOLD, Approvals, Authorizer, Quotas
-from .registry import ToolContext, ToolRegistry, validate_args
+from meshd.client import DEFER, Agent, Message
+from meshd.errors import Forbidden, MeshError, NotWired, QuotaExceeded, StateFileError, ValidationFailed
+from meshd.plugins.host import PluginHost
+from meshd.plugins.policy import DENY, HOLD, Approvals, Authorizer, Quotas
+from meshd.tools.registry import ToolContext, ToolRegistry, validate_args
+from meshd.util.lazyimport import import_in_thread
+from meshd.wire.system_names import (
+    TOPIC_APPROVALS,
+    TOPIC_CALL,
+    TOPIC_LIST,
+    TOPIC_TASK_EVENTS,
+    system_agent_name,
+)
 
-if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/reexec.py)
-    from ..config import Settings
+if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/daemon/reexec.py)
+    from meshd.config.settings import Settings
 
 __all__ = ["SYSTEM_TOKEN_KEY", "SystemAgent", "SystemHost"]
 
@@ -128,14 +134,14 @@ class SystemAgent:
         return self.registry
 
     def _load_builtins(self) -> None:
-        from .builtin import BUILTIN_PLUGIN_NAME, BuiltinTools  # pydantic models: only when used
+        from meshd.tools.builtin import BUILTIN_PLUGIN_NAME, BuiltinTools  # pydantic models: only when used
 
         self._registry.add_all(BuiltinTools().meshd_tools(), BUILTIN_PLUGIN_NAME)
         self._builtins_loaded = True
 
     async def _wire_tasks(self, agent: Agent) -> None:
         try:
-            from ..tasks.service import TaskService  # type: ignore[import-not-found,unused-ignore]
+            from meshd.tasks.service import TaskService  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
             self.not_wired["tasks"] = f"meshd.tasks is not available ({exc})"
             return
@@ -158,9 +164,9 @@ class SystemAgent:
         try:
             # make_spawner: a meshd_spawner plugin's spawner (systemd-run, containers), else the
             # built-in Spawner
-            from ..spawn import make_spawner  # type: ignore[import-not-found,unused-ignore]
+            from meshd.tools.spawn import make_spawner  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
-            self.not_wired["spawn"] = f"meshd.spawn is not available ({exc})"
+            self.not_wired["spawn"] = f"meshd.tools.spawn is not available ({exc})"
             return
         try:
             self.spawner = make_spawner(self.settings, self.node.socket_path, self.emit, self.node.plugins)
@@ -310,7 +316,7 @@ class SystemAgent:
         decision, reason = self.approvals.policy(tool, answer)
         if decision == DENY:
             self._tool_event("denied", tool, caller, reason=reason)
-            from ..errors import ApprovalDenied
+            from meshd.errors import ApprovalDenied
 
             raise ApprovalDenied(f"tool {tool!r}: {reason}")
         if decision != HOLD:

@@ -1,4 +1,4 @@
-"""An agent process with its node embedded (meshd.embedded), for the embedded-node tests.
+"""An agent process with its node embedded (meshd.daemon.embedded), for the embedded-node tests.
 
     python embedded_agents.py ROLE [role options] -- [meshd run flags]
 
@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from meshd import Agent
-from meshd.embedded import EmbeddedNode
+from meshd.daemon.embedded import EmbeddedNode
 from meshd.testing import MeshdProcess
 
 HERE = Path(__file__).resolve().parent
 
 
 def _settings(flags: list[str]) -> Any:
-    from meshd import cli
+    from meshd.cli import main as cli
 
     parser = argparse.ArgumentParser(prog="embedded_agents")
     cli._run_parser(parser.add_subparsers(dest="command"))

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from meshd import Agent
-from meshd.config import Settings
+from meshd.config.settings import Settings
 from meshd.tasks import TaskCall, TaskService, TaskWorker
 from meshd.testing import connect_until
 

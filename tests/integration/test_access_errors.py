@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from meshd import Agent, paths
-from meshd.config import Settings, default_socket_path, find_agent_socket
+from meshd import Agent
+from meshd.config.settings import Settings, default_socket_path, find_agent_socket
 from meshd.gateway.auth import find_gateway
 from meshd.testing import MeshdFactory, short_tempdir, wait_until
+from meshd.util import paths
 
 SETPRIV = shutil.which("setpriv")
 needs_root = pytest.mark.skipif(
@@ -128,7 +129,7 @@ def test_socket_search_order(tmp_path: Path) -> None:
 def test_agent_without_socket_finds_the_systemd_socket(meshd_factory: MeshdFactory, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """``Agent()`` with no socket searches as meshctl does: here the "systemd" socket is a real
-    daemon's, pointed at through ``meshd.paths.SYSTEMD_SOCKET`` (never the real /run)."""
+    daemon's, pointed at through ``meshd.util.paths.SYSTEMD_SOCKET`` (never the real /run)."""
     a = meshd_factory.spawn("a")
     for name in ("MESHD_SOCKET", "RUNTIME_DIRECTORY"):
         monkeypatch.delenv(name, raising=False)

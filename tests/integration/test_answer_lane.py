@@ -10,8 +10,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from meshd import protocol as P
 from meshd.testing import MeshdFactory, MeshdProcess
+from meshd.wire import protocol as P
 
 
 def _raw(ctx: zmq.Context[Any], proc: MeshdProcess, name: str) -> tuple[zmq.Socket[Any], dict[str, Any]]:

@@ -16,8 +16,8 @@ import pytest
 import zmq
 
 from meshd import DEFER, Agent, HopLimit, InboxFull, RequestTimeout
-from meshd import protocol as P
 from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed
+from meshd.wire import protocol as P
 
 
 def three(meshd_factory: MeshdFactory, *extra: str) -> tuple[MeshdProcess, MeshdProcess, MeshdProcess]:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import ifaddr
 import pytest
 
-from meshd import discovery as disc
-from meshd.discovery import SERVICE_TYPE, Discovery, PeerAdvert, default_interfaces, parse_advert
+from meshd.discovery import mdns as disc
+from meshd.discovery.mdns import SERVICE_TYPE, Discovery, PeerAdvert, default_interfaces, parse_advert
 
 LOOPBACK = ["127.0.0.1"]
 WAIT = 10.0

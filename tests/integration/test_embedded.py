@@ -1,4 +1,4 @@
-"""The embedded node (meshd/embedded.py) beside ordinary daemons: real processes, real sockets,
+"""The embedded node (meshd/daemon/embedded.py) beside ordinary daemons: real processes, real sockets,
 zeroconf on 127.0.0.1. The embedded process is tests/integration/embedded_agents.py: an agent
 with its node in its own process, attached in-process; the daemon is ``meshd run``."""
 
@@ -236,7 +236,7 @@ def test_an_agent_of_a_stopped_embedded_node_gets_a_typed_error() -> None:
 
 
 def test_an_embedded_agents_handler_bound_leaves_the_backlog_in_the_node() -> None:
-    """Handler slots on the in-process connection (meshd/handler_slots.py): with every slot busy the
+    """Handler slots on the in-process connection (meshd/client/handler_slots.py): with every slot busy the
     connection stops handing frame sets over, so at most ``max_concurrent_handlers`` run; what a
     frame set already brought waits parked up to ``inbox_cap`` and the rest is refused INBOX_FULL
     (as over ipc): every request answered or refused, none lost."""

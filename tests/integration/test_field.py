@@ -165,7 +165,7 @@ def test_a_node_of_another_protocol_version_is_listed_and_explained(meshd_factor
 
 def test_the_doctor_counts_the_mdns_a_running_daemon_sends_and_its_peers_answer(
         meshd_factory: MeshdFactory) -> None:
-    from meshd.discovery import instance_name
+    from meshd.discovery.mdns import instance_name
 
     a = meshd_factory.spawn("ma")
     b = meshd_factory.spawn("mb")

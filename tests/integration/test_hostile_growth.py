@@ -11,8 +11,8 @@ import msgpack
 import zmq
 
 from meshd import Agent, MeshError
-from meshd import protocol as P
 from meshd.testing import MeshdFactory, MeshdProcess, wait_listed
+from meshd.wire import protocol as P
 
 
 def _rss_kib(pid: int) -> int:

@@ -16,8 +16,8 @@ import pytest
 import zmq
 
 from meshd import Agent
-from meshd import protocol as P
 from meshd.testing import MeshdFactory, async_wait_until, raw_agent, recv_skipping_pings, register_raw
+from meshd.wire import protocol as P
 
 BAD_FIELDS: list[tuple[str, Any]] = [
     ("hops", -1_000_000),

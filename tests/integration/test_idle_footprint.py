@@ -4,7 +4,7 @@ The HTTP gateway is on by default, but aiohttp is imported at its first connecti
 ``meshd run`` has its port bound and ``http.json`` written without aiohttp's compiled modules
 mapped in its memory (read from /proc/PID/maps), and the first request loads and serves it.
 Likewise pydantic: ``meshd run`` validates its config, re-execs itself with the validated
-settings (meshd/reexec.py), and loads pydantic again only for the tools' argument models.
+settings (meshd/daemon/reexec.py), and loads pydantic again only for the tools' argument models.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from meshd import protocol as P
 from meshd.testing import MeshdFactory
+from meshd.wire import protocol as P
 
 
 def _answers(raw: zmq.Socket[Any]) -> dict[str, Any]:

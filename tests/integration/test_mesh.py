@@ -14,8 +14,8 @@ import pytest
 import zmq
 
 from meshd import Agent, HandlerError, NameTaken, NoSuchAgent
-from meshd import protocol as P
 from meshd.testing import MeshdFactory, async_wait_until, wait_listed, wait_until
+from meshd.wire import protocol as P
 
 
 def agent_names(proc: Any) -> set[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from meshd import Agent
-from meshd.ctlfmt import task_summary_cell
+from meshd.cli.format import task_summary_cell
 from meshd.testing import MeshdFactory, wait_listed, wait_until
 
 CTL = [sys.executable, "-c", "import sys; from meshd.cli import meshctl_main; sys.exit(meshctl_main())"]

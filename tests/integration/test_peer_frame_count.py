@@ -15,8 +15,8 @@ import msgpack
 import zmq
 
 from meshd import Agent
-from meshd import protocol as P
 from meshd.testing import MeshdFactory, async_wait_until
+from meshd.wire import protocol as P
 
 
 def test_a_peer_message_with_the_wrong_frame_count_is_dropped(meshd_factory: MeshdFactory) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import zmq
 
-from meshd import protocol as P
 from meshd.testing import MeshdFactory, wait_until
+from meshd.wire import protocol as P
 
 
 def test_insecure_mode_never_dials_a_lan_address_learned_from_a_peer(meshd_factory: MeshdFactory) -> None:

@@ -1,5 +1,6 @@
-"""meshd.process.DaemonProcess, the one helper that runs a daemon for the fixtures, the demo and the
-bench: a daemon that cannot start is a typed error carrying its log; a started one stops cleanly."""
+"""DaemonProcess (meshd/util/daemon_process.py), the one helper that runs a daemon for the fixtures,
+the demo and the bench: a daemon that cannot start is a typed error carrying its log; a started one
+stops cleanly."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from typing import Any
 import pytest
 
 from meshd import Agent
-from meshd.process import DaemonExited, DaemonProcess
 from meshd.testing import short_tempdir
-from meshd.tools.names import TOPIC_LIST, system_agent_name
+from meshd.util.daemon_process import DaemonExited, DaemonProcess
+from meshd.wire.system_names import TOPIC_LIST, system_agent_name
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Issue 11, goal 3's rule "nothing lost": a plain ``await me.publish(...)`` loop to subscribers on
 another daemon that are slower than the publisher loses nothing. Their daemon holds what a full
-inbox refuses (meshd/publish_hold.py) and asks the publisher to pause (INBOX_FULL with ``held``)
+inbox refuses (meshd/delivery/publication_hold.py) and asks the publisher to pause (INBOX_FULL with ``held``)
 before anything is dropped. A subscriber that reads nothing at all still misses publications,
 with a gap notice, and neither stops the publisher nor the other subscribers. Real daemons."""
 
@@ -19,8 +19,8 @@ import msgpack
 import zmq
 
 from meshd import Agent, BlockingAgent, MeshError
-from meshd import protocol as P
 from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, stuck_subscriber, wait_listed
+from meshd.wire import protocol as P
 
 TOPIC = "flow"
 HERE = Path(__file__).resolve().parent

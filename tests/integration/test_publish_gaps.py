@@ -13,8 +13,8 @@ import msgpack
 import zmq
 
 from meshd import Agent
-from meshd import protocol as P
 from meshd.testing import MeshdFactory, async_wait_until, stuck_subscriber
+from meshd.wire import protocol as P
 
 
 def test_a_subscriber_is_told_how_many_publications_it_missed(meshd_factory: MeshdFactory) -> None:

@@ -14,9 +14,9 @@ import msgpack
 import zmq
 
 from meshd import Agent
-from meshd import protocol as P
-from meshd.keys import create_mesh_secret, load_or_create_node_keys
+from meshd.mesh.keys import create_mesh_secret, load_or_create_node_keys
 from meshd.testing import MeshdFactory, MeshdProcess, short_tempdir, wait_until
+from meshd.wire import protocol as P
 
 
 def online(proc: MeshdProcess) -> set[str]:

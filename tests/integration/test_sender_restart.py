@@ -10,7 +10,8 @@ from collections import Counter
 
 import pytest
 
-from meshd import Agent, resend
+from meshd import Agent
+from meshd.client import resend
 from meshd.testing import MeshdFactory, async_wait_until, wait_listed
 
 

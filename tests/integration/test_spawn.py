@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from meshd import Agent
-from meshd.config import Settings
+from meshd.config.settings import Settings
 from meshd.errors import NoSuchTemplate, SpawnFailed, SpawnQuota
-from meshd.spawn import Spawner
 from meshd.testing import MeshdFactory, async_wait_until, pid_alive, wait_listed, wait_until
+from meshd.tools.spawn import Spawner
 
 CHILD = str(Path(__file__).with_name("spawn_child.py"))
 
@@ -101,7 +101,7 @@ OWNER = """
 import asyncio, sys
 from pathlib import Path
 from meshd.config import Settings
-from meshd.spawn import Spawner
+from meshd.tools.spawn import Spawner
 
 async def main():
     settings = Settings(state_dir=Path(sys.argv[1]), spawn={"templates": [

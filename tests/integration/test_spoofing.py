@@ -18,8 +18,7 @@ import msgpack
 import zmq
 
 from meshd import Agent
-from meshd import protocol as P
-from meshd.keys import load_or_create_node_keys
+from meshd.mesh.keys import load_or_create_node_keys
 from meshd.testing import (
     MeshdFactory,
     MeshdProcess,
@@ -29,6 +28,7 @@ from meshd.testing import (
     register_raw,
     wait_listed,
 )
+from meshd.wire import protocol as P
 
 
 def _two_secure_nodes(meshd_factory: MeshdFactory) -> tuple[MeshdProcess, MeshdProcess]:

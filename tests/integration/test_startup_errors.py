@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from meshd.config import Settings
+from meshd.config.settings import Settings
+from meshd.daemon.node import Node
 from meshd.errors import StartupError
-from meshd.node import Node
 
 
 @pytest.fixture

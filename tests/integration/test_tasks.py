@@ -24,7 +24,7 @@ import msgpack
 import pytest
 
 from meshd import Agent
-from meshd.config import Settings
+from meshd.config.settings import Settings
 from meshd.errors import NoSuchTask, ValidationFailed
 from meshd.tasks import REPLAN_TOPIC, TaskCall, TaskService, TaskWorker
 from meshd.testing import MeshdFactory, async_wait_until, wait_listed, wait_until

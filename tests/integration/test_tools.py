@@ -23,7 +23,7 @@ from meshd.errors import (
     ValidationFailed,
 )
 from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed, wait_until
-from meshd.tools.names import TOPIC_ANSWER, TOPIC_APPROVALS, system_agent_name
+from meshd.wire.system_names import TOPIC_ANSWER, TOPIC_APPROVALS, system_agent_name
 
 BUILTINS = {"ask_agent", "request_agent", "list_agents", "send_message", "publish", "spawn_agent",
             "create_task", "create_plan", "task_status", "wait_task", "list_tasks", "cancel_task"}

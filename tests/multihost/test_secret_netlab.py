@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from meshd.keys import create_mesh_secret
+from meshd.mesh.keys import create_mesh_secret
 from meshd.testing import short_tempdir, wait_until
 
 from .conftest import FAST, MultiHost, Netlab, NetnsDaemon, _prefix, running, skip_reason

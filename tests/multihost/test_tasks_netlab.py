@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from meshd import Agent
-from meshd.config import Settings, TaskSettings
+from meshd.config.settings import Settings, TaskSettings
 from meshd.tasks import TaskCall, TaskService, TaskWorker
 from meshd.testing import async_wait_until, short_tempdir, wait_listed
 

@@ -1,4 +1,4 @@
-"""AgentLink's answer lane (meshd/agents.py): answers to calls and notices (errors that answer
+"""AgentLink's answer lane (meshd/delivery/local_agents.py): answers to calls and notices (errors that answer
 nothing the client awaits) wait in rooms of their own, so a flood of notices caused by
 fire-and-forget sends never crowds out the answer to a call. A real ROUTER -> DEALER pair over
 inproc stands for the agent socket, its high-water marks for a full inbox."""
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import zmq
 
-from meshd import protocol as P
-from meshd.agents import AgentLink
+from meshd.delivery.local_agents import AgentLink
 from meshd.transport import Reactor
+from meshd.wire import protocol as P
 
 ROOM = 5
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from meshd.call_deadlines import CallDeadlines
+from meshd.client.call_deadlines import CallDeadlines
 
 
 def _timers(loop: asyncio.AbstractEventLoop) -> int:

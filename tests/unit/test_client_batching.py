@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from meshd import protocol as P
-from meshd.batching import Batcher, BatchKey, split_incoming, to_agent, to_topic
-from meshd.protocol import FrameError, Kind
+from meshd.client.batching import Batcher, BatchKey, split_incoming, to_agent, to_topic
+from meshd.wire import protocol as P
+from meshd.wire.protocol import FrameError, Kind
 
 
 class Harness:

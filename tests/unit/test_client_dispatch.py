@@ -11,11 +11,11 @@ from typing import Any
 
 import msgpack
 
-from meshd import protocol as P
-from meshd.batching import BatchKey
-from meshd.dispatch import ACK_EVERY, DEFER, Dispatcher, Message
-from meshd.payloads import decode_payload, encode_payload
-from meshd.protocol import ErrorCode, Kind
+from meshd.client.batching import BatchKey
+from meshd.client.handlers import ACK_EVERY, DEFER, Dispatcher, Message
+from meshd.wire import protocol as P
+from meshd.wire.payloads import decode_payload, encode_payload
+from meshd.wire.protocol import ErrorCode, Kind
 
 
 class Harness:

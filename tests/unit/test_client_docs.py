@@ -8,21 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from meshd import (
-    batching,
-    blocking,
-    call_slots,
-    client,
-    client_incoming,
-    client_session,
-    dispatch,
-    handler_slots,
-    payloads,
-    publish_window,
-    resend,
-    send_pause,
-    transport,
-)
+from meshd import transport
+from meshd.client import agent as client
+from meshd.client import batching, blocking, call_slots, handler_slots, publish_window, resend, send_pause
+from meshd.client import handlers as dispatch
+from meshd.client import incoming as client_incoming
+from meshd.client import session as client_session
+from meshd.wire import payloads
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "client.md"
 MODULES = {"batching": batching, "payloads": payloads, "dispatch": dispatch, "transport": transport,

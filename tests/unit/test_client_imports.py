@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 DAEMON_SIDE = ("pydantic", "pydantic_core", "pluggy", "zeroconf", "sqlite3", "meshd.config",
-               "meshd.node", "meshd.hookspecs")
+               "meshd.daemon.node", "meshd.hookspecs")
 
 PROBE = """
 import sys
@@ -32,8 +32,8 @@ def test_hookimpl_still_resolves_on_first_use() -> None:
 
 
 def test_embedded_node_resolves_on_first_use_only() -> None:
-    probe = ("import sys, meshd; before = 'meshd.embedded' in sys.modules; "
-             "from meshd import EmbeddedNode; import meshd.embedded as m; "
+    probe = ("import sys, meshd; before = 'meshd.daemon.embedded' in sys.modules; "
+             "from meshd import EmbeddedNode; import meshd.daemon.embedded as m; "
              "print(before, EmbeddedNode is m.EmbeddedNode)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True"]

@@ -12,9 +12,9 @@ from typing import Any
 import msgpack
 
 from meshd import DEFER, Agent, Message
-from meshd import protocol as P
-from meshd.batching import Batcher, BatchKey, to_agent
-from meshd.protocol import Kind
+from meshd.client.batching import Batcher, BatchKey, to_agent
+from meshd.wire import protocol as P
+from meshd.wire.protocol import Kind
 
 
 def batches(key: BatchKey, items: list[tuple[dict[str, Any], Any]], batch_max: int = 64) -> list[list[bytes]]:

@@ -1,4 +1,4 @@
-"""The client's per-destination send pause (meshd/send_pause.py), on a real event loop, no sockets:
+"""The client's per-destination send pause (meshd/client/send_pause.py), on a real event loop, no sockets:
 a refusal pauses the sends to that destination only, waiters resume in order, the pause grows
 while refusals continue and starts small again after a quiet spell, and the table is bounded."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from meshd.send_pause import (
+from meshd.client.send_pause import (
     SEND_PAUSE_DESTINATIONS,
     SEND_PAUSE_IDS,
     SEND_PAUSE_MIN,

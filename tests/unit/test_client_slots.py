@@ -10,15 +10,15 @@ from typing import Any
 import msgpack
 import pytest
 
-from meshd import protocol as P
-from meshd.batching import BatchKey
-from meshd.call_slots import CallSlots
-from meshd.dispatch import Dispatcher
+from meshd.client.batching import BatchKey
+from meshd.client.call_slots import CallSlots
+from meshd.client.handler_slots import HandlerSlots
+from meshd.client.handlers import Dispatcher
 from meshd.errors import DaemonUnreachable, ValidationFailed
-from meshd.handler_slots import HandlerSlots
-from meshd.payloads import encode_payload
-from meshd.protocol import ErrorCode, Kind
 from meshd.transport import AGENT_RCVHWM
+from meshd.wire import protocol as P
+from meshd.wire.payloads import encode_payload
+from meshd.wire.protocol import ErrorCode, Kind
 
 # ---------------------------------------------------------------------------- CallSlots
 

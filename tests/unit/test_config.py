@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from meshd.config import (
+from meshd.config.settings import (
     Settings,
     SpawnTemplate,
     default_runtime_dir,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
-from meshd.deadletters import DeadLetters
+from meshd.delivery.dead_letters import DeadLetters
 
 
 def test_many_tiny_frames_stay_within_the_byte_cap_in_real_memory() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshd import protocol as P
-from meshd.deadletters import DeadLetters
-from meshd.outcomes import Outcomes
-from meshd.protocol import Kind
+from meshd.delivery.dead_letters import DeadLetters
+from meshd.delivery.outcomes import Outcomes
+from meshd.wire import protocol as P
+from meshd.wire.protocol import Kind
 
 
 def test_dead_letters_are_bounded_by_count_and_bytes() -> None:

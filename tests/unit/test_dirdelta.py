@@ -6,11 +6,11 @@ import random
 from collections import Counter
 from typing import Any
 
-from meshd import protocol as P
-from meshd.dirdelta import ChangeJournal, DirectoryUpdates, delta_window
-from meshd.directory import Directory, LocalAgent
-from meshd.liveness import PeerState
-from meshd.peers import Peer
+from meshd.mesh.directory import Directory, LocalAgent
+from meshd.mesh.directory_updates import ChangeJournal, DirectoryUpdates, delta_window
+from meshd.mesh.liveness import PeerState
+from meshd.mesh.peers import Peer
+from meshd.wire import protocol as P
 
 
 def _agent(name: str, reg: int = 1, rid: bytes = b"") -> LocalAgent:
@@ -19,7 +19,7 @@ def _agent(name: str, reg: int = 1, rid: bytes = b"") -> LocalAgent:
 
 
 def _delta(sender: Directory) -> dict[str, Any]:
-    """What meshd/dirdelta.py sends for the sender's journal, through msgpack and back."""
+    """What meshd/mesh/directory_updates.py sends for the sender's journal, through msgpack and back."""
     body = {"base": sender.announced, "version": sender.version, "changes": sender.journal.changes(sender)}
     sender.announced = sender.version
     sender.journal.clear()

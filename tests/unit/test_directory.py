@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshd import protocol as P
-from meshd.directory import Directory, LocalAgent, loses_name
+from meshd.mesh.directory import Directory, LocalAgent, loses_name
+from meshd.wire import protocol as P
 
 
 def _agent(name: str, reg: int, rid: bytes = b"r1") -> LocalAgent:

@@ -1,6 +1,6 @@
 """docs/PROTOCOL.md must describe the protocol the code speaks: fail when the two drift apart.
 
-Each check reads the constants from meshd.protocol, so adding a kind, an error code, a header key
+Each check reads the constants from meshd.wire.protocol, so adding a kind, an error code, a header key
 or a limit without documenting it fails here; so does documenting a kind or code that no longer
 exists. No sockets.
 """
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from meshd import protocol as P
+from meshd.wire import protocol as P
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "PROTOCOL.md"
 
-NODE_PATH = DOC_PATH.parents[1] / "meshd" / "admin.py"  # where the admin ops are answered
+NODE_PATH = DOC_PATH.parents[1] / "meshd" / "daemon" / "admin.py"  # where the admin ops are answered
 
-# Module-level str constants of meshd.protocol that are not header keys; every other one is.
+# Module-level str constants of meshd.wire.protocol that are not header keys; every other one is.
 NOT_HEADER_KEYS = frozenset({"HANDOFF_TOPIC", "DAEMON_PREFIX", "NOTICE"})  # NOTICE: an error-map key (§7)
 
 
@@ -157,7 +157,7 @@ def test_limit_table_matches_code(doc: str) -> None:
             f"limits table gives {name} as {value_cell!r}, the code says {LIMITS[name]}"
         )
     named = set(re.findall(rf"`({LIMIT_NAME})`", doc))
-    assert named == set(LIMITS), "docs name limit constants that meshd.protocol does not define"
+    assert named == set(LIMITS), "docs name limit constants that meshd.wire.protocol does not define"
 
 
 def test_topic_envelope_documented(doc: str) -> None:
@@ -179,11 +179,12 @@ def _meshd_names() -> dict[str, object]:
     import meshd
 
     names: dict[str, object] = {}
-    for info in pkgutil.iter_modules(meshd.__path__):
-        if info.name.startswith("_"):
+    for info in pkgutil.walk_packages(meshd.__path__, "meshd."):
+        leaf = info.name.rsplit(".", 1)[1]
+        if leaf.startswith("_"):
             continue
-        module = importlib.import_module(f"meshd.{info.name}")
-        names[info.name] = module
+        module = importlib.import_module(info.name)
+        names.setdefault(leaf, module)
         for attr, value in vars(module).items():
             if getattr(value, "__module__", None) == module.__name__:
                 names.setdefault(attr, value)
@@ -207,13 +208,39 @@ def test_every_function_named_in_architecture_exists() -> None:
         if target is None or not hasattr(target, attr):
             missing.append(f"{owner}.{attr}")
     assert not missing, f"architecture.md names what does not exist: {missing}"
-    modules = set(re.findall(r"`([a-z_]+)\.py`", text))
-    assert modules <= {n for n in names if isinstance(names[n], type(re))}, modules
+    root = DOC_PATH.parents[1]
+    paths = set(re.findall(r"\bmeshd/[a-z_/]+(?:\.py|/)", text))
+    assert len(paths) > 20, paths
+    assert not [p for p in sorted(paths) if not (root / p).exists()], "architecture.md names missing files"
 
 
-def test_readme_layout_lists_every_module() -> None:
+def test_architecture_describes_every_package() -> None:
+    """One row per package of meshd/ in the packages table, and no row for a package that is gone."""
+    text = ARCH_PATH.read_text(encoding="utf-8")
+    package = DOC_PATH.parents[1] / "meshd"
+    packages = {f"meshd/{p.parent.name}/" for p in package.glob("*/__init__.py")}
+    rows = set(re.findall(r"^\| `(meshd/[a-z0-9_]+/)` \|", text, flags=re.M))
+    assert rows == packages, f"not described: {packages - rows}; described but gone: {rows - packages}"
+    for init in package.glob("*/__init__.py"):
+        doc = init.read_text(encoding="utf-8")
+        assert doc.startswith('"""') and "import" in doc.split('"""')[1], (
+            f"{init.parent.name}/__init__.py must say what it holds and what it may import")
+
+
+def test_architecture_start_and_stop_steps_match_the_node() -> None:
+    from meshd.daemon.node import START_STEPS, STOP_STEPS
+
+    text = ARCH_PATH.read_text(encoding="utf-8")
+    for marker, steps in (("start", START_STEPS), ("stop", STOP_STEPS)):
+        line = text.split(f"<!-- steps:{marker} -->\n", 1)[1].splitlines()[0]
+        assert re.findall(r"`([a-z_]+)`", line) == list(steps), f"{marker} steps drifted: {line}"
+
+
+def test_readme_layout_lists_every_package() -> None:
     readme = (DOC_PATH.parents[1] / "README.md").read_text(encoding="utf-8")
     package = DOC_PATH.parents[1] / "meshd"
-    missing = [p.name for p in package.glob("*.py")
-               if not p.name.startswith("_") and f"meshd/{p.name}" not in readme]
+    missing = [f"meshd/{p.parent.name}/" for p in package.glob("*/__init__.py")
+               if f"`meshd/{p.parent.name}/`" not in readme]
+    missing += [p.name for p in package.glob("*.py")
+                if not p.name.startswith("_") and f"meshd/{p.name}" not in readme]
     assert not missing, f"README layout table misses {missing}"

@@ -1,4 +1,4 @@
-"""The in-process agent connection of the embedded node (meshd/embedded.py) keeps the ROUTER's
+"""The in-process agent connection of the embedded node (meshd/daemon/embedded.py) keeps the ROUTER's
 contract: Again when full, EHOSTUNREACH when gone, delivery never re-entrant, bounded per turn.
 A real asyncio loop, no sockets: the ipc ROUTER it falls back to is a recorder here."""
 
@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from meshd import transport
-from meshd.embedded import DELIVER_BUDGET, ROUTE_BUDGET, AgentSockets, _Reactor
+from meshd.daemon.embedded import DELIVER_BUDGET, ROUTE_BUDGET, AgentSockets, _Reactor
 from meshd.errors import DaemonUnreachable
 
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from meshd import protocol as P
-from meshd.config import Settings
-from meshd.duplicates import CloneWatch, DuplicateIds
-from meshd.liveness import PeerState
-from meshd.logonce import LogOnce
-from meshd.peers import Peer, PeerEvents, PeerTable
-from meshd.security import Security
-from meshd.twoway import EchoClock
+from meshd.config.settings import Settings
+from meshd.mesh.clones import CloneWatch, DuplicateIds
+from meshd.mesh.liveness import PeerState
+from meshd.mesh.peers import Peer, PeerEvents, PeerTable
+from meshd.mesh.security import Security
+from meshd.mesh.two_way import EchoClock
+from meshd.util.logonce import LogOnce
+from meshd.wire import protocol as P
 
 
 def _table(tmp_path: Path, changes: list[tuple[str, str, str]]) -> PeerTable:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.config import load_settings
+from meshd.config.settings import load_settings
 from meshd.errors import ConfigError
 from meshd.gateway.service import check_listen
 

@@ -1,4 +1,4 @@
-"""The daemon's image imports asyncio without ssl (meshd/lazyssl.py); TLS through asyncio still works
+"""The daemon's image imports asyncio without ssl (meshd/util/lazyssl.py); TLS through asyncio still works
 once something imports ssl later or asks for ``ssl=True``, the daemon's modules import neither ssl
 nor OpenSSL, and an agent's process (``import meshd`` anywhere else) gets asyncio as usual."""
 
@@ -40,8 +40,9 @@ def test_an_agent_process_gets_asyncio_as_usual() -> None:
 
 def test_the_daemon_modules_load_no_openssl() -> None:
     # What `meshd run`'s image imports at start (its cli, node, gateway, tools, tasks, spawning).
-    modules = ("meshd, meshd.cli, meshd.reexec, meshd.node, meshd.gateway.service, meshd.tools.service, "
-               "meshd.tasks.service, meshd.spawn, meshd.keys, meshd.gateway.sessions")
+    modules = ("meshd, meshd.cli, meshd.daemon.reexec, meshd.daemon.node, meshd.gateway.service, "
+               "meshd.tools.service, "
+               "meshd.tasks.service, meshd.tools.spawn, meshd.mesh.keys, meshd.gateway.sessions")
     assert run(IMAGE + loaded(modules)) == "[]"
 
 
@@ -60,7 +61,8 @@ def test_ssl_looked_up_before_it_is_imported_still_reaches_asyncio() -> None:
 
 
 def test_a_key_fingerprint_is_sha256_without_openssl() -> None:
-    probe = (IMAGE + "import base64, meshd.keys as k; from zmq.utils import z85; raw = bytes(range(32)); "
+    probe = (IMAGE + "import base64, meshd.mesh.keys as k; from zmq.utils import z85; "
+             "raw = bytes(range(32)); "
              "f = k.fingerprint(z85.encode(raw).decode()); print('_hashlib' in sys.modules); "
              "import hashlib; want = base64.b64encode(hashlib.sha256(raw).digest()).decode().rstrip('='); "
              "print(f == 'SHA256:' + want)")

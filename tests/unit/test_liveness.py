@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshd.liveness import PeerState, next_state
+from meshd.mesh.liveness import PeerState, next_state
 
 ONLINE, STALE, OFFLINE = PeerState.ONLINE, PeerState.STALE, PeerState.OFFLINE
 

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from meshd.backoff import backoff_delay
-from meshd.logonce import LogOnce
+from meshd.util.backoff import backoff_delay
+from meshd.util.logonce import LogOnce
 
 
 def test_log_once_suppresses_repeats_and_forgets(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,4 +1,4 @@
-"""The doctor's DNS parser and per-interface counting (meshd/mdnswatch.py) on crafted packets:
+"""The doctor's DNS parser and per-interface counting (meshd/discovery/mdns_watch.py) on crafted packets:
 no sockets. Packets come from zeroconf's own encoder (what daemons send) and by hand (what a
 broken or hostile sender could send)."""
 
@@ -11,7 +11,7 @@ from zeroconf._dns import DNSPointer, DNSQuestion, DNSText
 from zeroconf._protocol.outgoing import DNSOutgoing
 from zeroconf.const import _CLASS_IN, _FLAGS_AA, _FLAGS_QR_QUERY, _FLAGS_QR_RESPONSE, _TYPE_PTR, _TYPE_TXT
 
-from meshd.mdnswatch import MAX_SOURCES, InterfaceTraffic, MalformedDns, parse_dns
+from meshd.discovery.mdns_watch import MAX_SOURCES, InterfaceTraffic, MalformedDns, parse_dns
 
 SERVICE = "_meshd._tcp.local."
 

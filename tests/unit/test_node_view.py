@@ -6,9 +6,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from meshd.config import Settings
+from meshd.config.settings import Settings
+from meshd.daemon.node import START_STEPS, STOP_STEPS, Node
 from meshd.hookspecs import hookimpl
-from meshd.node import START_STEPS, STOP_STEPS, Node
 from meshd.view import MetricsSnapshot, NodeView
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshd import protocol as P
-from meshd.outbox_bounds import UNIT_OVERHEAD, OutboxBounds, unit_size
-from meshd.qos1 import DeliveryStore, Qos1
+from meshd.qos1.bounds import UNIT_OVERHEAD, OutboxBounds, unit_size
+from meshd.qos1.machine import DeliveryStore, Qos1
+from meshd.wire import protocol as P
 
 
 def _unit(i: int, dest: str, size: int = 100) -> tuple[str, list[bytes]]:

@@ -1,4 +1,4 @@
-"""The client's payload encoder (meshd/payloads.py): one reused msgpack Packer per agent, the same
+"""The client's payload encoder (meshd/wire/payloads.py): one reused msgpack Packer per agent, the same
 bytes as ``encode_payload``, typed errors that leave nothing behind for the next payload."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 from meshd.errors import TooLarge, ValidationFailed
-from meshd.payloads import decode_payload, encode_payload, payload_encoder
+from meshd.wire.payloads import decode_payload, encode_payload, payload_encoder
 
 LIMIT = 1024
 

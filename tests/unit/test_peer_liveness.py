@@ -7,11 +7,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from meshd.config import Settings
-from meshd.liveness import PeerState
-from meshd.logonce import LogOnce
-from meshd.peers import Peer, PeerEvents, PeerTable
-from meshd.security import Security
+from meshd.config.settings import Settings
+from meshd.mesh.liveness import PeerState
+from meshd.mesh.peers import Peer, PeerEvents, PeerTable
+from meshd.mesh.security import Security
+from meshd.util.logonce import LogOnce
 
 
 def _table(tmp_path: Path, changes: list[tuple[str, str, str]]) -> PeerTable:

@@ -104,7 +104,7 @@ def doc_files(doc: str) -> dict[str, str]:
 
 
 def test_counter_table_matches_the_counters_the_code_makes(doc: str) -> None:
-    source = "\n".join(path.read_text() for path in MESHD_DIR.glob("plugin*.py"))
+    source = "\n".join(path.read_text() for path in (MESHD_DIR / "plugins").glob("*.py"))
     made = set()
     for m in re.finditer(r"count\(f?\"([a-z_]+)(:\{[^}]*\})?\"", source):
         made.add(m.group(1) + (":<plugin>" if m.group(2) else ""))
@@ -113,8 +113,8 @@ def test_counter_table_matches_the_counters_the_code_makes(doc: str) -> None:
 
 
 def test_host_keys_table_matches_the_code(doc: str) -> None:
-    from meshd.config import Settings
-    from meshd.plugin_config import HOST_KEYS, ISOLATION_MODES
+    from meshd.config.settings import Settings
+    from meshd.plugins.config import HOST_KEYS, ISOLATION_MODES
 
     table = _table(doc, "meshd's own keys in a plugin's section")
     assert set(table) == HOST_KEYS

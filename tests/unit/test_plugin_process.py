@@ -22,8 +22,8 @@ import pytest
 
 from meshd.errors import ConfigError
 from meshd.hookspecs import hookimpl
-from meshd.plugin_process import NodeSnapshot
-from meshd.plugins import PluginHost
+from meshd.plugins.host import PluginHost
+from meshd.plugins.process import NodeSnapshot
 from meshd.testing import wait_until
 
 CHILD_PLUGIN = """

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from meshd.builtin_plugins import JsonlDeadLetterSink
 from meshd.errors import ConfigError
 from meshd.hookspecs import hookimpl
-from meshd.plugins import BLOCKED_ENV, PluginHost
+from meshd.plugins.builtin import JsonlDeadLetterSink
+from meshd.plugins.host import BLOCKED_ENV, PluginHost
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DIR = REPO / "plugins" / "meshd-example-observer"
@@ -862,7 +862,7 @@ def test_observers_start_after_startup_and_end_before_shutdown(make_host: Callab
 
 
 def test_config_file_sections_and_module_list(tmp_path: Path) -> None:
-    from meshd.config import load_settings
+    from meshd.config.settings import load_settings
 
     conf = tmp_path / "meshd.toml"
     conf.write_text('plugin_queue_size = 50\n[plugins]\nmodules = ["my_audit"]\n\n'

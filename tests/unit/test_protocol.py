@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshd import protocol as P
 from meshd.errors import ERRORS_BY_CODE, MeshError, NoSuchAgent, error_from_wire
-from meshd.protocol import FrameError, Kind
+from meshd.wire import protocol as P
+from meshd.wire.protocol import FrameError, Kind
 
 header_values = st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**63 - 1),
                           st.floats(allow_nan=False), st.text(max_size=40), st.binary(max_size=40))
@@ -247,7 +247,7 @@ def test_numbers_ints_are_accepted_where_floats_are_documented() -> None:
     assert error_from_wire({"code": "INBOX_FULL", "message": "m", "retry_after": 2}).retry_after == 2.0
     assert isinstance(error_from_wire({"code": "X", "retry_after": 2}).retry_after, float)
 
-    from meshd.config import Settings
+    from meshd.config.settings import Settings
     timers = Settings(heartbeat_interval=2, stale_after=6, offline_after=20)
     assert all(type(t) is float
                for t in (timers.heartbeat_interval, timers.stale_after, timers.offline_after))
@@ -259,7 +259,7 @@ def test_register_answer_example_matches_the_defaults() -> None:
     import re
     from pathlib import Path
 
-    from meshd.config import Settings
+    from meshd.config.settings import Settings
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "PROTOCOL.md").read_text()
     section = doc[doc.index("### 15.1 Register"):doc.index("### 15.2")]

@@ -1,4 +1,5 @@
-"""PublicationHold (meshd/publish_hold.py): bounded per subscriber and in bytes, in order, answers
+"""PublicationHold (meshd/delivery/publication_hold.py): bounded per subscriber and in bytes, in order,
+answers
 first, and what waits for a connection that is gone is forgotten. A real ROUTER -> DEALER pair over
 inproc stands for the agent socket, its high-water marks for a full inbox."""
 
@@ -12,10 +13,10 @@ from typing import Any
 import pytest
 import zmq
 
-from meshd import protocol as P
-from meshd.agents import AgentLink
-from meshd.publish_hold import HOLD_FLUSH_MAX_S, HOLD_FLUSH_S, PublicationHold
+from meshd.delivery.local_agents import AgentLink
+from meshd.delivery.publication_hold import HOLD_FLUSH_MAX_S, HOLD_FLUSH_S, PublicationHold
 from meshd.transport import Reactor
+from meshd.wire import protocol as P
 
 Pair = tuple[zmq.Socket[Any], zmq.Socket[Any]]
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from meshd import protocol as P
-from meshd.protocol import Kind
-from meshd.qos1 import Acked, Attempt, Confirm, DeliveryStore, GiveUp, Qos1, SendAcks
+from meshd.qos1.machine import Acked, Attempt, Confirm, DeliveryStore, GiveUp, Qos1, SendAcks
+from meshd.wire import protocol as P
+from meshd.wire.protocol import Kind
 
 
 class Clock:

@@ -1,4 +1,5 @@
-"""The settings ``meshd run`` hands to its re-exec'd image (meshd/reexec.py) read like the validated ones."""
+"""The settings ``meshd run`` hands to its re-exec'd image (meshd/daemon/reexec.py) read like the
+validated ones."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from meshd import plugin_entrypoints, reexec
-from meshd.config import Settings, load_settings
-from meshd.reexec import SettingsSection, SettingsSnapshot
+from meshd.config.settings import Settings, load_settings
+from meshd.daemon import reexec
+from meshd.daemon.reexec import SettingsSection, SettingsSnapshot
+from meshd.plugins import entrypoints as plugin_entrypoints
 
 CONFIG = """
 name = "n1"
@@ -68,8 +70,9 @@ def test_snapshot_reads_like_the_validated_settings(tmp_path: Path) -> None:
 def test_the_daemon_modules_import_no_optional_dependency() -> None:
     # What `meshd run`'s own image imports (the node, the cli, the gateway and tools services at
     # start) loads none of pydantic, aiohttp, mcp, prometheus_client, importlib.metadata.
-    probe = ("import sys, meshd.reexec, meshd.node, meshd.cli, meshd.gateway.service, meshd.tools.service, "
-             "meshd.tasks.service, meshd.spawn; "
+    probe = ("import sys, meshd.daemon.reexec, meshd.daemon.node, meshd.cli, meshd.gateway.service, "
+             "meshd.tools.service, "
+             "meshd.tasks.service, meshd.tools.spawn; "
              "print(sorted(m for m in sys.modules if m in ('meshd.config', 'importlib.metadata') or "
              "m.split('.')[0] in ('pydantic', 'pydantic_core', 'aiohttp', 'mcp', 'prometheus_client')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
@@ -77,7 +80,8 @@ def test_the_daemon_modules_import_no_optional_dependency() -> None:
 
 
 def test_the_reexecd_image_imports_no_argparse() -> None:
-    probe = "import sys, meshd.daemon_run, meshd.reexec, meshd.node; print('argparse' in sys.modules)"
+    probe = ("import sys, meshd.daemon.run, meshd.daemon.reexec, meshd.daemon.node; "
+             "print('argparse' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -1,5 +1,5 @@
-"""The two halves of a daemon restart without sockets: the client's hold (meshd/resend.py) and the
-stopping and starting daemon's hand-over of its agents (meshd/handover.py)."""
+"""The two halves of a daemon restart without sockets: the client's hold (meshd/client/resend.py) and the
+stopping and starting daemon's hand-over of its agents (meshd/delivery/handover.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from meshd import protocol as P
-from meshd import resend
+from meshd.client import resend
+from meshd.client.resend import RESEND_WINDOW, ResendHold
+from meshd.delivery.handover import DEFER_MAX, AgentHandover, peers_settled
 from meshd.errors import DaemonStopping, DaemonUnreachable, MeshError, NameTaken
-from meshd.handover import DEFER_MAX, AgentHandover, peers_settled
-from meshd.liveness import PeerState
-from meshd.resend import RESEND_WINDOW, ResendHold
+from meshd.mesh.liveness import PeerState
 from meshd.testing import async_wait_until
+from meshd.wire import protocol as P
 
 
 def _hold() -> tuple[ResendHold, list[str], list[tuple[str, str]]]:

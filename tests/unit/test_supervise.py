@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from meshd.logonce import LogOnce
-from meshd.supervise import supervised
+from meshd.util.logonce import LogOnce
+from meshd.util.supervise import supervised
 
 
 def test_a_raising_loop_is_restarted_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:

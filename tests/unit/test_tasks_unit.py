@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from meshd.config import Settings
+from meshd.config.settings import Settings
 from meshd.errors import DaemonUnreachable, TaskStoreFull, ValidationFailed
 from meshd.hookspecs import hookimpl
-from meshd.plugins import PluginHost
-from meshd.spawn import Spawner, make_spawner
+from meshd.plugins.host import PluginHost
 from meshd.tasks import TaskService
 from meshd.tasks.plans import compile_plan, plan_state
 from meshd.tasks.scheduler import Directory, agent_load
 from meshd.tasks.store import TaskStore
+from meshd.tools.spawn import Spawner, make_spawner
 
 
 def task(key: str, *deps: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.config import ToolsSettings
+from meshd.config.settings import ToolsSettings
 from meshd.tools.builtin import builtin_tools
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "tools.md"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, Field
 
-from meshd.config import Settings, ToolsSettings
+from meshd.config.settings import Settings, ToolsSettings
 from meshd.errors import (
     ApprovalDenied,
     ConfigError,
@@ -23,10 +23,10 @@ from meshd.errors import (
     error_from_wire,
 )
 from meshd.hookspecs import hookimpl
-from meshd.plugins import PluginHost
+from meshd.plugins.host import PluginHost
+from meshd.plugins.policy import Approvals, Authorizer, Quotas, parse_decision
 from meshd.tools import Tool, ToolContext, ToolRegistry
 from meshd.tools import builtin as B
-from meshd.tools.policy import Approvals, Authorizer, Quotas, parse_decision
 from meshd.tools.registry import schema_as, validate_args
 
 
@@ -119,7 +119,7 @@ def test_validation_names_the_field() -> None:
 
 
 def test_tool_errors_round_trip_the_wire() -> None:
-    from meshd.protocol import error_body
+    from meshd.wire.protocol import error_body
 
     for cls in (NoSuchTool, ApprovalDenied, Forbidden, QuotaExceeded, NotWired, NoSuchApproval, QueueFull):
         err = error_from_wire(error_body(cls.code, "why"))

@@ -8,10 +8,10 @@ import pytest
 import zmq
 from zmq.utils import z85
 
-from meshd.config import Settings
+from meshd.config.settings import Settings
 from meshd.errors import ConfigError
-from meshd.keys import TrustStore, derive_mesh_keypair, trust_key, untrust_key
-from meshd.security import ZAP_DOMAIN, Security, ZapPolicy
+from meshd.mesh.keys import TrustStore, derive_mesh_keypair, trust_key, untrust_key
+from meshd.mesh.security import ZAP_DOMAIN, Security, ZapPolicy
 
 
 def _keypair() -> tuple[str, bytes]:

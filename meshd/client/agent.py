@@ -1,0 +1,598 @@
+"""The agent client's public API: attach to the local meshd and talk to any agent by name.
+
+``Agent`` is asyncio; ``BlockingAgent`` (meshd/client/blocking.py) wraps it for scripts. Both speak the
+local protocol in docs/PROTOCOL.md over the daemon's ipc:// socket. This module owns the public
+methods, the calls waiting for the daemon or a reply (futures by message id, their time-outs),
+registration and heartbeats. The layers under it, like nats.py's parser apart from its client:
+
+* :mod:`meshd.client.batching` coalesces outgoing messages per typed :data:`~meshd.client.batching.BatchKey`
+  (an idle agent's message leaves at once; what piles up leaves as batches of at most
+  ``batch_max``) and splits incoming frame sets into messages;
+* :mod:`meshd.client.handlers` runs handlers (cancel, deadlines, replies, qos-1 acks);
+* :mod:`meshd.transport` drives the socket: the same ``Reactor`` as the daemon for reading, and
+  a ``SendQueue`` that never blocks the loop for writing;
+* :mod:`meshd.wire.payloads` encodes payloads (msgpack); daemons never decode them.
+
+Parts the ``Agent`` owns: :mod:`meshd.client.incoming` (frame sets from the daemon: answers,
+errors, work), :mod:`meshd.client.resend` (qos-0 sends held across a daemon restart, re-registration),
+:mod:`meshd.client.publish_window` (publishes awaiting confirmation), :mod:`meshd.client.call_slots` (calls
+awaiting answers, within ``in_flight_max``), :mod:`meshd.client.handler_slots` (handlers running, within
+``max_concurrent_handlers``); :mod:`meshd.client.system_calls` makes the calls to the system agent.
+
+Must not touch: daemon internals; nothing here parses frames or builds batches by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import zmq
+
+from meshd.client.batching import Batcher, BatchKey
+from meshd.client.call_slots import CallSlots
+from meshd.client.handler_slots import DEFAULT_MAX_CONCURRENT_HANDLERS, HandlerSlots
+from meshd.client.handlers import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
+from meshd.client.incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
+from meshd.client.incoming import Incoming
+from meshd.client.publish_window import PUBLISH_WINDOW as PUBLISH_WINDOW
+from meshd.client.publish_window import PublishWindow
+from meshd.client.resend import REREGISTER_ATTEMPTS as REREGISTER_ATTEMPTS
+from meshd.client.resend import RESEND_WINDOW as RESEND_WINDOW
+from meshd.client.resend import ResendHold
+from meshd.client.send_pause import SendPauses
+from meshd.client.session import heartbeat_loop, register
+from meshd.client.system_calls import system_request
+from meshd.errors import (
+    DaemonUnreachable,
+    MeshError,
+    RequestTimeout,
+    ValidationFailed,
+)
+from meshd.transport import Reactor, SendQueue, agent_dealer
+from meshd.util.logonce import LogOnce
+from meshd.util.paths import find_agent_socket
+from meshd.wire import protocol as P
+from meshd.wire.payloads import payload_encoder
+from meshd.wire.protocol import Kind
+
+if TYPE_CHECKING:
+    from meshd.daemon.embedded import EmbeddedNode, InProcessConnection
+
+log = logging.getLogger("meshd.client")
+
+DEFAULT_REQUEST_TIMEOUT = 30.0
+CONTROL_TIMEOUT = 5.0
+SEND_QUEUE_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class HandoffResult:
+    """The receiver's verdict on a handoff."""
+
+    accepted: bool
+    reason: str | None = None
+    data: Any = None
+
+
+class Agent:
+    """A named agent attached to the local daemon.
+
+    ::
+
+        async with Agent("planner") as me:
+            @me.on("verify")
+            async def verify(msg):
+                return {"ok": True}
+            reply = await me.request("researcher", "verify", {"claim": "x"}, timeout=5)
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        socket: str | Path | None = None,
+        capabilities: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        heartbeat_interval: float = 1.0,
+        batch_max: int = 64,
+        max_payload_bytes: int = P.DEFAULT_MAX_PAYLOAD_BYTES,
+        auto_heartbeat: bool = True,
+        embedded: EmbeddedNode | None = None,
+        max_concurrent_handlers: int = DEFAULT_MAX_CONCURRENT_HANDLERS,
+    ) -> None:
+        if not P.valid_name(name):
+            raise ValidationFailed(f"invalid agent name {name!r}: 1-128 printable characters, no '@'")
+        if not 1 <= batch_max <= P.MAX_BATCH:
+            raise ValidationFailed(f"batch_max must be 1..{P.MAX_BATCH}")
+        self.name = name
+        #: The in-process node this agent attaches to, without a socket (meshd/daemon/embedded.py).
+        self.embedded = embedded
+        self.socket_path = (embedded.socket_path if embedded is not None else
+                            Path(socket) if socket else find_agent_socket())
+        self.capabilities = list(capabilities or [])
+        self.metadata = dict(metadata or {})
+        self.heartbeat_interval = heartbeat_interval
+        #: Beat every ``heartbeat_interval`` (False: only when :meth:`heartbeat` is called, e.g. by
+        #: a gateway relaying its client's beats, so a silent client goes stale).
+        self.auto_heartbeat = auto_heartbeat
+        self.batch_max = batch_max
+        self.max_payload_bytes = max_payload_bytes
+        self.node: str | None = None
+        self.node_name: str | None = None
+        self.telemetry: dict[str, Any] = {}
+        self.errors_received = 0
+        self.evicted: MeshError | None = None  # set when another node's earlier registration won
+        #: State-changing errors (NAME_TAKEN, NOT_REGISTERED) ignored because not from our daemon.
+        self.forged_errors = 0
+        self.on_error: Callable[[MeshError, str | None], None] | None = None
+        self._topics: dict[str, bool] = {}  # topic -> durable
+        self._pending: dict[str, asyncio.Future[Any]] = {}
+        self._batch_members: dict[str, list[str]] = {}
+        self._progress_cbs: dict[str, Callable[[str], Any]] = {}
+        self._expiring: dict[str, float] = {}  # msg id -> monotonic deadline (swept, no timer each)
+        self._window = PublishWindow(CONTROL_TIMEOUT)  # publishes nobody awaits (publish_window.py)
+        #: qos-0 sends to a destination whose inbox said INBOX_FULL wait a moment (meshd/client/send_pause.py)
+        self.send_pauses = SendPauses()
+        self._encode = payload_encoder()  # one reused msgpack Packer (meshd/wire/payloads.py)
+        self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
+                                push=self._push, schedule=self._call_soon, busy=self._busy,
+                                on_batch=self._batch_members.__setitem__)
+        self._dispatch = Dispatcher(name, enqueue=self._enqueue, push=self._push, encode=self._payload,
+                                    schedule=self._call_soon, closed=lambda: self._closed)
+        self._log_once = LogOnce(log, capacity=64)
+        self._incoming = Incoming(self)  # frame sets from the daemon (meshd/client/incoming.py)
+        self._calls = CallSlots(self.socket_path)  # calls awaiting answers; then handlers running
+        self._handler_slots = HandlerSlots(self._dispatch, max_concurrent_handlers, self._calls,
+                                           push=self._push, enqueue=self._enqueue, reading=self._reading,
+                                           publishing=lambda: bool(self._window.unconfirmed))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sock: zmq.Socket[Any] | None = None
+        self._reactor: Reactor | None = None
+        self._sendq: SendQueue | None = None
+        self._hb_task: asyncio.Task[None] | None = None
+        self._closed = False
+        # qos-0 sends a restarted daemon refused, sent again once registered (meshd/client/resend.py)
+        self._resend = ResendHold(name, enqueue=self._enqueue, report=self._report_held)
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    @property
+    def _unconfirmed(self) -> set[str]:
+        """Ids of publishes nobody awaits, not confirmed yet (the :class:`PublishWindow`'s)."""
+        return self._window.unconfirmed
+
+    async def __aenter__(self) -> Agent:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Connect to the daemon and register this agent's name; raises NameTaken etc."""
+        if self.embedded is None and not self.socket_path.exists():
+            raise DaemonUnreachable(f"no meshd agent socket at {self.socket_path} (is meshd running?)")
+        self._loop = asyncio.get_running_loop()
+        if self.embedded is not None:  # in-process: no socket, no hop to the node
+            sock = self.embedded.attach(self._incoming.on_frames)
+        else:
+            sock = agent_dealer(zmq.Context.instance())
+            sock.connect(f"ipc://{self.socket_path}")
+        self._sock = sock
+        self._reactor = Reactor(self._loop)
+        self._sendq = SendQueue(sock, self._reactor, self._loop, SEND_QUEUE_LIMIT // self.batch_max)
+        if self.embedded is None:
+            self._reactor.add(sock, self._incoming.on_frames)
+        await register(self)  # the session with the daemon: meshd/client/session.py
+        if self.embedded is not None:  # handlers are registered by now (or before the next await)
+            cast("InProcessConnection", sock).connected = True
+        self._hb_task = asyncio.create_task(heartbeat_loop(self), name=f"meshd-agent-hb-{self.name}")
+
+    async def close(self) -> None:
+        """Unregister (best effort) and release the socket. Idempotent."""
+        if self._closed or self._sock is None:
+            self._closed = True
+            return
+        if self._hb_task is not None:
+            self._hb_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._hb_task
+        self._batcher.flush()
+        with contextlib.suppress(MeshError, TimeoutError):
+            await self._control({P.KIND: Kind.UNREGISTER}, timeout=1.0)
+        self._closed = True
+        self._dispatch.cancel_all()
+        self._resend.release(DaemonUnreachable("the agent closed before its daemon came back"))
+        self._calls.fail_waiting(DaemonUnreachable("agent closed"))
+        self._handler_slots.parked.clear()  # never run now (qos-1 ones: not acked, sent again)
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(DaemonUnreachable("agent closed"))
+        self._pending.clear()
+        self._window.unconfirmed.clear()
+        self.send_pauses.clear()
+        if self._reactor is not None:
+            self._reactor.close()
+        if self._sendq is not None:
+            self._sendq.clear()
+        self._sock.close(200)
+
+    # ----------------------------------------------------------------------------- handlers
+
+    def on(self, topic: str = ANY_TOPIC) -> Callable[[Handler], Handler]:
+        """Decorator: handle messages on ``topic`` ("*" = any topic without its own handler).
+
+        A handler gets a ``Message``; for a request, its return value (or awaited result) is
+        the reply, and an exception it raises goes back to the requester as HANDLER_ERROR.
+        """
+
+        def register(fn: Handler) -> Handler:
+            self._dispatch.handlers[topic] = fn
+            return fn
+
+        return register
+
+    def set_telemetry(self, **values: Any) -> None:
+        """Telemetry sent with every heartbeat (context_used_pct, queue_depth, tasks_summary...)."""
+        self.telemetry.update(values)
+
+    @property
+    def unsent(self) -> int:
+        """Messages queued in this client and not yet taken by the socket (batcher and send queue)."""
+        return self._batcher.queued + (len(self._sendq) if self._sendq is not None else 0)
+
+    # ----------------------------------------------------------------------------- primitives
+
+    async def send(self, to: str, topic: str, payload: Any = None, *, qos: int = 0,
+                   headers: dict[str, Any] | None = None) -> str:
+        """Send without waiting for an answer.
+
+        qos 0 (default): at most once; failures arrive later through ``on_error``.
+        qos 1: at least once; duplicates are dropped by id, so the handler normally runs once
+        (see docs/DELIVERY.md for the crash windows). Returns when the local daemon has the
+        message on disk; it retries until the receiver's handler has finished.
+        Returns the message id, which a later ``on_error`` (e.g. UNDELIVERABLE) names.
+        """
+        if qos not in (0, 1):
+            raise ValidationFailed("qos must be 0 or 1")
+        msg_id = P.new_id()
+        header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic}
+        if headers:
+            header[P.HEADERS] = headers
+        data = self._encode(payload, self.max_payload_bytes)  # as _payload, one call less
+        if qos == 0:  # the README's loop: no coroutine but this one, no loop turn unless one is due
+            key: BatchKey = (P.TO, to, 0)
+            if self._resend.holding:  # the daemon is restarting: sent once registered again
+                self._require_loop()
+                if await self._resend.hold_new(msg_id, (key, header, data)):
+                    return msg_id
+            if self.send_pauses.sent(msg_id, to):  # a full inbox pauses sends to it (send_pause.py)
+                await self.send_pauses.before_send(to)
+            self._require_loop()
+            self._batcher.enqueue(key, header, data)
+            if self.embedded is None:  # an embedded node never restarts under its agent
+                self._resend.remember(msg_id, (key, header, data))
+            if (sendq := self._sendq) is not None and len(sendq) > sendq.limit:  # _backpressure, inline
+                await sendq.writable.wait()
+            return msg_id
+        loop = self._require_loop()
+        await self._calls.wait(CONTROL_TIMEOUT * 2)
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending[msg_id] = fut
+        # No timer per message (qos-1 sends come in thousands): the heartbeat loop sweeps.
+        self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT * 2
+        try:
+            self._enqueue((P.TO, to, 1), header, data)
+            await fut
+            return msg_id
+        finally:
+            self._pending.pop(msg_id, None)
+            self._expiring.pop(msg_id, None)
+            self._calls.give_back()
+
+    async def request(self, to: str, topic: str, payload: Any = None, *,
+                      timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                      headers: dict[str, Any] | None = None,
+                      on_progress: Callable[[str], Any] | None = None) -> Any:
+        """Send a request and return the reply's payload; never waits longer than ``timeout``.
+
+        ``on_progress(note)`` is called when the handler reports progress. Cancelling the
+        awaiting task (or the timeout passing) tells the handler it may stop.
+        """
+        if not timeout or timeout <= 0:
+            raise ValidationFailed("timeout must be a positive number of seconds")
+        loop = self._require_loop()
+        msg_id = P.new_request_id()
+        header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic}
+        if headers:
+            header[P.HEADERS] = headers
+        data = self._payload(payload)
+        if not self._calls.try_take():  # in_flight_max calls await answers: wait for room, in order
+            timeout -= await self._calls.wait(timeout, RequestTimeout(f"no reply from {to!r} on "
+                                             f"{topic!r} within {timeout:g} s (not sent: no room)"))
+        header[P.BUDGET] = P.budget_ms(timeout)  # a duration, never a clock reading
+        return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
+                                       lambda: self._enqueue((P.TO, to, 0), header, data))
+
+    async def _await_reply(self, loop: asyncio.AbstractEventLoop, msg_id: str, to: str, topic: str,
+                           timeout: float, on_progress: Callable[[str], Any] | None,
+                           send: Callable[[], None]) -> Any:
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending[msg_id] = fut
+        if on_progress is not None:
+            self._progress_cbs[msg_id] = on_progress
+        self._calls.deadlines.add(loop, msg_id, timeout, self._expire, msg_id, to, topic, timeout)
+        try:
+            send()
+            return await fut
+        except (asyncio.CancelledError, RequestTimeout):
+            self._dispatch.send_cancel(to, msg_id)
+            raise
+        finally:
+            self._calls.deadlines.discard(msg_id)
+            self._pending.pop(msg_id, None)
+            self._progress_cbs.pop(msg_id, None)
+            self._calls.give_back()
+
+    async def reply(self, msg: Message, payload: Any = None, *, status: str | None = None) -> None:
+        """Answer a request later (its handler returned ``DEFER``); goes to the original requester."""
+        if not msg.is_request:
+            raise ValidationFailed("only requests can be replied to")
+        self._dispatch.reply(msg, payload, status=status)
+
+    async def fail(self, msg: Message, error: BaseException | str, *, code: str = "HANDLER_ERROR") -> None:
+        """Answer a request later with an error (HANDLER_ERROR unless ``code`` says otherwise); a
+        :class:`MeshError`'s ``retryable`` and ``retry_after`` travel with it."""
+        text = str(error) or type(error).__name__
+        remote_type = type(error).__name__ if isinstance(error, BaseException) else None
+        retry = isinstance(error, MeshError) and error.retryable
+        retry_after = error.retry_after if isinstance(error, MeshError) else None
+        self._dispatch.reply_error(msg, code, text, remote_type=remote_type, retry=retry,
+                                   retry_after=retry_after)
+
+    async def delegate(self, msg: Message, to: str, *, topic: str | None = None,
+                       payload: Any = DEFER) -> None:
+        """Forward a request to ``to``; its reply goes straight to the original requester.
+
+        Keeps the original correlation id and requester, counts one more hop (the daemon stops it
+        past the hop limit with HOP_LIMIT), and passes on only the time the requester has left.
+        """
+        if not msg.is_request:
+            raise ValidationFailed("only requests can be delegated")
+        if msg.deadline is not None and msg.deadline <= time.monotonic():
+            raise RequestTimeout("the request's deadline has passed; not delegating it")
+        header: dict[str, Any] = {
+            P.KIND: Kind.REQUEST, P.ID: P.new_id(), P.FROM: self.name, P.TO: to,
+            P.TOPIC: topic or msg.topic, P.CORR: msg.correlation_id or msg.id,
+            P.ORIGIN: msg.reply_to or msg.sender, P.HOPS: msg.hops + 1,
+        }
+        if msg.deadline is not None:
+            header[P.BUDGET] = P.budget_left(msg.deadline)  # what is left, minus the time spent here
+        if msg.headers:
+            header[P.HEADERS] = msg.headers
+        data = self._payload(msg.payload if payload is DEFER else payload)
+        msg._answered = True  # the delegate answers; this handler's return value is ignored
+        # Remember where it went, so a cancel from the requester follows it down the chain.
+        self._dispatch.delegated(header[P.CORR], to, msg.sender)
+        self._batcher.flush()
+        self._push(P.frames(header, data))  # never batched: the daemon checks its hops
+
+    async def handoff(self, to: str, task_id: str, context: Any = None, artifacts: Any = None, *,
+                      timeout: float = DEFAULT_REQUEST_TIMEOUT) -> HandoffResult:
+        """Hand a task to another agent (topic ``handoff-task``); returns its accept or reject."""
+        reply = await self.request(to, P.HANDOFF_TOPIC,
+                                   {"task_id": task_id, "context": context, "artifacts": artifacts},
+                                   timeout=timeout)
+        if isinstance(reply, dict):
+            return HandoffResult(bool(reply.get("accepted", False)), reply.get("reason"), reply.get("data"))
+        return HandoffResult(bool(reply))
+
+    async def publish(self, topic: str, payload: Any = None, *, qos: int = 0,
+                      headers: dict[str, Any] | None = None, reach: bool = False) -> int | None:
+        """Publish on ``topic``.
+
+        By default (qos 0) it returns as soon as the message is queued, like ``send``, and
+        returns None: a loop of publishes pays no round trip each, and they leave in batches.
+        Failures arrive through ``on_error`` (with the publish id). The daemon still confirms each
+        publish (or batch) in the background; more than ``PUBLISH_WINDOW`` unconfirmed, and
+        ``publish`` waits for half of them (DaemonUnreachable if none come within 5 s).
+
+        ``reach=True``: wait for the daemon and return how many subscribers (in the whole mesh)
+        it reached. With ``qos=1``, durable subscribers (``subscribe(topic, durable=True)``) get
+        it at least once and handle it once, through the publisher daemon's outbox; it returns
+        (the reach count) once those copies are on disk.
+        """
+        if not P.valid_topic(topic):
+            raise ValidationFailed(f"invalid topic {topic!r}")
+        if qos not in (0, 1):
+            raise ValidationFailed("qos must be 0 or 1")
+        loop = self._require_loop()
+        msg_id = P.new_id()
+        header: dict[str, Any] = {P.KIND: Kind.PUBLISH, P.ID: msg_id, P.TOPIC: topic}
+        if headers:
+            header[P.HEADERS] = headers
+        data = self._payload(payload)
+        if qos == 0 and not reach:
+            window = self._window
+            await window.wait_pause(loop)
+            window.unconfirmed.add(msg_id)
+            self._enqueue((P.TOPIC, topic, 0), header, data)
+            if self._handler_slots.paused:  # its confirmation must be read
+                self._handler_slots.check_reading()
+            if window.full():
+                await window.wait_room(self.socket_path)
+            else:
+                await self._backpressure()
+            return None
+        await self._calls.wait(CONTROL_TIMEOUT)
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending[msg_id] = fut
+        # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
+        self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT
+        try:
+            self._enqueue((P.TOPIC, topic, qos), header, data)
+            return int(await fut)
+        finally:
+            self._pending.pop(msg_id, None)
+            self._expiring.pop(msg_id, None)
+            self._calls.give_back()
+
+    async def subscribe(self, topic: str, *, durable: bool = False) -> None:
+        """Receive publications on ``topic`` (idempotent).
+
+        ``durable=True``: qos-1 publications on it reach this agent at least once, handled once,
+        even across a partition or a restart of this agent's daemon.
+        """
+        if not P.valid_topic(topic):
+            raise ValidationFailed(f"invalid topic {topic!r}")
+        header: dict[str, Any] = {P.KIND: Kind.SUBSCRIBE, P.TOPIC: topic}
+        if durable:
+            header[P.QOS] = 1
+        await self._control(header)
+        self._topics[topic] = durable
+
+    async def unsubscribe(self, topic: str) -> None:
+        """Stop receiving ``topic`` (idempotent)."""
+        await self._control({P.KIND: Kind.UNSUBSCRIBE, P.TOPIC: topic})
+        self._topics.pop(topic, None)
+
+    async def agents(self) -> list[dict[str, Any]]:
+        """Every agent in the mesh as this daemon knows it."""
+        result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "agents"})
+        return list(result or [])
+
+    async def peers(self) -> list[dict[str, Any]]:
+        """The daemons this daemon knows, with their state."""
+        result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "peers"})
+        return list(result or [])
+
+    async def admin(self, op: str, **args: Any) -> Any:
+        """A daemon operation (``deadletters.list``, ``.show``, ``.replay``, ``.purge``), as meshctl uses."""
+        return await self._control({P.KIND: Kind.ADMIN, P.OP: op}, args)
+
+    async def node_info(self) -> dict[str, Any]:
+        """The local daemon's identity, endpoints and counters."""
+        result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "node"})
+        return dict(result or {})
+
+    # ------------------------------------------------------------------ syscall tools (issue 9)
+
+    async def tools(self, *, format: str | None = None) -> list[dict[str, Any]]:
+        """The tools this daemon serves: name, description, input_schema, side_effects, plugin
+        (or, with ``format`` = ``openai`` / ``anthropic`` / ``mcp``, the shape that API takes)."""
+        from meshd.wire.system_names import TOPIC_LIST
+
+        result = await system_request(self, TOPIC_LIST, {"format": format} if format else None,
+                                      CONTROL_TIMEOUT)
+        return list(result or [])
+
+    async def call_tool(self, name: str, args: dict[str, Any] | None = None, *,
+                        timeout: float = DEFAULT_REQUEST_TIMEOUT) -> Any:
+        """Call tool ``name`` with ``args`` on the local daemon and return its result. Failures are
+        typed: NoSuchTool, ValidationFailed (names the field), Forbidden, QuotaExceeded,
+        ApprovalDenied, NotWired, RequestTimeout (a held call not decided within ``timeout``)."""
+        from meshd.wire.system_names import TOPIC_CALL
+
+        return await system_request(self, TOPIC_CALL, {"name": name, "args": args or {}}, timeout)
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _require_loop(self) -> asyncio.AbstractEventLoop:
+        if self.evicted is not None:
+            raise self.evicted
+        if self._loop is None or self._closed:
+            raise DaemonUnreachable("agent is not connected")
+        return self._loop
+
+    def _call_soon(self, fn: Callable[[], None]) -> None:
+        if self._reactor is not None:  # inside a drain: at its end, this loop turn (Reactor.soon)
+            self._reactor.soon(fn)
+
+    def _payload(self, payload: Any) -> bytes:
+        return self._encode(payload, self.max_payload_bytes)  # ValidationFailed, TooLarge
+
+    def _expire(self, msg_id: str, to: str, topic: str, timeout: float) -> None:
+        fut = self._pending.get(msg_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(RequestTimeout(f"no reply from {to!r} on {topic!r} within {timeout:g} s"))
+
+    def _expire_control(self, msg_id: str) -> None:
+        fut = self._pending.get(msg_id)
+        if fut is not None and not fut.done():
+            fut.set_exception(DaemonUnreachable(f"meshd at {self.socket_path} did not answer"))
+
+    async def _control(self, header: dict[str, Any], body: Any = None,
+                       timeout: float = CONTROL_TIMEOUT) -> Any:
+        """A daemon-addressed call: send at once (never batched), await the ok or error."""
+        loop = self._require_loop()
+        msg_id = P.new_id()
+        header[P.ID] = msg_id
+        timeout -= await self._calls.wait(timeout)
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending[msg_id] = fut
+        timer = loop.call_later(timeout, self._expire_control, msg_id)
+        try:
+            self._batcher.flush()
+            self._push(P.frames(header, P.pack(body) if body is not None else b""))
+            return await fut
+        finally:
+            timer.cancel()
+            self._pending.pop(msg_id, None)
+            self._calls.give_back()
+
+    def _enqueue(self, key: BatchKey, header: dict[str, Any], payload: bytes) -> None:
+        self._require_loop()
+        self._batcher.enqueue(key, header, payload)
+
+    def _reading(self, on: bool) -> None:  # meshd/client/handler_slots.py pauses and resumes reading
+        if self._reactor is not None and self._sock is not None:
+            (self._reactor.resume if on else self._reactor.pause)(self._sock)
+        elif self.embedded is not None and self._sock is not None:
+            conn = cast("InProcessConnection", self._sock)
+            (conn.resume if on else conn.pause)()
+
+    @property
+    def in_flight_max(self) -> int | None:
+        """Calls this agent keeps awaiting answers at once (docs/client.md, "Calls in flight")."""
+        return self._calls.size
+
+    def _busy(self) -> bool:
+        return self._sendq is not None and len(self._sendq) > 0
+
+    def _push(self, frames: list[bytes]) -> None:
+        assert self._sendq is not None, "the agent is not connected"
+        self._sendq.push(frames)
+
+    async def _backpressure(self) -> None:
+        sendq = self._sendq
+        if sendq is not None and len(sendq) > sendq.limit:
+            await sendq.writable.wait()
+
+    def _on_error(self, header: dict[str, Any]) -> None:
+        """An error envelope from the daemon (``Incoming.on_error``, meshd/client/incoming.py)."""
+        self._incoming.on_error(header)
+
+    def _report_held(self, err: MeshError, msg_id: str) -> None:
+        """A held send that cannot go again (registering again failed): report it."""
+        self.errors_received += 1
+        if self.on_error is not None:
+            self.on_error(err, msg_id)
+
+    def heartbeat(self) -> None:
+        """Send one heartbeat now, with :attr:`telemetry` (``queue_depth`` defaults to the handlers
+        running). The agent calls it every ``heartbeat_interval`` unless ``auto_heartbeat=False``."""
+        if self._closed or self._sock is None:
+            return
+        depth = len(self._dispatch.tasks) + len(self._handler_slots.parked)
+        telemetry = {"queue_depth": depth} | self.telemetry
+        self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
+
+
+__all__ = ["DEFER", "Agent", "HandoffResult", "Message"]

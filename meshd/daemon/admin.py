@@ -1,0 +1,167 @@
+"""meshctl's view of a daemon: queries (agents, peers) and dead-letter operations.
+
+Owns: the answers to ``query`` (``agents``, ``peers``; ``node`` comes from node.py, which sees
+every part) and to ``admin`` calls (``deadletters.list``, ``.show``, ``.replay``, ``.purge``).
+It reads the directory, the peer table and the dead letters; a replay hands the message back to
+routing (qos 0) or to the qos-1 outbox. It must not change peers or agents.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from meshd.delivery.dead_letters import DeadLetters
+from meshd.delivery.local_agents import AgentLink
+from meshd.mesh.directory import Directory
+from meshd.mesh.liveness import PeerState
+from meshd.mesh.peers import PeerTable
+from meshd.wire import protocol as P
+from meshd.wire.protocol import FrameError, Kind
+from meshd.wire.system_names import SYSTEM_PREFIX
+
+if TYPE_CHECKING:
+    from meshd.delivery.qos1_driver import Qos1Driver
+    from meshd.delivery.router import Router
+
+__all__ = ["Admin", "letter_summary"]
+
+_REPLAYABLE = frozenset({Kind.SEND, Kind.REQUEST, Kind.BATCH})
+
+
+def letter_summary(letter: dict[str, Any]) -> dict[str, Any]:
+    """One dead letter as ``meshctl deadletters`` lists it."""
+    header = letter.get("header") or {}
+    return {
+        "seq": letter["seq"], "at": letter["at"], "reason": letter["reason"], "detail": letter["detail"],
+        "attempts": letter.get("attempts", 0), "header": header,
+        "kind": header.get(P.KIND), "from": header.get(P.FROM), "to": header.get(P.TO),
+        "topic": header.get(P.TOPIC), "bytes": sum(len(f) for f in letter["frames"]),
+    }
+
+
+class Admin:
+    """Queries and dead-letter operations for meshctl."""
+
+    def __init__(self, *, node_id: str, name: str, directory: Directory, peer_table: PeerTable,
+                 dead_letters: DeadLetters, link: AgentLink) -> None:
+        self.node_id = node_id
+        self.name = name
+        self.directory = directory
+        self.peer_table = peer_table
+        self.peers = peer_table.peers
+        self.dead_letters = dead_letters
+        self.link = link
+        self.router: Router
+        self.qos: Qos1Driver
+        #: The doctor's report (meshd.daemon.doctor.daemon_report), wired by node.py.
+        self.doctor: Callable[[], dict[str, Any]] = dict
+        #: Sends one mDNS query for meshd nodes now (Discovery.send_query), wired by node.py: the
+        #: doctor asks for it while it listens, so that a quiet LAN still shows traffic.
+        self.mdns_query: Callable[[], bool] = lambda: False
+
+    def handle(self, rid: bytes, msg_id: Any, header: P.Header, frames: list[bytes]) -> None:
+        """meshctl's operations on this daemon (dead letters)."""
+        op = header.get(P.OP)
+        try:
+            args = P.unpack_body(frames[3], 64 * 1024) if frames[3] else {}
+        except FrameError as exc:
+            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, str(exc))
+            return
+        if not isinstance(args, dict):
+            args = {}
+        result: Any
+        if op == "deadletters.list":
+            result = [letter_summary(d) for d in self.dead_letters.list()]
+        elif op == "deadletters.show":
+            seq = args.get("seq")
+            letter = self.dead_letters.get(seq) if isinstance(seq, int) else None
+            if letter is None:
+                self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                       f"no dead letter {args.get('seq')!r}")
+                return
+            result = letter_summary(letter) | {"frames": letter["frames"]}
+        elif op == "deadletters.replay":
+            result = self.replay(args)
+        elif op == "deadletters.purge":
+            result = {"purged": self.dead_letters.purge()}
+        elif op == "peers.discovered":
+            result = self.discovered_list()
+        elif op == "doctor":
+            result = self.doctor()
+            if args.get("mdns_query") is True:
+                result["facts"]["mdns_query_sent"] = self.mdns_query()
+        else:
+            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                 f"unknown admin op {P.safe_repr(op)}")
+            return
+        self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack(result))
+
+    def replay(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Send dead letters again (one by seq, or all matching a reason / destination)."""
+        seq = args.get("seq")
+        reason = args.get("reason")
+        to = args.get("to")
+        chosen = []
+        for letter in self.dead_letters.list():
+            if seq is not None and letter["seq"] != seq:
+                continue
+            if reason and letter["reason"] != reason:
+                continue
+            header = letter["header"]
+            if not isinstance(header, dict) or header.get(P.KIND) not in _REPLAYABLE:
+                continue  # malformed input and control traffic cannot be replayed
+            if to and header.get(P.TO) != to:
+                continue
+            chosen.append(letter)
+        replayed = 0
+        for letter in chosen:
+            fields = dict(letter["header"])
+            dest = fields.get(P.TO)
+            if not isinstance(dest, str):
+                continue
+            fields[P.ID] = P.new_id()  # a fresh unit: the receiver may have seen the old id
+            try:
+                header = P.header_from_map(fields)
+            except FrameError:
+                continue  # kept for inspection; it cannot travel again
+            if len(letter["frames"]) != 3:
+                continue  # not one message (signature, header, payload): kept for inspection
+            self.dead_letters.pop(letter["seq"])
+            frames = P.frames(fields, letter["frames"][2])
+            if header.qos == 1:
+                sender = self.directory.local.get(str(header.sender))
+                self.qos.accept(sender.rid if sender else b"", str(header.sender), fields[P.ID], dest,
+                                frames)
+            else:
+                self.router.route(dest, header, frames)
+            replayed += 1
+        return {"replayed": replayed}
+
+    def agent_list(self) -> list[dict[str, Any]]:
+        # System agents (meshd.sys.<node>, the daemons' tool servers) are not listed.
+        agents = [a.record(self.node_id) | {"node_name": self.name} for a in self.directory.local.values()
+                  if not a.name.startswith(SYSTEM_PREFIX)]
+        for peer in self.peers.values():
+            if peer.state is PeerState.OFFLINE:
+                continue
+            for name, rec in self.directory.records_of(peer.node_id).items():
+                if name.startswith(SYSTEM_PREFIX):
+                    continue
+                live = peer.telemetry.get(name)
+                extra = live if isinstance(live, dict) else {}
+                agents.append(dict(rec) | extra | {"node": peer.node_id, "node_name": peer.name})
+        return sorted(agents, key=lambda r: str(r.get("name")))
+
+    def peer_list(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        clones = self.peer_table.clones
+        rows = [p.info(now, len(self.directory.records_of(p.node_id))) for p in self.peers.values()]
+        for row in rows:
+            row["duplicate"] = clones.describe(row["node"]) or None
+        return sorted(rows, key=lambda r: r["node"])
+
+    def discovered_list(self) -> list[dict[str, Any]]:
+        """Nodes discovered that are not peers (untrusted key, other mesh, other protocol)."""
+        return self.peer_table.sightings.rows()
