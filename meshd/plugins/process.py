@@ -2,36 +2,28 @@
 
 Owns: :class:`ProcessWorker` (the parent side: the bounded ``multiprocessing`` queue the routing
 loop offers events to, the supervisor thread that merges the child's counters and restarts it with
-:func:`meshd.util.backoff.backoff_delay` when it dies), :func:`child_main` (the child: imports the plugin
-again, calls ``meshd_configure`` and ``meshd_startup``, then the observer hooks, then
-``meshd_shutdown``), and :class:`NodeSnapshot` (the picklable :class:`meshd.view.NodeView` the
-child's lifecycle hooks get). Must not touch: the pluggy manager of the daemon or the node itself.
+:func:`meshd.util.backoff.backoff_delay` when it dies) and :class:`NodeSnapshot` (the picklable
+:class:`meshd.view.NodeView` the child's lifecycle hooks get). The child itself is
+meshd/plugins/child.py. Must not touch: the pluggy manager of the daemon or the node itself.
 
 Why: a CPU-bound hook on a thread competes with routing for the interpreter lock; in a child
 process it only competes for a core. The cost is pickling every event across the pipe.
-
-The child never outlives the daemon: it asks the kernel for SIGKILL when its parent dies
-(``PR_SET_PDEATHSIG``), and also checks its parent id whenever its queue is idle for a second.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import ctypes
 import importlib
 import logging
 import os
 import queue
-import signal
 import threading
 import time
-from collections import Counter as _Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from meshd.plugins.workers import DROP_LOG_EVERY, Counter, Event, call_impl, close_loop
+from meshd.plugins.workers import DROP_LOG_EVERY, Counter, Event
 from meshd.util.backoff import backoff_delay
 from meshd.view import MetricsSnapshot
 
@@ -40,7 +32,7 @@ if TYPE_CHECKING:  # imported when the first isolation = "process" plugin starts
     import multiprocessing.process
     import multiprocessing.queues
 
-__all__ = ["NodeSnapshot", "ProcessWorker", "child_main"]
+__all__ = ["NodeSnapshot", "ProcessWorker"]
 
 log = logging.getLogger("meshd.plugins")
 
@@ -48,7 +40,6 @@ _RESULTS_SIZE: Final = 64  # counter deltas in flight from the child; deltas mer
 _RESTART_BASE: Final = 0.5
 _RESTART_CAP: Final = 30.0
 _STABLE_AFTER: Final = 60.0  # a child that lived this long restarts from the first back-off step
-_PR_SET_PDEATHSIG: Final = 1
 
 
 def _spawn() -> multiprocessing.context.SpawnContext:
@@ -161,7 +152,7 @@ class ProcessWorker:
 
     def _spawn(self) -> None:
         proc = _spawn().Process(
-            target=child_main, name=f"meshd-plugin-{self.name}", daemon=True,
+            target=_run_child, name=f"meshd-plugin-{self.name}", daemon=True,
             args=(self.name, self.spec, self.section, self.node, self.hook_timeout, self._events,
                   self._results, os.getpid()),
         )
@@ -260,73 +251,11 @@ class ProcessWorker:
 # -- the child --------------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+CHILD_MODULE: Final = "meshd.plugins.child"
+"""Where the child's entry lives. It builds its own ``PluginHost``, and meshd/plugins/host.py imports
+this module, so the child's module is named here and imported in the child only (no import cycle)."""
 
 
-def _import_spec(spec: str) -> object:
-    module_name, _, attr = spec.partition(":")
-    obj: object = importlib.import_module(module_name)
-    for part in filter(None, attr.split(".")):
-        obj = getattr(obj, part)
-    return obj
-
-
-def child_main(name: str, spec: str, section: dict[str, Any], node: NodeSnapshot | None,
-               hook_timeout: float, events: multiprocessing.queues.Queue[Event | None],
-               results: multiprocessing.queues.Queue[dict[str, int]], parent_pid: int) -> None:
-    """Run plugin ``name`` in this (child) process until the end marker or the parent's death."""
-    _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s plugin {name}[%(process)d] %(message)s")
-    from meshd.plugins import host as plugins  # the child's own host: same loading, same calls
-
-    # The child's own host: the same loading, configuration (meshd_configure) and isolated calls.
-    host = plugins.PluginHost(load_entrypoints=False, environ={}, hook_timeout=hook_timeout,
-                              sections={name: section})
-    sent: _Counter[str] = _Counter()
-
-    def flush(block: bool = False) -> None:
-        """Send the host's counts not sent yet; when the pipe is full they wait for the next try."""
-        delta = host.stats - sent
-        if not delta:
-            return
-        try:
-            if block:
-                results.put(dict(delta), timeout=2.0)
-            else:
-                results.put_nowait(dict(delta))
-        except (queue.Full, ValueError, OSError):
-            return
-        sent.update(delta)
-
-    loop = asyncio.new_event_loop()
-
-    def call(hook: str, kwargs: Mapping[str, Any]) -> None:
-        for impl in reversed(getattr(host.pm.hook, hook).get_hookimpls()):
-            if not (impl.wrapper or impl.hookwrapper):
-                call_impl(loop, name, impl, hook, kwargs, hook_timeout, host.count)
-
-    try:
-        host.register(_import_spec(spec), name=name)  # validates the section, calls meshd_configure
-        if node is not None:
-            call("meshd_startup", {"node": node})
-        flush()
-        while True:
-            try:
-                item = events.get(timeout=1.0)
-            except queue.Empty:
-                if os.getppid() != parent_pid:
-                    return  # the daemon is gone
-                flush()
-                continue
-            if item is None:
-                break
-            hook, kwargs = item
-            call(hook, kwargs)
-            flush()
-    finally:
-        flush(block=True)
-        close_loop(loop)
+def _run_child(*args: Any) -> None:
+    """The child process's entry (what ``multiprocessing`` starts): hands over to ``child_main``."""
+    importlib.import_module(CHILD_MODULE).child_main(*args)
