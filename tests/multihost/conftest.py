@@ -1,23 +1,21 @@
 """Multi-host fixtures: one real ``meshd run`` per netlab host (a network namespace each).
 
-``netlab`` (../shared/netlab, beside the checkout) builds hosts PREFIX1..PREFIX3 with addresses
-198.18.0.1-3 on one bridge; mDNS multicast works between them. Each daemon runs inside its host's
-namespace and binds/discovers only on that host's eth0. The agents run in this (root-namespace)
-pytest process: an ipc:// socket is a file, so it is reachable from any network namespace.
+``meshd.testing.netlab`` (in the package: a fresh clone needs nothing beside it) builds hosts
+PREFIX1..PREFIX3 with addresses 198.18.0.1-3 on one bridge; mDNS multicast works between them.
+Each daemon runs inside its host's namespace and binds/discovers only on that host's eth0. The
+agents run in this (root-namespace) pytest process: an ipc:// socket is a file, so it is reachable
+from any network namespace.
 
 Needs root and iproute2; every test here is skipped with a reason otherwise. The prefix is
-random lowercase letters (netlab's cut/plug strip trailing digits to find the switch), so
-parallel sessions never share hosts, and ``netlab down PREFIX`` always runs at teardown.
+random lowercase letters, so parallel sessions never share hosts, and ``Netlab.down`` always runs
+at teardown.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import random
 import shutil
 import signal
-import string
 import subprocess
 import sys
 import time
@@ -30,54 +28,13 @@ import pytest
 
 from meshd.client import BlockingAgent, Message
 from meshd.testing import MeshdProcess, short_tempdir, wait_until
+from meshd.testing.netlab import Netlab, random_prefix, skip_reason
 
-NETLAB = Path(__file__).resolve().parents[2].parent / "shared" / "netlab"
+__all__ = ["AGENT_HEARTBEAT", "FAST", "HOSTS", "MultiHost", "Netlab", "NetnsDaemon", "running", "skip_reason"]
+
 HOSTS = 3
 FAST = ["--heartbeat-interval", "0.25", "--stale-after", "1", "--offline-after", "2"]
 AGENT_HEARTBEAT = 0.25  # the daemon's --offline-after applies to its local agents too
-
-
-def skip_reason() -> str | None:
-    if not sys.platform.startswith("linux"):
-        return "multi-host tests need Linux network namespaces"
-    if os.geteuid() != 0:
-        return "multi-host tests need root (they create network namespaces with netlab)"
-    if shutil.which("ip") is None:
-        return "multi-host tests need iproute2 (`ip` not found)"
-    if not NETLAB.is_file():
-        return f"multi-host tests need netlab, not found at {NETLAB}"
-    return None
-
-
-class Netlab:
-    """Thin wrapper over the netlab script for one prefix."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.cut_hosts: set[int] = set()
-
-    def run(self, *args: str) -> None:
-        done = subprocess.run(["bash", str(NETLAB), *args], capture_output=True, text=True, timeout=30)
-        if done.returncode != 0:
-            raise RuntimeError(f"netlab {' '.join(args)} failed ({done.returncode}): "
-                               f"{done.stderr.strip() or done.stdout.strip()}")
-
-    def host(self, i: int) -> str:
-        return f"{self.prefix}{i}"
-
-    def up(self, n: int) -> None:
-        self.run("up", str(n), self.prefix)
-
-    def down(self) -> None:
-        self.run("down", self.prefix)
-
-    def cut(self, i: int) -> None:
-        self.run("cut", self.host(i))
-        self.cut_hosts.add(i)
-
-    def plug(self, i: int) -> None:
-        self.run("plug", self.host(i))
-        self.cut_hosts.discard(i)
 
 
 class NetnsDaemon(MeshdProcess):
@@ -192,8 +149,7 @@ class MultiHost:
 
 
 def _prefix() -> str:
-    # No digits: netlab derives the switch from a host name by stripping its trailing digits.
-    return "mt" + "".join(random.choices(string.ascii_lowercase, k=4))
+    return random_prefix("mt")
 
 
 @contextlib.contextmanager

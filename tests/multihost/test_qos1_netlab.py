@@ -19,9 +19,7 @@ otherwise. The lab (prefix of random letters) is removed at teardown whatever ha
 from __future__ import annotations
 
 import importlib.util
-import random
 import shutil
-import string
 import sys
 import time
 import uuid
@@ -33,6 +31,7 @@ from typing import Any
 import pytest
 
 from meshd.testing import short_tempdir
+from meshd.testing.netlab import random_prefix
 
 from .conftest import FAST, Netlab, NetnsDaemon, skip_reason
 
@@ -59,14 +58,11 @@ def _harness() -> ModuleType:
 H = _harness()
 
 
-def netlab(*args: str) -> None:
-    Netlab("").run(*args)
-
-
 class Lab:
     def __init__(self) -> None:
         # No digits: netlab finds the switch by stripping a host name's trailing digits.
-        self.prefix = "mq" + "".join(random.choices(string.ascii_lowercase, k=4))
+        self.net = Netlab(random_prefix("mq"))
+        self.prefix = self.net.prefix
         self.workdir = short_tempdir("mshq-")
         self.mesh = f"mq{uuid.uuid4().hex[:12]}"
         self.daemons: dict[int, NetnsDaemon] = {}
@@ -75,7 +71,7 @@ class Lab:
         return f"{self.prefix}{i}"
 
     def start(self) -> None:
-        netlab("up", "2", self.prefix)
+        self.net.up(2)
         config = self.workdir / "meshd.toml"
         config.write_text("allow_insecure_lan = true\n")
         for i, name in ((SENDER_HOST, "a"), (RECEIVER_HOST, "b")):
@@ -104,7 +100,7 @@ class Lab:
                     sys.stderr.write(f"\n--- log of meshd {d.name} ({d.netns}) ---\n{d.log()}\n")
         finally:
             try:
-                netlab("down", self.prefix)
+                self.net.down()
             finally:
                 shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -142,13 +138,13 @@ def test_partition(lab: Lab, stream: Any) -> None:
     stream.start_receiver()
     stream.start_sender()
     stream.wait_handled(500, timeout=30)
-    netlab("cut", lab.host(RECEIVER_HOST))
+    lab.net.cut(RECEIVER_HOST)
     cut_at = H.count_lines(stream.recv_out)
     try:
         time.sleep(PARTITION_S)
         during = H.count_lines(stream.recv_out) - cut_at
     finally:
-        netlab("plug", lab.host(RECEIVER_HOST))
+        lab.net.plug(RECEIVER_HOST)
     t_plug = time.monotonic()
     stats = stream.finish(f"netlab {PARTITION_S:g} s partition", timeout=80)
     print(f"  (cut after {cut_at} handler runs; {during} more ran during the cut; all handled and "
@@ -162,13 +158,13 @@ def test_packet_loss(lab: Lab, stream: Any) -> None:
     if shutil.which("nft") is None:
         pytest.skip("netlab loss needs nftables (`nft` not found)")
     stream.start_receiver()
-    netlab("loss", lab.host(RECEIVER_HOST), str(LOSS_PCT))
+    lab.net.loss(RECEIVER_HOST, LOSS_PCT)
     t0 = time.monotonic()
     try:
         stream.start_sender()
         stats = stream.finish(f"netlab {LOSS_PCT}% packet loss at the receiver", timeout=80)
     finally:
-        netlab("loss", lab.host(RECEIVER_HOST), "0")
+        lab.net.loss(RECEIVER_HOST, 0)
     print(f"  (stream handled and acked in {time.monotonic() - t0:.1f} s)")
     H.check(stats, H.COUNT // 100)
     assert stats["dup_delivered"] == 0, "lost packets alone must not make a handler run twice"

@@ -21,8 +21,8 @@ from meshd import Agent
 from meshd.config.settings import Settings, TaskSettings
 from meshd.tasks import TaskCall, TaskService, TaskWorker
 from meshd.testing import async_wait_until, short_tempdir, wait_listed
+from meshd.testing.netlab import random_prefix
 
-from . import conftest
 from .conftest import MultiHost, Netlab, running, skip_reason
 
 pytestmark = pytest.mark.multihost
@@ -30,15 +30,10 @@ pytestmark = pytest.mark.multihost
 
 @pytest.fixture(scope="module")
 def hosts(request: pytest.FixtureRequest) -> Iterator[MultiHost]:
-    if not conftest.NETLAB.is_file():  # a worktree one level deeper than the main checkout
-        found = [p / "shared" / "netlab" for p in Path(__file__).resolve().parents
-                 if (p / "shared" / "netlab").is_file()]
-        if found:
-            conftest.NETLAB = found[0]
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    mh = MultiHost(Netlab("tk"), short_tempdir("mshtk-"), mesh=f"tk{uuid.uuid4().hex[:12]}")
+    mh = MultiHost(Netlab(random_prefix("tk")), short_tempdir("mshtk-"), mesh=f"tk{uuid.uuid4().hex[:12]}")
     with running(request, mh):
         mh.wait_full_mesh()
         yield mh
