@@ -14,9 +14,9 @@ and its constants are re-exported lazily (``from meshd.plugins import PluginHost
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from meshd.plugins.host import BLOCKED_ENV, ENTRYPOINT_GROUP, OBSERVER_HOOKS, PluginHost
+    from meshd.plugins.host import AUTOLOAD_ENV, BLOCKED_ENV, ENTRYPOINT_GROUP, OBSERVER_HOOKS, PluginHost
 
-__all__ = ["BLOCKED_ENV", "ENTRYPOINT_GROUP", "OBSERVER_HOOKS", "PluginHost"]
+__all__ = ["AUTOLOAD_ENV", "BLOCKED_ENV", "ENTRYPOINT_GROUP", "OBSERVER_HOOKS", "PluginHost"]
 
 
 def __getattr__(name: str) -> Any:

@@ -60,12 +60,16 @@ from meshd.plugins.workers import ThreadWorker, call_impl, close_loop, plain
 if TYPE_CHECKING:  # imported by plugin_config only when a plugin declares settings
     from pydantic import BaseModel
 
-__all__ = ["BLOCKED_ENV", "ENTRYPOINT_GROUP", "OBSERVER_HOOKS", "PluginHost"]
+__all__ = ["AUTOLOAD_ENV", "BLOCKED_ENV", "ENTRYPOINT_GROUP", "OBSERVER_HOOKS", "PluginHost"]
 
 log = logging.getLogger("meshd.plugins")
 
 #: Environment variable naming plugins not to load (comma-separated entry-point or module names).
 BLOCKED_ENV: Final = "MESHD_BLOCKED_PLUGINS"
+#: Environment variable that, set to anything but "" or "0", loads no entry-point plugin at all
+#: (as pytest's PYTEST_DISABLE_PLUGIN_AUTOLOAD): plugins named in the config still load. meshd's own
+#: test suite sets it, so a plugin installed beside meshd cannot change what the daemon tests see.
+AUTOLOAD_ENV: Final = "MESHD_DISABLE_PLUGIN_AUTOLOAD"
 #: The entry-point group third-party distributions register their plugin under.
 ENTRYPOINT_GROUP: Final = hookspecs.PROJECT
 #: Hooks called by each plugin's worker, through its queue.
@@ -140,6 +144,8 @@ class PluginHost(ToolHooks):
         #: node turns its outcome tracking on or off with it).
         self.on_change: Callable[[], None] | None = None
         env = os.environ if environ is None else environ
+        if env.get(AUTOLOAD_ENV, "") not in ("", "0"):
+            self.load_entrypoints = False
         self.blocked: tuple[str, ...] = tuple(
             name.strip() for name in env.get(BLOCKED_ENV, "").split(",") if name.strip()
         )

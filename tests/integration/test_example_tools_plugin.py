@@ -13,6 +13,7 @@ import pytest
 
 from meshd import Agent
 from meshd.errors import ApprovalDenied, NoSuchAgent, ValidationFailed
+from meshd.plugins import AUTOLOAD_ENV  # on again: these tests are about entry-point plugins
 from meshd.testing import MeshdFactory, async_wait_until, pip_install, wait_listed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +34,8 @@ def test_pip_installed_tool_plugin(meshd_factory: MeshdFactory, installed_tools:
         approval = { leave_note = "deny" }
         approval_timeout = 5.0
     """))
-    a = meshd_factory.spawn("a", "--config", str(conf), env={"PYTHONPATH": str(installed_tools)})
+    a = meshd_factory.spawn("a", "--config", str(conf), env={"PYTHONPATH": str(installed_tools),
+                                                                 AUTOLOAD_ENV: "0"})
     b = meshd_factory.spawn("b")
     meshd_factory.wait_mesh([a, b])
 

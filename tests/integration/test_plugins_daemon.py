@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from meshd import Agent, NoSuchAgent
+from meshd.plugins import AUTOLOAD_ENV  # on again: these tests are about entry-point plugins
 from meshd.testing import MeshdFactory, pip_install, wait_listed, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 def test_pip_installed_plugin_sees_outcomes_and_dead_letters(meshd_factory: MeshdFactory,
                                                             installed_plugin: Path) -> None:
     out = meshd_factory.workdir / "observer.jsonl"
-    env = {"PYTHONPATH": str(installed_plugin), "MESHD_EXAMPLE_OBSERVER_OUT": str(out),
+    env = {"PYTHONPATH": str(installed_plugin), AUTOLOAD_ENV: "0", "MESHD_EXAMPLE_OBSERVER_OUT": str(out),
            "MESHD_DEAD_LETTER_JSONL": "true"}
     a = meshd_factory.spawn("a", env=env)
     b = meshd_factory.spawn("b")
@@ -265,7 +266,7 @@ def test_process_isolation_in_a_daemon_and_children_die_with_it(meshd_factory: M
         "cpu_hog": {"isolation": "process"},
         "example_observer": {"isolation": "process", "out": str(out)},
     })
-    env = {"PYTHONPATH": f"{site}:{installed_plugin}"}
+    env = {"PYTHONPATH": f"{site}:{installed_plugin}", AUTOLOAD_ENV: "0"}
     a = meshd_factory.spawn("a", "--config", str(conf), env=env)
     b = meshd_factory.spawn("b")
     meshd_factory.wait_mesh([a, b])

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from meshd import Agent, NoSuchAgent
+from meshd.plugins import AUTOLOAD_ENV  # on again: these tests are about entry-point plugins
 from meshd.testing import MeshdFactory, MeshdProcess, pip_install, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,7 +88,7 @@ def read_port(path: Path) -> int:
 
 def test_prometheus_plugin_serves_metrics(meshd_factory: MeshdFactory, installed_plugin: Path) -> None:
     port_file = meshd_factory.workdir / "prometheus.port"
-    env = {"PYTHONPATH": str(installed_plugin), "MESHD_PROMETHEUS_PORT": "0",
+    env = {"PYTHONPATH": str(installed_plugin), AUTOLOAD_ENV: "0", "MESHD_PROMETHEUS_PORT": "0",
            "MESHD_PROMETHEUS_PORT_FILE": str(port_file)}
     a = meshd_factory.spawn("a", env=env)
     b = meshd_factory.spawn("b")
@@ -175,7 +176,7 @@ def test_prometheus_plugin_serves_metrics(meshd_factory: MeshdFactory, installed
 
 
 def test_bad_port_does_not_stop_the_daemon(meshd_factory: MeshdFactory, installed_plugin: Path) -> None:
-    a: MeshdProcess = meshd_factory.spawn("a", env={"PYTHONPATH": str(installed_plugin),
+    a: MeshdProcess = meshd_factory.spawn("a", env={"PYTHONPATH": str(installed_plugin), AUTOLOAD_ENV: "0",
                                                     "MESHD_PROMETHEUS_PORT": "not-a-port"})
     # the start-up hooks run once the node is up, so poll (bounded)
     info = wait_until(lambda: (i := a.query("node"))["plugins"]["stats"].get("failed:prometheus") and i,

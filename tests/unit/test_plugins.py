@@ -26,7 +26,7 @@ import pytest
 from meshd.errors import ConfigError
 from meshd.hookspecs import hookimpl
 from meshd.plugins.builtin import JsonlDeadLetterSink
-from meshd.plugins.host import BLOCKED_ENV, PluginHost
+from meshd.plugins.host import AUTOLOAD_ENV, BLOCKED_ENV, PluginHost
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DIR = REPO / "plugins" / "meshd-example-observer"
@@ -507,6 +507,24 @@ def test_entry_points_load_in_isolation(make_host: Callable[..., PluginHost], pl
     assert plugins["fake_good"] == {"name": "fake_good", "status": "loaded", "module": "meshd_test_ep_good",
                                     "dist": "meshd-fake-plugins 1.0", "hooks": ["meshd_collaboration"],
                                     "error": None, "isolation": "thread", "queue_size": 10_000}
+
+
+def test_autoload_off_loads_no_entry_point_but_the_configured_modules(
+        make_host: Callable[..., PluginHost], plugin_dir: Path) -> None:
+    dist_info = plugin_dir / "meshd_fake_autoload-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: meshd-fake-autoload\nVersion: 1.0\n")
+    (dist_info / "entry_points.txt").write_text("[meshd]\nfake_autoload_ep = meshd_test_autoload_ep\n")
+    _write_module(plugin_dir, "meshd_test_autoload_ep", GOOD_MODULE)
+    _write_module(plugin_dir, "meshd_test_autoload_mod", GOOD_MODULE)
+
+    host = make_host("meshd_test_autoload_mod", load_entrypoints=True, environ={AUTOLOAD_ENV: "1"})
+    host.load()
+    assert "meshd_test_autoload_ep" not in sys.modules
+    assert [p["name"] for p in host.list_plugins()] == ["meshd_test_autoload_mod"]
+    on = make_host(load_entrypoints=True, environ={AUTOLOAD_ENV: "0"})
+    on.load()
+    assert "fake_autoload_ep" in {p["name"] for p in on.list_plugins()}
 
 
 def test_blocked_plugins_are_not_even_imported(
