@@ -1,12 +1,41 @@
-"""Fixtures shared by the unit tests."""
+"""Fixtures shared by the unit tests, and their rule: no network socket (zmq inproc only).
+
+Unit tests run in seconds and in parallel with anything: a test that binds or connects an IP
+socket (a real daemon, an HTTP server) belongs in tests/integration. The guard below fails such a
+test at its first bind or connect (a ZeroMQ tcp:// endpoint is refused by ``_no_zmq_tcp``).
+"""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import zmq
+
+_IP = (socket.AF_INET, socket.AF_INET6)
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(original: Callable[..., Any]) -> Callable[..., Any]:
+        def guarded(self: socket.socket, *args: Any) -> Any:
+            if self.family in _IP:
+                raise AssertionError("a unit test opened a network socket: move it to tests/integration")
+            return original(self, *args)
+        return guarded
+
+    for name in ("bind", "connect", "connect_ex"):
+        monkeypatch.setattr(socket.socket, name, refuse(getattr(socket.socket, name)))
+    for name in ("bind", "connect"):
+        original = getattr(zmq.Socket, name)
+
+        def guarded_zmq(self: zmq.Socket[Any], addr: str, _original: Any = original) -> Any:
+            if not str(addr).startswith("inproc://"):
+                raise AssertionError(f"a unit test used {addr}: move it to tests/integration")
+            return _original(self, addr)
+        monkeypatch.setattr(zmq.Socket, name, guarded_zmq)
 
 InprocPair = Callable[[bytes], tuple[zmq.Socket[Any], zmq.Socket[Any]]]
 
