@@ -74,6 +74,12 @@ class BlockingAgent:
     def peers(self) -> list[dict[str, Any]]:
         return self._call(self.agent.peers(), CONTROL_TIMEOUT + 1)
 
+    def node_info(self) -> dict[str, Any]:
+        return self._call(self.agent.node_info(), CONTROL_TIMEOUT + 1)
+
+    def admin(self, op: str, **args: Any) -> Any:
+        return self._call(self.agent.admin(op, **args), CONTROL_TIMEOUT + 1)
+
     def close(self) -> None:
         try:
             self._call(self.agent.close(), CONTROL_TIMEOUT)

@@ -172,6 +172,17 @@ class Settings(BaseModel):
         description="Seconds between checks of this host's interface addresses (0 = never): a "
         "gained, lost or changed address re-binds, re-advertises and re-greets peers.",
     )
+    discovery_requery_max: float = Field(
+        default=60.0, ge=1.0, le=3600.0,
+        description="Longest pause, in seconds, between the mDNS queries of a node that has fewer "
+        "peers than it heard of (a node with no peer at all asks at least every 10 s): discovery "
+        "never gives up on a node that missed its first seconds on the LAN.",
+    )
+    alone_warning_after: float = Field(
+        default=30.0, ge=0,
+        description="Seconds without any peer before the daemon logs, once, what discovery heard "
+        "(0 = never).",
+    )
     # limits
     discovered_records_max: int = Field(
         default=256, ge=1,

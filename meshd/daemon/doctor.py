@@ -20,6 +20,7 @@ from meshd.wire import protocol as P
 
 if TYPE_CHECKING:
     from meshd.config.settings import Settings
+    from meshd.discovery.mdns import PeerAdvert
     from meshd.mesh.peers import PeerTable
 
 __all__ = ["daemon_report", "interface_facts", "local_report", "mdns_findings"]
@@ -86,11 +87,22 @@ def local_report(settings: Settings, interfaces: list[str]) -> dict[str, Any]:
 
 
 def daemon_report(settings: Settings, interfaces: list[str], peers: PeerTable,
-                  ports: dict[str, int]) -> dict[str, Any]:
-    """The local report plus what the running daemon has seen: peers, sightings, duplicates."""
+                  ports: dict[str, int], heard: list[PeerAdvert] | None = None) -> dict[str, Any]:
+    """The local report plus what the running daemon has seen: peers, sightings, duplicates, and
+    the nodes discovery ``heard`` of that are no peer online."""
     report = local_report(settings, interfaces)
     problems: list[dict[str, str]] = report["problems"]
     now = time.monotonic()
+    refused = {row["node"] for row in peers.sightings.rows(now)}
+    for ad in heard or ():
+        peer = peers.peers.get(ad.node_id)
+        if ad.node_id in refused or (peer is not None and peer.state is not PeerState.OFFLINE):
+            continue  # refused (a sighting, below) or a peer with a state of its own (below)
+        problems.append(_problem("discovered_not_connected", f"node {ad.node_id} ({ad.name}) answers on "
+                                 f"mDNS at {', '.join(ad.addresses)} but is no peer of this node",
+                                 f"can this host reach TCP {ad.router_endpoint()}? (firewall, route, "
+                                 "its daemon stopped since it advertised)"))
+
     rows = []
     for peer in peers:
         rows.append({"node": peer.node_id, "name": peer.name, "state": str(peer.state),
@@ -109,6 +121,9 @@ def daemon_report(settings: Settings, interfaces: list[str], peers: PeerTable,
         if row["state"] == "untrusted":
             hint = (f"compare {row['fingerprint']} with `meshctl keys show` on that host, then "
                     f"`meshctl keys trust {row['trust_name']}`")
+        elif row["state"] == "other-security":
+            hint = ("run every node of a mesh in one mode: CurveZMQ (trusted keys or a mesh secret), or "
+                    "--insecure with allow_insecure_lan on a private lab LAN")
         elif row["state"] == "other-mesh":
             hint = f"set mesh = {settings.mesh!r} on it (or join its mesh) if it should be in this one"
         else:
@@ -124,6 +139,9 @@ def daemon_report(settings: Settings, interfaces: list[str], peers: PeerTable,
                                  "machine too", "`meshd reset-identity` here or there, then restart"))
     report["facts"].update({
         "node": peers.node_id, "peers": rows, "discovered_not_peers": peers.sightings.rows(now),
+        "peers_online": peers.online_count(),
+        "heard_on_mdns": [{"node": ad.node_id, "name": ad.name, "addresses": list(ad.addresses)}
+                          for ad in heard or ()],
         "ports": ports,
         "firewall": f"allow TCP {ports.get('router')} and {ports.get('pub')} and UDP 5353 (mDNS) "
                     "on the interfaces above",
@@ -139,6 +157,15 @@ def mdns_findings(report: dict[str, Any], traffic: list[dict[str, Any]], seconds
     queried = bool(facts.get("mdns_query_sent"))
     expected = bool(facts.get("peers") or facts.get("discovered_not_peers"))
     facts["mdns"] = {"listened_s": seconds, "daemon_queried": queried, "interfaces": traffic}
+    answers = sum(int(t.get("meshd_answers") or 0) for t in traffic)
+    if facts.get("peers_online") == 0 and answers:
+        names = sorted({n for t in traffic for n in t.get("meshd_names") or ()})
+        report["problems"].append(_problem(
+            "alone_but_answered", f"this node has no peer online, yet {answers} meshd answer(s) were "
+            f"heard in {seconds:g} s ({', '.join(names[:6]) or 'names not kept'})",
+            "if those are nodes of this mesh, their answers reach this host but this daemon did not "
+            "connect: see discovered_not_connected above, the node's log (no peer for ...), and "
+            "whether they run another mesh name or security mode"))
     for t in traffic:
         where = f"{t['interface']} ({t['address']})"
         if t["error"] and t["joined"] is False and not t["error"].startswith("counted with"):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import socket as pysocket
@@ -55,7 +56,7 @@ from meshd.delivery.outcomes import Outcomes
 from meshd.delivery.qos1_driver import Qos1Driver
 from meshd.delivery.router import Router
 from meshd.discovery.mdns import Discovery, default_interfaces
-from meshd.errors import StartupError, StateFileError
+from meshd.errors import ConfigError, StartupError, StateFileError
 from meshd.mesh.directory import Directory
 from meshd.mesh.directory_updates import DirectoryUpdates
 from meshd.mesh.liveness import PeerState
@@ -308,10 +309,10 @@ class Node:
         curve = self.security.curve
         self.router = transport.mesh_router(ctx, self._max_frame, curve)
         self._sockets.append(self.router)
-        self.router_port = transport.bind_tcp(self.router, self.interfaces, s.port)
+        self.router_port = self._bind_tcp(self.router, s.port, "port")
         self.xpub = transport.mesh_xpub(ctx, self._max_frame, curve)
         self._sockets.append(self.xpub)
-        self.pub_port = transport.bind_tcp(self.xpub, self.interfaces, s.pub_port)
+        self.pub_port = self._bind_tcp(self.xpub, s.pub_port, "pub_port")
         self.agents_sock = transport.agent_router(ctx, max(s.inbox_cap, 1), self._max_frame)
         self._sockets.append(self.agents_sock)
         self._bind_agent_socket(self.agents_sock)
@@ -350,7 +351,8 @@ class Node:
             settled=lambda: peers_settled(self.peer_table))
         self.admin.router = self.routing
         self.admin.doctor = lambda: daemon_report(self.settings, self.interfaces, self.peer_table,
-                                                  {"router": self.router_port, "pub": self.pub_port})
+                                                  {"router": self.router_port, "pub": self.pub_port},
+                                                  self._discovery.heard() if self._discovery else [])
         self.admin.mdns_query = lambda: self._discovery is not None and self._discovery.send_query()
 
     async def _start_discovery(self) -> None:
@@ -361,6 +363,8 @@ class Node:
                 router_port=self.router_port, pub_port=self.pub_port, proto=P.PROTOCOL_VERSION,
                 on_found=self.peer_table.on_discovered, on_lost=self.peer_table.on_discovery_lost,
                 pubkey=self.security.public_key, on_other_mesh=self.peer_table.on_discovered,
+                connected=self.peer_table.online_ids, requery_max=s.discovery_requery_max,
+                alone_warning_after=s.alone_warning_after,
             )
             await self._discovery.start()
         for endpoint in s.peers:
@@ -414,6 +418,21 @@ class Node:
     def _timer(self, loop: Callable[[], Awaitable[None]], name: str) -> None:
         """Start a background loop, supervised: restarted if it raises (meshd/util/supervise.py)."""
         self._timers.append(asyncio.create_task(supervised(loop, name, self.stats, self._quiet), name=name))
+
+    def _bind_tcp(self, sock: zmq.Socket[Any], port: int, key: str) -> int:
+        """Bind a mesh socket on every interface; an address this host does not have is a config
+        error (exit 2: restarting cannot give the host that address), a port in use is not."""
+        try:
+            return transport.bind_tcp(sock, self.interfaces, port)
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError("interfaces", f"{', '.join(self.interfaces)}: not (all) addresses of "
+                                  "this host (fix: --interface with an address `ip -4 addr` lists, or "
+                                  "leave it unset to follow the host's addresses)") from None
+            if exc.errno == errno.EACCES:
+                raise ConfigError(key, f"port {port} needs privileges this user lacks "
+                                  "(fix: a port above 1023, or 0 for any free one)") from None
+            raise
 
     def _bind_agent_socket(self, sock: zmq.Socket[Any]) -> None:
         path = self.socket_path
@@ -588,5 +607,8 @@ class Node:
                         "loaded": [p["name"] for p in self.plugins.list_plugins()
                                    if p["status"] == "loaded"]},
             "qos1": self.qos.info(),
+            "discovery": ({"heard": len(self._discovery.heard()), "requeries": self._discovery.requeries,
+                           "alone_warnings": self._discovery.alone_warnings}
+                          if self._discovery is not None else None),
         }
 

@@ -13,6 +13,15 @@ mDNS record TTLs are long, so a peer killed with SIGKILL stays "found" here unti
 expire; liveness comes from heartbeats. A clean :meth:`Discovery.stop` sends goodbye packets, and
 peers receiving them report ``on_lost`` at once.
 
+Discovery never gives up. zeroconf's browser queries at start (0, 1, 4, 9 s) and then only
+refreshes records near expiry (about an hour): a node whose first seconds on the LAN were lost (a
+switch port still listening/learning, a cable plugged in late) would never hear of anyone, and no
+one of it. So while the node has no peer, or fewer than the nodes it heard of, it asks again
+(``_requery_loop``: 1 s doubling to 10 s while alone, to ``requery_max`` otherwise, jittered, and
+at once after an interface change), with the PTR records it already knows as known answers so
+nodes it knows stay quiet (RFC 6762 §7.1). A node alone for ``alone_warning_after`` seconds logs
+once what it heard.
+
 Owns: the zeroconf instance, our service record and the browser. It must not dial, greet or
 judge trust: it reports adverts (``on_found`` / ``on_lost``) and peers.py decides.
 """
@@ -24,8 +33,10 @@ import contextlib
 import functools
 import ipaddress
 import logging
+import random
 import re
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +45,7 @@ import ifaddr
 from zeroconf import IPVersion, ServiceStateChange, Zeroconf
 from zeroconf._dns import DNSQuestion
 from zeroconf._protocol.outgoing import DNSOutgoing
+from zeroconf._utils.time import current_time_millis
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 from zeroconf.const import _CLASS_IN, _FLAGS_QR_QUERY, _TYPE_PTR
 
@@ -56,6 +68,9 @@ RESOLVE_TIMEOUT_MS = 1500
 RESOLVE_ATTEMPTS = 3
 #: Upper bound on :meth:`Discovery.stop` (goodbyes, browser cancel, socket close).
 STOP_TIMEOUT_S = 2.0
+#: The first pause of the re-query backoff, and its cap while the node has no peer at all.
+REQUERY_FIRST_S = 1.0
+REQUERY_ALONE_MAX_S = 10.0
 
 _MAX_LABEL_BYTES = 63
 _MAX_NAME_CHARS = 40
@@ -214,6 +229,9 @@ class Discovery:
         on_lost: Callable[[str], None],
         pubkey: str | None = None,
         on_other_mesh: Callable[[PeerAdvert], None] | None = None,
+        connected: Callable[[], set[str]] | None = None,
+        requery_max: float = 60.0,
+        alone_warning_after: float = 30.0,
     ) -> None:
         if isinstance(interfaces, str):
             raise TypeError("interfaces must be a sequence of IPv4 address strings, not a str")
@@ -241,6 +259,16 @@ class Discovery:
         self._on_found = on_found
         self._on_lost = on_lost
         self._on_other_mesh = on_other_mesh  # nodes of another mesh: listed by meshctl doctor
+        #: The node ids that are peers online now (the peer table's answer); None: never re-query.
+        self._connected = connected
+        self.requery_max = max(requery_max, REQUERY_FIRST_S)
+        self.alone_warning_after = alone_warning_after
+        self._other_mesh: dict[str, PeerAdvert] = {}  # instance (lower) -> advert, bounded below
+        self._requery_task: asyncio.Task[None] | None = None
+        self._poke = asyncio.Event()
+        #: Re-queries sent (``meshctl node``: discovery.requeries) and the alone-warnings logged.
+        self.requeries = 0
+        self.alone_warnings = 0
         self._instance_name = instance_name(mesh, node_id)
         self._mesh_prefix = f"{_mesh_label_part(mesh, node_id)}-".lower()
 
@@ -281,6 +309,9 @@ class Discovery:
         except BaseException:
             await self.stop()
             raise
+        if self._connected is not None:
+            self._requery_task = asyncio.get_running_loop().create_task(
+                self._requery_loop(), name="meshd-discovery-requery")
         log.info(
             "discovery started: %s on %s (mesh %r)",
             self._instance_name,
@@ -288,15 +319,86 @@ class Discovery:
             self.mesh,
         )
 
-    def send_query(self) -> bool:
+    def send_query(self, known_answers: bool = False) -> bool:
         """Ask for meshd nodes now (one multicast PTR query, as the browser sends); False when
-        discovery is not running. From any thread: ``meshd doctor`` asks for it while it listens."""
-        if self._aiozc is None or self._stopped:
+        discovery is not running. From any thread: ``meshd doctor`` asks for it while it listens.
+        With ``known_answers`` the PTR records already cached go along, so the nodes they name do
+        not answer again (RFC 6762 §7.1); only nodes not heard of yet do."""
+        aiozc = self._aiozc
+        if aiozc is None or self._stopped:
             return False
         out = DNSOutgoing(_FLAGS_QR_QUERY, multicast=True)
         out.add_question(DNSQuestion(SERVICE_TYPE, _TYPE_PTR, _CLASS_IN))
-        self._aiozc.zeroconf.send(out)
+        if known_answers:
+            now = current_time_millis()
+            for record in aiozc.zeroconf.cache.async_all_by_details(SERVICE_TYPE, _TYPE_PTR, _CLASS_IN):
+                if not record.is_stale(now):
+                    out.add_answer_at_time(record, now)
+        aiozc.zeroconf.send(out)
         return True
+
+    def heard(self) -> list[PeerAdvert]:
+        """The adverts of this mesh's nodes discovery has resolved and not seen go (newest last)."""
+        return list(self._known.values())
+
+    def requery_soon(self) -> None:
+        """Start the re-query backoff over, asking at once (an interface or address changed)."""
+        self._poke.set()
+
+    async def _requery_loop(self) -> None:
+        """Ask the LAN again while this node has fewer peers than it heard of, or none."""
+        assert self._connected is not None
+        delay = REQUERY_FIRST_S
+        alone_since: float | None = time.monotonic()
+        warned = False
+        while True:
+            poked = False
+            with contextlib.suppress(TimeoutError):
+                # full jitter over the second half of the pause: nodes that booted together spread out
+                await asyncio.wait_for(self._poke.wait(), delay * random.uniform(0.5, 1.0))
+                poked = True
+            self._poke.clear()
+            if self._stopped or self._aiozc is None:
+                return
+            try:
+                online = self._connected()
+            except Exception:
+                log.exception("discovery: the peer table could not say which peers are online")
+                online = set()
+            missing = [ad for ad in self._known.values() if ad.node_id not in online]
+            now = time.monotonic()
+            if online:
+                alone_since, warned = None, False
+            elif alone_since is None:
+                alone_since = now
+            if poked:
+                delay = REQUERY_FIRST_S
+            if online and not missing and not poked:
+                delay = REQUERY_FIRST_S  # all connected: look again in a second, send nothing
+                continue
+            if self.send_query(known_answers=bool(online)):
+                self.requeries += 1
+            cap = REQUERY_ALONE_MAX_S if not online else self.requery_max
+            delay = min(delay * 2, max(cap, REQUERY_FIRST_S))
+            if (alone_since is not None and not warned and self.alone_warning_after > 0
+                    and now - alone_since >= self.alone_warning_after):
+                warned = True
+                self.alone_warnings += 1
+                self._warn_alone(now - alone_since)
+
+    def _warn_alone(self, seconds: float) -> None:
+        """Log once per spell alone what discovery heard, so an empty mesh is never silent."""
+        mine = [f"{ad.name} ({ad.node_id}) at {', '.join(ad.addresses)}" for ad in self._known.values()]
+        others = sorted({f"{ad.mesh!r}" for ad in self._other_mesh.values()})
+        heard = (f"it heard {len(mine)} node(s) of mesh {self.mesh!r}: {'; '.join(mine[:8])}"
+                 f"{' ...' if len(mine) > 8 else ''} (not connected: see `meshctl doctor`)"
+                 if mine else f"it heard no node of mesh {self.mesh!r}")
+        if others:
+            heard += f", and nodes of other meshes {', '.join(others[:8])}"
+        log.warning("no peer for %.0f s on %s: %s; %d mDNS queries sent, asking again every %.0f s at "
+                    "most (check the switch port, multicast, firewall for UDP 5353; or list peers "
+                    "statically)", seconds, ", ".join(self._interfaces), heard, self.requeries,
+                    REQUERY_ALONE_MAX_S)
 
     async def stop(self) -> None:
         """Send goodbyes, stop browsing and close the sockets. Idempotent; bounded by ~2 s."""
@@ -336,6 +438,8 @@ class Discovery:
             rebroadcast = await aiozc.async_update_service(self._info)
             await rebroadcast
             log.info("discovery interfaces now %s", ", ".join(new))
+        if changed:
+            self.requery_soon()  # a new address, maybe a new LAN: ask at once
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -373,6 +477,11 @@ class Discovery:
         )
 
     async def _shutdown(self) -> None:
+        requery, self._requery_task = self._requery_task, None
+        if requery is not None:
+            requery.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await requery
         tasks = list(self._resolving.values())
         self._resolving.clear()
         for task in tasks:
@@ -399,6 +508,8 @@ class Discovery:
         self._aiozc = None
 
     def _force_close(self) -> None:
+        if self._requery_task is not None:
+            self._requery_task.cancel()
         for task in self._resolving.values():
             task.cancel()
         self._resolving.clear()
@@ -455,6 +566,9 @@ class Discovery:
             return  # ourselves (e.g. a stale record of a previous run under another name)
         if advert.mesh != self.mesh:
             self._log_bad_once(key, "ignoring service %s of other mesh %r", name, advert.mesh)
+            self._other_mesh[key] = advert
+            while len(self._other_mesh) > 64:
+                del self._other_mesh[next(iter(self._other_mesh))]
             if self._on_other_mesh is not None:
                 with contextlib.suppress(Exception):
                     self._on_other_mesh(advert)
@@ -479,6 +593,7 @@ class Discovery:
         if task is not None:
             task.cancel()
         self._logged_bad.forget(key)
+        self._other_mesh.pop(key, None)
         previous = self._known.pop(key, None)
         if previous is not None:
             node_id: str | None = previous.node_id

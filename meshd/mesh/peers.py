@@ -221,6 +221,10 @@ class PeerTable(PeerDialer):
     def online_count(self) -> int:
         return sum(1 for p in self.peers.values() if p.state is PeerState.ONLINE)
 
+    def online_ids(self) -> set[str]:
+        """The node ids of the peers online now (discovery asks again while some are missing)."""
+        return {p.node_id for p in self.peers.values() if p.state is PeerState.ONLINE}
+
     def by_state(self) -> dict[str, int]:
         counts = dict.fromkeys((str(s) for s in PeerState), 0)
         for p in self.peers.values():
@@ -283,7 +287,8 @@ class PeerTable(PeerDialer):
             return
         pubkey = self.security.server_key(ad.pubkey)
         trusted = self.security.curve is None or pubkey is not None
-        refused = self.sightings.refusal(ad, self.settings.mesh, trusted, self.quiet)
+        refused = self.sightings.refusal(ad, self.settings.mesh, trusted, self.quiet,
+                                         secure=self.security.curve is not None)
         if refused == "untrusted":
             self.untrusted_ads[ad.node_id] = ad  # dialed if its key is trusted later
             while len(self.untrusted_ads) > self.settings.discovered_records_max:

@@ -58,9 +58,11 @@ class Sightings:
             self._rows.popitem(last=False)
             self.forgotten += 1
 
-    def refusal(self, ad: PeerAdvert, mesh: str, key_trusted: bool, quiet: LogOnce) -> str | None:
-        """Why ``ad`` must not be dialed (``other-mesh``, ``other-protocol``, ``untrusted``),
-        recorded and logged once; None (and the node forgotten here) when it may be dialed."""
+    def refusal(self, ad: PeerAdvert, mesh: str, key_trusted: bool, quiet: LogOnce,
+                secure: bool = True) -> str | None:
+        """Why ``ad`` must not be dialed (``other-mesh``, ``other-protocol``, ``other-security``,
+        ``untrusted``), recorded and logged once; None (and the node forgotten here) when it may
+        be dialed. ``secure``: this node runs CurveZMQ (a node advertises a key only when it does)."""
         if ad.mesh != mesh:
             self.record(ad, "other-mesh", f"mesh {ad.mesh!r}, not {mesh!r}")
             return "other-mesh"
@@ -71,6 +73,14 @@ class Sightings:
                       "speaks %s only; upgrade the older one", ad.node_id, ad.name, ad.proto,
                       P.PROTOCOL_VERSION, level=logging.WARNING)
             return "other-protocol"
+        if secure != (ad.pubkey is not None):
+            theirs, ours = ("CurveZMQ", "plaintext (--insecure)") if ad.pubkey else (
+                "plaintext (--insecure)", "CurveZMQ")
+            self.record(ad, "other-security", f"it runs {theirs}; this node runs {ours}: they cannot talk")
+            quiet.log(f"security:{ad.node_id}", "not dialing node %s (%s) of this mesh: it runs %s and this "
+                      "node runs %s, so neither can talk to the other. Run every node of a mesh in the same "
+                      "mode", ad.node_id, ad.name, theirs, ours, level=logging.WARNING)
+            return "other-security"
         if not key_trusted:
             print_ = fingerprint(ad.pubkey) if ad.pubkey else "none (it advertises no key)"
             self.record(ad, "untrusted", f"key fingerprint {print_}")

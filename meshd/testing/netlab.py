@@ -159,15 +159,19 @@ class Netlab:
             self._nft(host, "add", "rule", "inet", "netlab_loss", "input", "iifname", "eth0",
                       "numgen", "random", "mod", "100", "<", str(pct), "drop")
 
-    def block(self, i: int) -> None:
-        """Host ``i`` drops everything on eth0, both ways (its own firewall, link up)."""
+    def block(self, i: int, only: str | None = None) -> None:
+        """Host ``i`` drops everything on eth0, both ways (its own firewall, link up); with
+        ``only="tcp"`` just TCP (mDNS still flows: it hears nodes it cannot reach)."""
+        if only not in (None, "tcp", "udp"):
+            raise ValueError(f"block only tcp or udp, not {only!r}")
         host = self.host(i)
         self.unblock(i)
         self._nft(host, "add", "table", "inet", "netlab_block")
+        match = ["meta", "l4proto", only] if only else []
         for hook, key in (("input", "iifname"), ("output", "oifname")):
             self._nft(host, "add", "chain", "inet", "netlab_block", hook,
                       f"{{ type filter hook {hook} priority -10; }}")
-            self._nft(host, "add", "rule", "inet", "netlab_block", hook, key, "eth0", "drop")
+            self._nft(host, "add", "rule", "inet", "netlab_block", hook, key, "eth0", *match, "drop")
 
     def unblock(self, i: int) -> None:
         _run(["ip", "netns", "exec", self.host(i), "nft", "delete", "table", "inet", "netlab_block"],

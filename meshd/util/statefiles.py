@@ -60,7 +60,11 @@ def make_dir(path: Path, mode: int, key: str) -> None:
     if euid == 0 and st.st_uid != 0:
         raise _refuse(key, path, f"owned by uid {st.st_uid}, not by root, which runs this daemon",
                       f"chown root: {path} && chmod {mode:o} {path}, or remove it")
-    if st.st_uid == euid and stat.S_IMODE(st.st_mode) & ~mode & 0o077:
+    # A sticky, world-writable directory (/tmp, /var/tmp, /dev/shm) is everyone's: its mode is
+    # never changed (a socket given as /tmp/meshd.sock once made /tmp 0750 for the whole host);
+    # the sticky bit keeps others from removing or replacing what we create in it.
+    shared = bool(st.st_mode & stat.S_ISVTX and st.st_mode & stat.S_IWOTH)
+    if st.st_uid == euid and not shared and stat.S_IMODE(st.st_mode) & ~mode & 0o077:
         try:
             os.chmod(path, mode)
         except OSError as exc:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -51,3 +53,16 @@ def test_agent_socket_served_by_another_process(tmp_path: Path, short: Path) -> 
         assert path.exists()  # the other daemon's socket is left alone
     finally:
         other.close()
+
+
+def test_an_address_this_host_does_not_have_is_a_config_error_exit_2(tmp_path: Path, short: Path) -> None:
+    """Restarting cannot give the host an address, so `meshd run` exits 2 (systemd does not loop)
+    and names the key, as for every other error a restart cannot fix."""
+    done = subprocess.run([sys.executable, "-m", "meshd", "run", "--interface", "192.0.2.77", "--insecure",
+                           "--allow-insecure-lan", "--no-discovery", "--no-http",
+                           "--state-dir", str(tmp_path / "st"), "--socket", str(short / "s.sock")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "config error: interfaces: 192.0.2.77" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (short / "s.sock").exists()

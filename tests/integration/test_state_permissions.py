@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,31 @@ def test_state_files_are_private(meshd_factory: MeshdFactory) -> None:
     assert set(modes) >= {"node_id", "delivery.db"}
     assert all(mode == 0o600 for mode in modes.values()), modes
     assert _mode(state) & 0o077 == 0
+
+
+def test_a_socket_in_a_shared_sticky_directory_leaves_its_mode_alone(meshd_factory: MeshdFactory) -> None:
+    """`--socket /tmp/meshd.sock` once tightened /tmp itself to 0750 for the whole host. A sticky,
+    world-writable directory (here a 1777 stand-in for /tmp) keeps its mode."""
+    d = short_tempdir()
+    try:
+        shared = d / "tmp"
+        shared.mkdir()
+        os.chmod(shared, 0o1777)
+        proc = subprocess.Popen([sys.executable, "-m", "meshd", "run", "--interface", "127.0.0.1",
+                                 "--insecure", "--no-discovery", "--no-http", "--state-dir", str(d / "st"),
+                                 "--socket", str(shared / "meshd.sock")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while not (shared / "meshd.sock").exists():  # the socket is bound after the dir checks
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, "the daemon never bound its socket"
+                time.sleep(0.05)
+            assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+            assert _mode(shared / "meshd.sock") == 0o660
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    finally:
+        subprocess.run(["rm", "-rf", str(d)], check=False)

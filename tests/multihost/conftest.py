@@ -127,9 +127,10 @@ class MultiHost:
     def sees_online(self, at: int, host: int) -> bool:
         return self.state_of(at, host) == "online" and self.agent_name(host) in self.agent_names(at)
 
-    def wait_full_mesh(self, timeout: float = 20.0) -> None:
-        for at in self.agents:
-            for host in self.agents:
+    def wait_full_mesh(self, timeout: float = 20.0, among: list[int] | None = None) -> None:
+        hosts = list(self.agents) if among is None else among
+        for at in hosts:
+            for host in hosts:
                 if host != at:
                     wait_until(lambda at=at, host=host: self.sees_online(at, host), timeout, interval=0.05,
                                what=f"h{at} to see h{host} online with its agent")
