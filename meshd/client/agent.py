@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import zmq
 
@@ -62,14 +62,55 @@ from meshd.wire import protocol as P
 from meshd.wire.payloads import payload_encoder
 from meshd.wire.protocol import Kind
 
-if TYPE_CHECKING:
-    from meshd.daemon.embedded import EmbeddedNode, InProcessConnection
-
 log = logging.getLogger("meshd.client")
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
 CONTROL_TIMEOUT = 5.0
 SEND_QUEUE_LIMIT = 10_000
+
+FrameHandler = Callable[[list[bytes]], None]
+"""Takes one frame set from the daemon (``Incoming.on_frames``)."""
+
+
+class FrameSink(Protocol):
+    """Where the agent's frame sets go: what the ``SendQueue`` (meshd/transport.py) drives and the
+    agent closes. A DEALER is one; so is the agent's side of an in-process connection."""
+
+    def send_multipart(self, frames: list[bytes], /, flags: int = 0) -> object: ...
+
+    def close(self, linger: int | None = None) -> None: ...
+
+
+@runtime_checkable
+class InProcessLink(FrameSink, Protocol):
+    """The agent's side of an in-process connection to an embedded node (the ``InProcessConnection``
+    of meshd/daemon/embedded.py): a :class:`FrameSink` the agent tells when it is ready for the
+    node's frame sets (``connected``) and when to stop and resume handing them over (its handler
+    slots are all taken, meshd/client/handler_slots.py)."""
+
+    connected: bool
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+class EmbeddedLink(Protocol):
+    """A node in this process that an agent attaches to without a socket (``Agent(embedded=...)``;
+    meshd/daemon/embedded.py's ``EmbeddedNode`` is one). The client never imports it, not even for
+    typing: this is all it needs of it."""
+
+    @property
+    def socket_path(self) -> Path:
+        """Its ipc agent socket (what ``Agent.socket_path`` says)."""
+        ...
+
+    def attach(self, on_frames: FrameHandler) -> FrameSink:
+        """A new in-process connection: the node's frame sets for the agent go to ``on_frames``.
+        It returns an :class:`InProcessLink`; typed as the :class:`FrameSink` it also is, which a
+        node's ``attach`` annotated as returning a zmq socket (it stands where the DEALER stood)
+        satisfies too. ``Agent.connect`` checks the rest."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -104,7 +145,7 @@ class Agent:
         batch_max: int = 64,
         max_payload_bytes: int = P.DEFAULT_MAX_PAYLOAD_BYTES,
         auto_heartbeat: bool = True,
-        embedded: EmbeddedNode | None = None,
+        embedded: EmbeddedLink | None = None,
         max_concurrent_handlers: int = DEFAULT_MAX_CONCURRENT_HANDLERS,
     ) -> None:
         if not P.valid_name(name):
@@ -154,6 +195,7 @@ class Agent:
                                            publishing=lambda: bool(self._window.unconfirmed))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sock: zmq.Socket[Any] | None = None
+        self._link: InProcessLink | None = None  # the same object as _sock, when embedded
         self._reactor: Reactor | None = None
         self._sendq: SendQueue | None = None
         self._hb_task: asyncio.Task[None] | None = None
@@ -181,7 +223,14 @@ class Agent:
             raise DaemonUnreachable(f"no meshd agent socket at {self.socket_path} (is meshd running?)")
         self._loop = asyncio.get_running_loop()
         if self.embedded is not None:  # in-process: no socket, no hop to the node
-            sock = self.embedded.attach(self._incoming.on_frames)
+            link = self.embedded.attach(self._incoming.on_frames)
+            if not isinstance(link, InProcessLink):
+                raise TypeError(f"{type(self.embedded).__name__}.attach returned {type(link).__name__}, "
+                                "not an in-process link (connected, pause, resume)")
+            self._link = link
+            # The SendQueue (meshd/transport.py) is typed for the DEALER this stands in for; it
+            # drives any send_multipart (transport.frame_sender).
+            sock = cast("zmq.Socket[Any]", link)
         else:
             sock = agent_dealer(zmq.Context.instance())
             sock.connect(f"ipc://{self.socket_path}")
@@ -191,8 +240,8 @@ class Agent:
         if self.embedded is None:
             self._reactor.add(sock, self._incoming.on_frames)
         await register(self)  # the session with the daemon: meshd/client/session.py
-        if self.embedded is not None:  # handlers are registered by now (or before the next await)
-            cast("InProcessConnection", sock).connected = True
+        if self._link is not None:  # handlers are registered by now (or before the next await)
+            self._link.connected = True
         self._hb_task = asyncio.create_task(heartbeat_loop(self), name=f"meshd-agent-hb-{self.name}")
 
     async def close(self) -> None:
@@ -554,9 +603,8 @@ class Agent:
     def _reading(self, on: bool) -> None:  # meshd/client/handler_slots.py pauses and resumes reading
         if self._reactor is not None and self._sock is not None:
             (self._reactor.resume if on else self._reactor.pause)(self._sock)
-        elif self.embedded is not None and self._sock is not None:
-            conn = cast("InProcessConnection", self._sock)
-            (conn.resume if on else conn.pause)()
+        elif self._link is not None:
+            (self._link.resume if on else self._link.pause)()
 
     @property
     def in_flight_max(self) -> int | None:
