@@ -185,14 +185,20 @@ class Agent:
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
                                 push=self._push, schedule=self._call_soon, busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
+        # Handlers running, then calls awaiting answers, then the handlers themselves: the slots
+        # and the dispatcher call each other, so the slots reach the two built after them through
+        # _dispatch_parked and the awaiting closure (called only while every slot is taken), and
+        # the calls and the dispatcher get the slots' bound methods.
+        self._handler_slots = HandlerSlots(
+            name, max_concurrent_handlers, dispatch=self._dispatch_parked, push=self._push,
+            enqueue=self._enqueue, reading=self._reading,
+            awaiting=lambda: bool(self._calls.used) or bool(self._window.unconfirmed))
+        self._calls = CallSlots(self.socket_path, on_busy_change=self._handler_slots.check_reading)
         self._dispatch = Dispatcher(name, enqueue=self._enqueue, push=self._push, encode=self._payload,
-                                    schedule=self._call_soon, closed=lambda: self._closed)
+                                    schedule=self._call_soon, closed=lambda: self._closed,
+                                    on_handler_task=self._handler_slots.handler_started)
         self._log_once = LogOnce(log, capacity=64)
         self._incoming = Incoming(self)  # frame sets from the daemon (meshd/client/incoming.py)
-        self._calls = CallSlots(self.socket_path)  # calls awaiting answers; then handlers running
-        self._handler_slots = HandlerSlots(self._dispatch, max_concurrent_handlers, self._calls,
-                                           push=self._push, enqueue=self._enqueue, reading=self._reading,
-                                           publishing=lambda: bool(self._window.unconfirmed))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sock: zmq.Socket[Any] | None = None
         self._link: InProcessLink | None = None  # the same object as _sock, when embedded
@@ -605,6 +611,11 @@ class Agent:
             (self._reactor.resume if on else self._reactor.pause)(self._sock)
         elif self._link is not None:
             (self._link.resume if on else self._link.pause)()
+
+    def _dispatch_parked(self, header: dict[str, Any], payload: bytes, unit: str | None) -> None:
+        """``HandlerSlots`` runs work through this (parked work, mostly): the dispatcher is built
+        after the slots, which it tells of each handler task."""
+        self._dispatch.dispatch(header, payload, unit)
 
     @property
     def in_flight_max(self) -> int | None:
