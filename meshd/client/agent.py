@@ -14,10 +14,19 @@ registration and heartbeats. The layers under it, like nats.py's parser apart fr
 * :mod:`meshd.wire.payloads` encodes payloads (msgpack); daemons never decode them.
 
 Parts the ``Agent`` owns: :mod:`meshd.client.incoming` (frame sets from the daemon: answers,
-errors, work), :mod:`meshd.client.resend` (qos-0 sends held across a daemon restart, re-registration),
-:mod:`meshd.client.publish_window` (publishes awaiting confirmation), :mod:`meshd.client.call_slots` (calls
-awaiting answers, within ``in_flight_max``), :mod:`meshd.client.handler_slots` (handlers running, within
+errors, work), :mod:`meshd.client.session` (registering, registering again, the heartbeat loop),
+:mod:`meshd.client.resend` (qos-0 sends held across a daemon restart, re-registration),
+:mod:`meshd.client.publish_window` (publishes awaiting confirmation), :mod:`meshd.client.send_pause`
+(qos-0 sends paused by a full inbox), :mod:`meshd.client.call_slots` (calls awaiting answers, within
+``in_flight_max``), :mod:`meshd.client.handler_slots` (handlers running, within
 ``max_concurrent_handlers``); :mod:`meshd.client.system_calls` makes the calls to the system agent.
+``Agent.__init__`` is their composition root: it builds them in dependency order and gives each,
+at construction, the parts it calls, the tables it shares with the ``Agent`` (the same dicts) and
+callbacks (``incoming.AgentEvents`` for what the incoming side asks of the ``Agent``); no part
+reads another's private attributes, and none is rewired after construction.
+
+The embedded node is known only through :class:`EmbeddedLink` and :class:`InProcessLink`, Protocols
+defined here: the client imports no daemon part, not even for typing.
 
 Must not touch: daemon internals; nothing here parses frames or builds batches by hand.
 """
@@ -40,14 +49,14 @@ from meshd.client.call_slots import CallSlots
 from meshd.client.handler_slots import DEFAULT_MAX_CONCURRENT_HANDLERS, HandlerSlots
 from meshd.client.handlers import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from meshd.client.incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
-from meshd.client.incoming import Incoming
+from meshd.client.incoming import AgentEvents, Incoming
 from meshd.client.publish_window import PUBLISH_WINDOW as PUBLISH_WINDOW
 from meshd.client.publish_window import PublishWindow
 from meshd.client.resend import REREGISTER_ATTEMPTS as REREGISTER_ATTEMPTS
 from meshd.client.resend import RESEND_WINDOW as RESEND_WINDOW
 from meshd.client.resend import ResendHold
 from meshd.client.send_pause import SendPauses
-from meshd.client.session import heartbeat_loop, register
+from meshd.client.session import Session, heartbeat_loop
 from meshd.client.system_calls import system_request
 from meshd.errors import (
     DaemonUnreachable,
@@ -56,7 +65,6 @@ from meshd.errors import (
     ValidationFailed,
 )
 from meshd.transport import Reactor, SendQueue, agent_dealer
-from meshd.util.logonce import LogOnce
 from meshd.util.paths import find_agent_socket
 from meshd.wire import protocol as P
 from meshd.wire.payloads import payload_encoder
@@ -173,11 +181,20 @@ class Agent:
         #: State-changing errors (NAME_TAKEN, NOT_REGISTERED) ignored because not from our daemon.
         self.forged_errors = 0
         self.on_error: Callable[[MeshError, str | None], None] | None = None
+        # The composition root: the parts in dependency order, each given at construction what it
+        # works on (the tables it shares are these very dicts, so no part reads another's state).
         self._topics: dict[str, bool] = {}  # topic -> durable
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._batch_members: dict[str, list[str]] = {}
         self._progress_cbs: dict[str, Callable[[str], Any]] = {}
         self._expiring: dict[str, float] = {}  # msg id -> monotonic deadline (swept, no timer each)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sock: zmq.Socket[Any] | None = None
+        self._link: InProcessLink | None = None  # the same object as _sock, when embedded
+        self._reactor: Reactor | None = None
+        self._sendq: SendQueue | None = None
+        self._hb_task: asyncio.Task[None] | None = None
+        self._closed = False
         self._window = PublishWindow(CONTROL_TIMEOUT)  # publishes nobody awaits (publish_window.py)
         #: qos-0 sends to a destination whose inbox said INBOX_FULL wait a moment (meshd/client/send_pause.py)
         self.send_pauses = SendPauses()
@@ -185,6 +202,8 @@ class Agent:
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
                                 push=self._push, schedule=self._call_soon, busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
+        # qos-0 sends a restarted daemon refused, sent again once registered (meshd/client/resend.py)
+        self._resend = ResendHold(name, enqueue=self._enqueue, report=self._report_held)
         # Handlers running, then calls awaiting answers, then the handlers themselves: the slots
         # and the dispatcher call each other, so the slots reach the two built after them through
         # _dispatch_parked and the awaiting closure (called only while every slot is taken), and
@@ -197,17 +216,18 @@ class Agent:
         self._dispatch = Dispatcher(name, enqueue=self._enqueue, push=self._push, encode=self._payload,
                                     schedule=self._call_soon, closed=lambda: self._closed,
                                     on_handler_task=self._handler_slots.handler_started)
-        self._log_once = LogOnce(log, capacity=64)
-        self._incoming = Incoming(self)  # frame sets from the daemon (meshd/client/incoming.py)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._sock: zmq.Socket[Any] | None = None
-        self._link: InProcessLink | None = None  # the same object as _sock, when embedded
-        self._reactor: Reactor | None = None
-        self._sendq: SendQueue | None = None
-        self._hb_task: asyncio.Task[None] | None = None
-        self._closed = False
-        # qos-0 sends a restarted daemon refused, sent again once registered (meshd/client/resend.py)
-        self._resend = ResendHold(name, enqueue=self._enqueue, report=self._report_held)
+        self._session = Session(control=self._control, hello=self._hello, registered=self._registered,
+                                window=self._window, slots=self._handler_slots, calls=self._calls,
+                                topics=self._topics)  # meshd/client/session.py
+        # frame sets from the daemon (meshd/client/incoming.py)
+        self._incoming = Incoming(
+            name, dispatcher=self._dispatch, slots=self._handler_slots, pending=self._pending,
+            progress=self._progress_cbs, batch_members=self._batch_members, window=self._window,
+            send_pauses=self.send_pauses, resend=self._resend,
+            events=AgentEvents(loop=lambda: self._loop, closed=lambda: self._closed,
+                               node=lambda: self.node, evicted=lambda: self.evicted,
+                               evict=self._evict, forged=self._count_forged, report=self._report,
+                               reregister=self._session.reregister))
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -245,10 +265,14 @@ class Agent:
         self._sendq = SendQueue(sock, self._reactor, self._loop, SEND_QUEUE_LIMIT // self.batch_max)
         if self.embedded is None:
             self._reactor.add(sock, self._incoming.on_frames)
-        await register(self)  # the session with the daemon: meshd/client/session.py
+        await self._session.register()  # the session with the daemon: meshd/client/session.py
         if self._link is not None:  # handlers are registered by now (or before the next await)
             self._link.connected = True
-        self._hb_task = asyncio.create_task(heartbeat_loop(self), name=f"meshd-agent-hb-{self.name}")
+        self._hb_task = asyncio.create_task(
+            heartbeat_loop(interval=lambda: self.heartbeat_interval,
+                           running=lambda: not self._closed and self.evicted is None,
+                           expiring=self._expiring, expire=self._expire_control, beat=self._beat),
+            name=f"meshd-agent-hb-{self.name}")
 
     async def close(self) -> None:
         """Unregister (best effort) and release the socket. Idempotent."""
@@ -638,11 +662,41 @@ class Agent:
         """An error envelope from the daemon (``Incoming.on_error``, meshd/client/incoming.py)."""
         self._incoming.on_error(header)
 
-    def _report_held(self, err: MeshError, msg_id: str) -> None:
-        """A held send that cannot go again (registering again failed): report it."""
+    def _report(self, err: MeshError, msg_id: str | None) -> int:
+        """An error no call awaits: counted, then to ``on_error``. 0 if it took it, else the errors
+        counted so far (``Incoming`` logs it)."""
         self.errors_received += 1
         if self.on_error is not None:
             self.on_error(err, msg_id)
+            return 0
+        return self.errors_received
+
+    def _report_held(self, err: MeshError, msg_id: str) -> None:
+        """A held send that cannot go again (registering again failed): report it."""
+        self._report(err, msg_id)
+
+    def _evict(self, err: MeshError) -> None:
+        """Another node's earlier registration of this name won (``Incoming.on_error``)."""
+        self.evicted = err
+
+    def _count_forged(self) -> None:
+        self.forged_errors += 1
+
+    def _hello(self) -> dict[str, Any]:
+        """The register body (``Session.register``)."""
+        return {"name": self.name, "capabilities": self.capabilities, "metadata": self.metadata}
+
+    def _registered(self, node: str | None, node_name: str | None, beat: float | None) -> None:
+        """What the register answer said (``Session.register``): the daemon's node, and the
+        interval it wants beats at, at least (PROTOCOL.md §8.2)."""
+        self.node = node
+        self.node_name = node_name
+        if beat is not None and beat < self.heartbeat_interval:
+            self.heartbeat_interval = beat
+
+    def _beat(self) -> None:  # heartbeat_loop's, every heartbeat_interval
+        if self.auto_heartbeat:
+            self.heartbeat()
 
     def heartbeat(self) -> None:
         """Send one heartbeat now, with :attr:`telemetry` (``queue_depth`` defaults to the handlers
