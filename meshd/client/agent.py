@@ -457,7 +457,7 @@ class Agent:
         if msg.headers:
             header[P.HEADERS] = msg.headers
         data = self._payload(msg.payload if payload is DEFER else payload)
-        msg._answered = True  # the delegate answers; this handler's return value is ignored
+        self._dispatch.handed_on(msg)  # the delegate answers; this handler's return value is ignored
         # Remember where it went, so a cancel from the requester follows it down the chain.
         self._dispatch.delegated(header[P.CORR], to, msg.sender)
         self._batcher.flush()

@@ -486,6 +486,11 @@ class Dispatcher:
         except MeshError:
             pass
 
+    def handed_on(self, msg: Message) -> None:
+        """``msg`` was delegated (``Agent.delegate``): the delegate answers it, so its handler's
+        return value is no answer."""
+        msg._answered = True
+
     def delegated(self, corr: str, to: str, asked_by: str) -> None:
         """Remember where a request went, so a cancel from the requester follows it down the chain."""
         self._delegated[corr] = (to, asked_by)
