@@ -10,7 +10,7 @@ It also holds the requests' deadlines (``deadlines``, meshd/client/call_deadline
 not one per request).
 
 Must not touch: the socket, the futures of the calls themselves, the publish window (its own
-part of the allowance, meshd/client/publish_window.py). The ``Agent`` (meshd/client.py) owns one.
+part of the allowance, meshd/client/publish_window.py). The ``Agent`` (meshd/client/agent.py) owns one.
 """
 
 from __future__ import annotations
