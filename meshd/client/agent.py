@@ -14,10 +14,19 @@ registration and heartbeats. The layers under it, like nats.py's parser apart fr
 * :mod:`meshd.wire.payloads` encodes payloads (msgpack); daemons never decode them.
 
 Parts the ``Agent`` owns: :mod:`meshd.client.incoming` (frame sets from the daemon: answers,
-errors, work), :mod:`meshd.client.resend` (qos-0 sends held across a daemon restart, re-registration),
-:mod:`meshd.client.publish_window` (publishes awaiting confirmation), :mod:`meshd.client.call_slots` (calls
-awaiting answers, within ``in_flight_max``), :mod:`meshd.client.handler_slots` (handlers running, within
+errors, work), :mod:`meshd.client.session` (registering, registering again, the heartbeat loop),
+:mod:`meshd.client.resend` (qos-0 sends held across a daemon restart, re-registration),
+:mod:`meshd.client.publish_window` (publishes awaiting confirmation), :mod:`meshd.client.send_pause`
+(qos-0 sends paused by a full inbox), :mod:`meshd.client.call_slots` (calls awaiting answers, within
+``in_flight_max``), :mod:`meshd.client.handler_slots` (handlers running, within
 ``max_concurrent_handlers``); :mod:`meshd.client.system_calls` makes the calls to the system agent.
+``Agent.__init__`` is their composition root: it builds them in dependency order and gives each,
+at construction, the parts it calls, the tables it shares with the ``Agent`` (the same dicts) and
+callbacks (``incoming.AgentEvents`` for what the incoming side asks of the ``Agent``); no part
+reads another's private attributes, and none is rewired after construction.
+
+The embedded node is known only through :class:`EmbeddedLink` and :class:`InProcessLink`, Protocols
+defined here: the client imports no daemon part, not even for typing.
 
 Must not touch: daemon internals; nothing here parses frames or builds batches by hand.
 """
@@ -31,7 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import zmq
 
@@ -40,14 +49,14 @@ from meshd.client.call_slots import CallSlots
 from meshd.client.handler_slots import DEFAULT_MAX_CONCURRENT_HANDLERS, HandlerSlots
 from meshd.client.handlers import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from meshd.client.incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
-from meshd.client.incoming import Incoming
+from meshd.client.incoming import AgentEvents, Incoming
 from meshd.client.publish_window import PUBLISH_WINDOW as PUBLISH_WINDOW
 from meshd.client.publish_window import PublishWindow
 from meshd.client.resend import REREGISTER_ATTEMPTS as REREGISTER_ATTEMPTS
 from meshd.client.resend import RESEND_WINDOW as RESEND_WINDOW
 from meshd.client.resend import ResendHold
 from meshd.client.send_pause import SendPauses
-from meshd.client.session import heartbeat_loop, register
+from meshd.client.session import Session, heartbeat_loop
 from meshd.client.system_calls import system_request
 from meshd.errors import (
     DaemonUnreachable,
@@ -56,20 +65,60 @@ from meshd.errors import (
     ValidationFailed,
 )
 from meshd.transport import Reactor, SendQueue, agent_dealer
-from meshd.util.logonce import LogOnce
 from meshd.util.paths import find_agent_socket
 from meshd.wire import protocol as P
 from meshd.wire.payloads import payload_encoder
 from meshd.wire.protocol import Kind
-
-if TYPE_CHECKING:
-    from meshd.daemon.embedded import EmbeddedNode, InProcessConnection
 
 log = logging.getLogger("meshd.client")
 
 DEFAULT_REQUEST_TIMEOUT = 30.0
 CONTROL_TIMEOUT = 5.0
 SEND_QUEUE_LIMIT = 10_000
+
+FrameHandler = Callable[[list[bytes]], None]
+"""Takes one frame set from the daemon (``Incoming.on_frames``)."""
+
+
+class FrameSink(Protocol):
+    """Where the agent's frame sets go: what the ``SendQueue`` (meshd/transport.py) drives and the
+    agent closes. A DEALER is one; so is the agent's side of an in-process connection."""
+
+    def send_multipart(self, frames: list[bytes], /, flags: int = 0) -> object: ...
+
+    def close(self, linger: int | None = None) -> None: ...
+
+
+@runtime_checkable
+class InProcessLink(FrameSink, Protocol):
+    """The agent's side of an in-process connection to an embedded node (the ``InProcessConnection``
+    of meshd/daemon/embedded.py): a :class:`FrameSink` the agent tells when it is ready for the
+    node's frame sets (``connected``) and when to stop and resume handing them over (its handler
+    slots are all taken, meshd/client/handler_slots.py)."""
+
+    connected: bool
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+class EmbeddedLink(Protocol):
+    """A node in this process that an agent attaches to without a socket (``Agent(embedded=...)``;
+    meshd/daemon/embedded.py's ``EmbeddedNode`` is one). The client never imports it, not even for
+    typing: this is all it needs of it."""
+
+    @property
+    def socket_path(self) -> Path:
+        """Its ipc agent socket (what ``Agent.socket_path`` says)."""
+        ...
+
+    def attach(self, on_frames: FrameHandler) -> FrameSink:
+        """A new in-process connection: the node's frame sets for the agent go to ``on_frames``.
+        It returns an :class:`InProcessLink`; typed as the :class:`FrameSink` it also is, which a
+        node's ``attach`` annotated as returning a zmq socket (it stands where the DEALER stood)
+        satisfies too. ``Agent.connect`` checks the rest."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -104,7 +153,7 @@ class Agent:
         batch_max: int = 64,
         max_payload_bytes: int = P.DEFAULT_MAX_PAYLOAD_BYTES,
         auto_heartbeat: bool = True,
-        embedded: EmbeddedNode | None = None,
+        embedded: EmbeddedLink | None = None,
         max_concurrent_handlers: int = DEFAULT_MAX_CONCURRENT_HANDLERS,
     ) -> None:
         if not P.valid_name(name):
@@ -132,11 +181,20 @@ class Agent:
         #: State-changing errors (NAME_TAKEN, NOT_REGISTERED) ignored because not from our daemon.
         self.forged_errors = 0
         self.on_error: Callable[[MeshError, str | None], None] | None = None
+        # The composition root: the parts in dependency order, each given at construction what it
+        # works on (the tables it shares are these very dicts, so no part reads another's state).
         self._topics: dict[str, bool] = {}  # topic -> durable
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._batch_members: dict[str, list[str]] = {}
         self._progress_cbs: dict[str, Callable[[str], Any]] = {}
         self._expiring: dict[str, float] = {}  # msg id -> monotonic deadline (swept, no timer each)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sock: zmq.Socket[Any] | None = None
+        self._link: InProcessLink | None = None  # the same object as _sock, when embedded
+        self._reactor: Reactor | None = None
+        self._sendq: SendQueue | None = None
+        self._hb_task: asyncio.Task[None] | None = None
+        self._closed = False
         self._window = PublishWindow(CONTROL_TIMEOUT)  # publishes nobody awaits (publish_window.py)
         #: qos-0 sends to a destination whose inbox said INBOX_FULL wait a moment (meshd/client/send_pause.py)
         self.send_pauses = SendPauses()
@@ -144,22 +202,32 @@ class Agent:
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
                                 push=self._push, schedule=self._call_soon, busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
-        self._dispatch = Dispatcher(name, enqueue=self._enqueue, push=self._push, encode=self._payload,
-                                    schedule=self._call_soon, closed=lambda: self._closed)
-        self._log_once = LogOnce(log, capacity=64)
-        self._incoming = Incoming(self)  # frame sets from the daemon (meshd/client/incoming.py)
-        self._calls = CallSlots(self.socket_path)  # calls awaiting answers; then handlers running
-        self._handler_slots = HandlerSlots(self._dispatch, max_concurrent_handlers, self._calls,
-                                           push=self._push, enqueue=self._enqueue, reading=self._reading,
-                                           publishing=lambda: bool(self._window.unconfirmed))
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._sock: zmq.Socket[Any] | None = None
-        self._reactor: Reactor | None = None
-        self._sendq: SendQueue | None = None
-        self._hb_task: asyncio.Task[None] | None = None
-        self._closed = False
         # qos-0 sends a restarted daemon refused, sent again once registered (meshd/client/resend.py)
         self._resend = ResendHold(name, enqueue=self._enqueue, report=self._report_held)
+        # Handlers running, then calls awaiting answers, then the handlers themselves: the slots
+        # and the dispatcher call each other, so the slots reach the two built after them through
+        # _dispatch_parked and the awaiting closure (called only while every slot is taken), and
+        # the calls and the dispatcher get the slots' bound methods.
+        self._handler_slots = HandlerSlots(
+            name, max_concurrent_handlers, dispatch=self._dispatch_parked, push=self._push,
+            enqueue=self._enqueue, reading=self._reading,
+            awaiting=lambda: bool(self._calls.used) or bool(self._window.unconfirmed))
+        self._calls = CallSlots(self.socket_path, on_busy_change=self._handler_slots.check_reading)
+        self._dispatch = Dispatcher(name, enqueue=self._enqueue, push=self._push, encode=self._payload,
+                                    schedule=self._call_soon, closed=lambda: self._closed,
+                                    on_handler_task=self._handler_slots.handler_started)
+        self._session = Session(control=self._control, hello=self._hello, registered=self._registered,
+                                window=self._window, slots=self._handler_slots, calls=self._calls,
+                                topics=self._topics)  # meshd/client/session.py
+        # frame sets from the daemon (meshd/client/incoming.py)
+        self._incoming = Incoming(
+            name, dispatcher=self._dispatch, slots=self._handler_slots, pending=self._pending,
+            progress=self._progress_cbs, batch_members=self._batch_members, window=self._window,
+            send_pauses=self.send_pauses, resend=self._resend,
+            events=AgentEvents(loop=lambda: self._loop, closed=lambda: self._closed,
+                               node=lambda: self.node, evicted=lambda: self.evicted,
+                               evict=self._evict, forged=self._count_forged, report=self._report,
+                               reregister=self._session.reregister))
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -181,7 +249,14 @@ class Agent:
             raise DaemonUnreachable(f"no meshd agent socket at {self.socket_path} (is meshd running?)")
         self._loop = asyncio.get_running_loop()
         if self.embedded is not None:  # in-process: no socket, no hop to the node
-            sock = self.embedded.attach(self._incoming.on_frames)
+            link = self.embedded.attach(self._incoming.on_frames)
+            if not isinstance(link, InProcessLink):
+                raise TypeError(f"{type(self.embedded).__name__}.attach returned {type(link).__name__}, "
+                                "not an in-process link (connected, pause, resume)")
+            self._link = link
+            # The SendQueue (meshd/transport.py) is typed for the DEALER this stands in for; it
+            # drives any send_multipart (transport.frame_sender).
+            sock = cast("zmq.Socket[Any]", link)
         else:
             sock = agent_dealer(zmq.Context.instance())
             sock.connect(f"ipc://{self.socket_path}")
@@ -190,10 +265,14 @@ class Agent:
         self._sendq = SendQueue(sock, self._reactor, self._loop, SEND_QUEUE_LIMIT // self.batch_max)
         if self.embedded is None:
             self._reactor.add(sock, self._incoming.on_frames)
-        await register(self)  # the session with the daemon: meshd/client/session.py
-        if self.embedded is not None:  # handlers are registered by now (or before the next await)
-            cast("InProcessConnection", sock).connected = True
-        self._hb_task = asyncio.create_task(heartbeat_loop(self), name=f"meshd-agent-hb-{self.name}")
+        await self._session.register()  # the session with the daemon: meshd/client/session.py
+        if self._link is not None:  # handlers are registered by now (or before the next await)
+            self._link.connected = True
+        self._hb_task = asyncio.create_task(
+            heartbeat_loop(interval=lambda: self.heartbeat_interval,
+                           running=lambda: not self._closed and self.evicted is None,
+                           expiring=self._expiring, expire=self._expire_control, beat=self._beat),
+            name=f"meshd-agent-hb-{self.name}")
 
     async def close(self) -> None:
         """Unregister (best effort) and release the socket. Idempotent."""
@@ -378,7 +457,7 @@ class Agent:
         if msg.headers:
             header[P.HEADERS] = msg.headers
         data = self._payload(msg.payload if payload is DEFER else payload)
-        msg._answered = True  # the delegate answers; this handler's return value is ignored
+        self._dispatch.handed_on(msg)  # the delegate answers; this handler's return value is ignored
         # Remember where it went, so a cancel from the requester follows it down the chain.
         self._dispatch.delegated(header[P.CORR], to, msg.sender)
         self._batcher.flush()
@@ -554,9 +633,13 @@ class Agent:
     def _reading(self, on: bool) -> None:  # meshd/client/handler_slots.py pauses and resumes reading
         if self._reactor is not None and self._sock is not None:
             (self._reactor.resume if on else self._reactor.pause)(self._sock)
-        elif self.embedded is not None and self._sock is not None:
-            conn = cast("InProcessConnection", self._sock)
-            (conn.resume if on else conn.pause)()
+        elif self._link is not None:
+            (self._link.resume if on else self._link.pause)()
+
+    def _dispatch_parked(self, header: dict[str, Any], payload: bytes, unit: str | None) -> None:
+        """``HandlerSlots`` runs work through this (parked work, mostly): the dispatcher is built
+        after the slots, which it tells of each handler task."""
+        self._dispatch.dispatch(header, payload, unit)
 
     @property
     def in_flight_max(self) -> int | None:
@@ -579,11 +662,41 @@ class Agent:
         """An error envelope from the daemon (``Incoming.on_error``, meshd/client/incoming.py)."""
         self._incoming.on_error(header)
 
-    def _report_held(self, err: MeshError, msg_id: str) -> None:
-        """A held send that cannot go again (registering again failed): report it."""
+    def _report(self, err: MeshError, msg_id: str | None) -> int:
+        """An error no call awaits: counted, then to ``on_error``. 0 if it took it, else the errors
+        counted so far (``Incoming`` logs it)."""
         self.errors_received += 1
         if self.on_error is not None:
             self.on_error(err, msg_id)
+            return 0
+        return self.errors_received
+
+    def _report_held(self, err: MeshError, msg_id: str) -> None:
+        """A held send that cannot go again (registering again failed): report it."""
+        self._report(err, msg_id)
+
+    def _evict(self, err: MeshError) -> None:
+        """Another node's earlier registration of this name won (``Incoming.on_error``)."""
+        self.evicted = err
+
+    def _count_forged(self) -> None:
+        self.forged_errors += 1
+
+    def _hello(self) -> dict[str, Any]:
+        """The register body (``Session.register``)."""
+        return {"name": self.name, "capabilities": self.capabilities, "metadata": self.metadata}
+
+    def _registered(self, node: str | None, node_name: str | None, beat: float | None) -> None:
+        """What the register answer said (``Session.register``): the daemon's node, and the
+        interval it wants beats at, at least (PROTOCOL.md §8.2)."""
+        self.node = node
+        self.node_name = node_name
+        if beat is not None and beat < self.heartbeat_interval:
+            self.heartbeat_interval = beat
+
+    def _beat(self) -> None:  # heartbeat_loop's, every heartbeat_interval
+        if self.auto_heartbeat:
+            self.heartbeat()
 
     def heartbeat(self) -> None:
         """Send one heartbeat now, with :attr:`telemetry` (``queue_depth`` defaults to the handlers

@@ -8,7 +8,7 @@ re-arms only when a new deadline is earlier than the armed one or when it fires.
 with one timeout the timer fires about once per timeout, whatever the number of requests.
 
 Owns: the deadlines and the one timer. Must not touch: the futures (``expire`` callbacks given by
-the ``Agent``, meshd/client.py, fail them), the socket, the call slots.
+the ``Agent``, meshd/client/agent.py, fail them), the socket, the call slots.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ It also holds the requests' deadlines (``deadlines``, meshd/client/call_deadline
 not one per request).
 
 Must not touch: the socket, the futures of the calls themselves, the publish window (its own
-part of the allowance, meshd/client/publish_window.py). The ``Agent`` (meshd/client.py) owns one.
+part of the allowance, meshd/client/publish_window.py). The ``Agent`` (meshd/client/agent.py) owns one.
 """
 
 from __future__ import annotations
@@ -33,15 +33,17 @@ class CallSlots:
     came (or it failed or was cancelled).
     """
 
-    def __init__(self, daemon: object = "meshd", size: int | None = None) -> None:
+    def __init__(self, daemon: object = "meshd", size: int | None = None, *,
+                 on_busy_change: Callable[[], None] | None = None) -> None:
+        """``on_busy_change()`` is called when the first call goes out and when the last one is
+        answered (the ``Agent`` gives its ``HandlerSlots.check_reading``)."""
         self.daemon = daemon  # named in the error a call that found no room raises
         #: None until the daemon said how many (the register call itself is never held back).
         self.size = size
         self.used = 0
         self.peak = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        #: Called when the first call goes out and when the last one is answered.
-        self.on_busy_change: Callable[[], None] | None = None
+        self._on_busy_change = on_busy_change
         #: When each request awaiting its reply times out (the ``Agent`` adds and discards them).
         self.deadlines = CallDeadlines()
 
@@ -69,8 +71,8 @@ class CallSlots:
         self.used += 1
         if self.used > self.peak:
             self.peak = self.used
-        if self.used == 1 and self.on_busy_change is not None:
-            self.on_busy_change()
+        if self.used == 1 and self._on_busy_change is not None:
+            self._on_busy_change()
 
     async def take(self, timeout: float) -> bool:
         """Wait, behind every earlier waiter, for a slot; False if none came within ``timeout``."""
@@ -111,8 +113,8 @@ class CallSlots:
     def give_back(self) -> None:
         self.used -= 1
         self._wake()
-        if self.used == 0 and self.on_busy_change is not None:
-            self.on_busy_change()
+        if self.used == 0 and self._on_busy_change is not None:
+            self._on_busy_change()
 
     def _wake(self) -> None:
         waiters = self._waiters

@@ -10,9 +10,11 @@ past ``park_max`` (INBOX_FULL, as the daemon would) and pausing anyway once qos-
 refused: it is at-least-once) fills ``parked_max``: what the agent's pipe and the daemon's inbox
 hold together, which it may have to read through to reach an answer.
 
-Must not touch: the handlers themselves (``Dispatcher``), the socket (it is handed ``reading``),
-the answers and the calls waiting for them (it only reads how many there are, ``CallSlots.used``,
-and is told when that leaves or reaches zero). The ``Agent`` (meshd/client.py) owns one.
+Must not touch: the handlers themselves (it is handed the ``Dispatcher``'s ``dispatch`` and is
+told of each handler task through ``handler_started``), the socket (it is handed ``reading``),
+the answers and the calls waiting for them (it only asks ``awaiting()``, and ``CallSlots`` calls
+``check_reading`` when its first call goes out and its last one is answered). The ``Agent``
+(meshd/client/agent.py) owns one and gives it these at construction.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ from collections.abc import Callable
 from typing import Any
 
 from meshd.client.batching import BatchKey, to_agent
-from meshd.client.call_slots import CallSlots
-from meshd.client.handlers import Dispatcher
 from meshd.errors import ValidationFailed
 from meshd.transport import AGENT_RCVHWM
 from meshd.wire import protocol as P
@@ -44,20 +44,23 @@ DEFAULT_PARK_MAX = 100
 answer says its ``inbox_cap``."""
 
 Work = tuple[dict[str, Any], bytes, "str | None"]
+"""A work message: its header, payload bytes and qos-1 unit (None for qos 0)."""
 
 
 class HandlerSlots:
     """Running handlers against their bound; parked work; the socket's reading paused or not."""
 
-    def __init__(self, dispatcher: Dispatcher, limit: int, calls: CallSlots, *,
+    def __init__(self, agent_name: str, limit: int, *,
+                 dispatch: Callable[[dict[str, Any], bytes, str | None], None],
                  push: Callable[[list[bytes]], None],
                  enqueue: Callable[[BatchKey, dict[str, Any], bytes], None],
-                 reading: Callable[[bool], None], publishing: Callable[[], bool]) -> None:
-        """``calls``: the agent's calls awaiting answers; ``publishing``: are publishes awaiting
-        confirmation? Either way the socket must be read. ``reading(on)`` pauses or resumes it."""
+                 reading: Callable[[bool], None], awaiting: Callable[[], bool]) -> None:
+        """``dispatch(header, payload, unit)`` runs a handler (``Dispatcher.dispatch``);
+        ``awaiting()``: does the agent await answers (calls in flight, or publishes awaiting
+        confirmation)? Then the socket must be read. ``reading(on)`` pauses or resumes it."""
         if limit < 1:
             raise ValidationFailed("max_concurrent_handlers must be at least 1")
-        self.agent_name = dispatcher.agent_name
+        self.agent_name = agent_name
         self.limit = limit
         #: qos-0 work parked at most; past it, refused (the daemon's ``inbox_cap``).
         self.park_max = DEFAULT_PARK_MAX
@@ -70,14 +73,11 @@ class HandlerSlots:
         self.parked: deque[Work] = deque()
         self.paused = False
         self.refused = 0
-        self._dispatch = dispatcher.dispatch
+        self._dispatch = dispatch
         self._enqueue = enqueue
         self._push = push
         self._reading = reading
-        self._calls = calls
-        self._publishing = publishing
-        dispatcher.on_handler_task = self.handler_started
-        calls.on_busy_change = self.check_reading  # the first call out, the last one answered
+        self._awaiting = awaiting
 
     @property
     def full(self) -> bool:
@@ -134,8 +134,7 @@ class HandlerSlots:
         answer; read otherwise (an answer may be what a running handler waits for), unless
         ``parked_max`` messages wait (qos-1 ones, never refused): then pause all the same, and a
         handler awaiting an answer behind them waits until its own time-out at worst."""
-        pause = self.full and ((not self._calls.used and not self._publishing())
-                               or len(self.parked) >= self.parked_max)
+        pause = self.full and (not self._awaiting() or len(self.parked) >= self.parked_max)
         if pause != self.paused:
             self.paused = pause
             self._reading(not pause)

@@ -166,7 +166,10 @@ class Dispatcher:
 
     def __init__(self, agent_name: str, *, enqueue: Callable[[BatchKey, dict[str, Any], bytes], None],
                  push: Callable[[list[bytes]], None], encode: Callable[[Any], bytes],
-                 schedule: Callable[[Callable[[], None]], None], closed: Callable[[], bool]) -> None:
+                 schedule: Callable[[Callable[[], None]], None], closed: Callable[[], bool],
+                 on_handler_task: Callable[[asyncio.Task[Any]], None] | None = None) -> None:
+        """``on_handler_task(task)`` is told of each handler that suspended and got a task (the
+        ``Agent`` gives its ``HandlerSlots.handler_started``, meshd/client/handler_slots.py)."""
         self.agent_name = agent_name
         self._enqueue = enqueue
         self._push = push
@@ -187,8 +190,7 @@ class Dispatcher:
         self._acks: list[str] = []
         self._ack_scheduled = False
         self._handled_unacked = 0  # messages whose unit's ack has not left yet (see ACK_EVERY)
-        #: Told of each handler that suspended and got a task (meshd/client/handler_slots.py counts them).
-        self.on_handler_task: Callable[[asyncio.Task[Any]], None] | None = None
+        self._on_handler_task = on_handler_task
 
     # ------------------------------------------------------------------------ incoming
 
@@ -335,8 +337,8 @@ class Dispatcher:
         task = asyncio.get_running_loop().create_task(finish, context=ctx)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        if self.on_handler_task is not None:
-            self.on_handler_task(task)
+        if self._on_handler_task is not None:
+            self._on_handler_task(task)
         if msg.is_request and msg.correlation_id:
             key = msg.correlation_id
             self._running[key] = (task, msg)
@@ -483,6 +485,11 @@ class Dispatcher:
             self._enqueue(to_agent(to), {P.KIND: Kind.CANCEL, P.ID: P.new_id(), P.CORR: msg_id}, b"")
         except MeshError:
             pass
+
+    def handed_on(self, msg: Message) -> None:
+        """``msg`` was delegated (``Agent.delegate``): the delegate answers it, so its handler's
+        return value is no answer."""
+        msg._answered = True
 
     def delegated(self, corr: str, to: str, asked_by: str) -> None:
         """Remember where a request went, so a cancel from the requester follows it down the chain."""

@@ -6,7 +6,7 @@ subscriber's INBOX_FULL asks for (when its daemon dropped our publications, or h
 ``held_notice`` tells the two apart).
 
 Must not touch: the socket, the batcher, the futures of awaited calls. The ``Agent``
-(meshd/client.py) owns one (composition) and tells it what was sent and confirmed.
+(meshd/client/agent.py) owns one (composition) and tells it what was sent and confirmed.
 """
 
 from __future__ import annotations

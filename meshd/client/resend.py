@@ -9,7 +9,7 @@ re-registration loop: jittered backoff when the daemon does not answer, and, whi
 DAEMON_STOPPING, tries every ``retry_after`` for at most ``RESTART_WAIT`` seconds.
 
 Must not touch: the socket, the batcher's queues, the futures of pending calls, the handler
-table. It sends again and reports through the callbacks the ``Agent`` (meshd/client.py) gives
+table. It sends again and reports through the callbacks the ``Agent`` (meshd/client/agent.py) gives
 it; the ``Agent`` owns it (composition).
 """
 

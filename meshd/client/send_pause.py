@@ -11,7 +11,7 @@ Also owns the destinations of the last qos-0 sends by message id (``SEND_PAUSE_I
 generations), which is how a refusal (naming only ids) names a destination.
 
 Must not touch: the socket, the batcher, the resend hold, the futures of awaited calls. The ``Agent``
-(meshd/client.py) owns one (composition): ``Agent.send`` tells it each qos-0 send
+(meshd/client/agent.py) owns one (composition): ``Agent.send`` tells it each qos-0 send
 (:meth:`SendPauses.sent`: a dict store and a counter) and awaits :meth:`SendPauses.before_send`
 only while a pause is active or once every ``SEND_YIELD_EVERY`` sends; ``Incoming.on_error``
 (meshd/client/incoming.py) calls :meth:`SendPauses.refused`.

@@ -2,61 +2,92 @@
 again after a daemon restart, and the heartbeat loop.
 
 Owns: reading the ``register`` answer (docs/PROTOCOL.md §15.1) into the client's bounds (the
-publish window, the calls in flight, the handler slots' parking, the heartbeat interval) and the
-periodic sweep of control calls that got no answer. Must not touch: sockets (it goes through the
-``Agent``'s ``_control`` and ``heartbeat``), handlers, batching.
+publish window, the calls in flight, the handler slots' parking) and telling the ``Agent`` its
+node and the heartbeat interval the daemon asks for; restoring the subscriptions on a new
+registration; the periodic sweep of calls that got no answer, and the beat.
+
+Must not touch: sockets (it goes through the ``control`` call it is given), handlers, batching, the
+``Agent``'s own state. The ``Agent`` (meshd/client/agent.py) owns one :class:`Session` and gives it,
+at construction, the parts whose bounds the answer sets, the table of its subscriptions (its own
+dict, shared) and the callbacks below; :func:`heartbeat_loop` gets what it sweeps and calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
+from meshd.client.call_slots import CallSlots
+from meshd.client.handler_slots import HandlerSlots
+from meshd.client.publish_window import PublishWindow
 from meshd.errors import DaemonUnreachable
 from meshd.wire import protocol as P
 from meshd.wire.protocol import Kind
 
-if TYPE_CHECKING:
-    from meshd.client.agent import Agent
+__all__ = ["Control", "Session", "heartbeat_loop"]
+
+Control = Callable[[dict[str, Any], Any], Awaitable[Any]]
+"""A daemon-addressed call, ``control(header, body)``: sent at once, returns the answer's payload
+(the ``Agent``'s ``_control``)."""
 
 
-async def register(agent: Agent) -> None:
-    """Register ``agent``'s name and fit its bounds to what the daemon's answer says."""
-    body = {"name": agent.name, "capabilities": agent.capabilities, "metadata": agent.metadata}
-    info = await agent._control({P.KIND: Kind.REGISTER}, body)
-    if isinstance(info, dict):
-        agent.node = info.get("node")
-        agent.node_name = info.get("node_name")
-        agent._window.fit_daemon(info.get("in_flight_max"))
-        beat = info.get("heartbeat_interval")  # PROTOCOL.md §8.2: beat at least this often
-        if isinstance(beat, (int, float)) and not isinstance(beat, bool) \
-                and 0 < beat < agent.heartbeat_interval:
-            agent.heartbeat_interval = float(beat)
-        agent._handler_slots.fit_daemon(info.get("inbox_cap"))
-        agent._calls.fit_daemon(info.get("in_flight_max"), agent._window.size)
+class Session:
+    """Registering one agent with its daemon, and registering it again."""
+
+    def __init__(self, *, control: Control, hello: Callable[[], dict[str, Any]],
+                 registered: Callable[[str | None, str | None, float | None], None],
+                 window: PublishWindow, slots: HandlerSlots, calls: CallSlots,
+                 topics: Mapping[str, bool]) -> None:
+        """``hello()``: the register body (name, capabilities, metadata); ``registered(node,
+        node_name, beat)``: what the answer said, ``beat`` the daemon's ``heartbeat_interval``
+        (None if it named none); ``topics``: the agent's subscriptions, topic -> durable."""
+        self._control = control
+        self._hello = hello
+        self._registered = registered
+        self._window = window
+        self._slots = slots
+        self._calls = calls
+        self._topics = topics
+
+    async def register(self) -> None:
+        """Register the agent's name and fit its bounds to what the daemon's answer says."""
+        info = await self._control({P.KIND: Kind.REGISTER}, self._hello())
+        if isinstance(info, dict):
+            beat = info.get("heartbeat_interval")  # PROTOCOL.md §8.2: beat at least this often
+            if not isinstance(beat, (int, float)) or isinstance(beat, bool) or beat <= 0:
+                beat = None
+            self._registered(info.get("node"), info.get("node_name"),
+                             float(beat) if beat is not None else None)
+            self._window.fit_daemon(info.get("in_flight_max"))
+            self._slots.fit_daemon(info.get("inbox_cap"))
+            self._calls.fit_daemon(info.get("in_flight_max"), self._window.size)
+
+    async def reregister(self) -> None:
+        """Register again and restore the subscriptions (``ResendHold.reregister`` retries it)."""
+        await self.register()
+        for topic, durable in list(self._topics.items()):
+            header: dict[str, Any] = {P.KIND: Kind.SUBSCRIBE, P.TOPIC: topic}
+            if durable:
+                header[P.QOS] = 1
+            await self._control(header, None)
 
 
-async def reregister(agent: Agent) -> None:
-    """Register again and restore the subscriptions (``ResendHold.reregister`` retries it)."""
-    await register(agent)
-    for topic, durable in list(agent._topics.items()):
-        header: dict[str, Any] = {P.KIND: Kind.SUBSCRIBE, P.TOPIC: topic}
-        if durable:
-            header[P.QOS] = 1
-        await agent._control(header)
-
-
-async def heartbeat_loop(agent: Agent) -> None:
-    """Every ``heartbeat_interval``: expire control calls that got no answer, and beat."""
-    while not agent._closed and agent.evicted is None:
-        await asyncio.sleep(agent.heartbeat_interval)
+async def heartbeat_loop(*, interval: Callable[[], float], running: Callable[[], bool],
+                         expiring: Mapping[str, float], expire: Callable[[str], None],
+                         beat: Callable[[], None]) -> None:
+    """While ``running()``, every ``interval()`` seconds: ``expire`` each call in ``expiring`` (msg
+    id -> monotonic deadline, the ``Agent``'s dict) whose deadline passed, then ``beat()`` (the
+    ``Agent``'s, which beats unless ``auto_heartbeat`` is off). Ends when a beat finds the embedded
+    node stopped (DaemonUnreachable)."""
+    while running():
+        await asyncio.sleep(interval())
         now = time.monotonic()
-        for msg_id, deadline in list(agent._expiring.items()):
+        for msg_id, deadline in list(expiring.items()):
             if deadline < now:
-                agent._expire_control(msg_id)
-        if agent.auto_heartbeat:
-            try:
-                agent.heartbeat()
-            except DaemonUnreachable:  # an embedded node that stopped: calls raise it too
-                return
+                expire(msg_id)
+        try:
+            beat()
+        except DaemonUnreachable:  # an embedded node that stopped: calls raise it too
+            return

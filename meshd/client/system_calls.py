@@ -1,7 +1,7 @@
 """The client's calls to its daemon's system agent (``meshd.sys.<node>``): the syscall tools.
 
 Owns: one request to the local system agent, retried while that agent is not registered yet
-(just after the daemon started). ``Agent.tools`` and ``Agent.call_tool`` (meshd/client.py) use it.
+(just after the daemon started). ``Agent.tools`` and ``Agent.call_tool`` (meshd/client/agent.py) use it.
 
 Must not touch: the Agent's sockets, futures or handlers; it only calls ``Agent.request``.
 """

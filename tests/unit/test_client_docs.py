@@ -25,7 +25,8 @@ CLASSES = {"Agent": client.Agent, "Batcher": batching.Batcher, "Dispatcher": dis
            "SendQueue": transport.SendQueue, "Reactor": transport.Reactor, "Message": dispatch.Message,
            "PublishWindow": publish_window.PublishWindow, "ResendHold": resend.ResendHold,
            "Incoming": client_incoming.Incoming, "HandlerSlots": handler_slots.HandlerSlots,
-           "CallSlots": call_slots.CallSlots, "SendPauses": send_pause.SendPauses}
+           "CallSlots": call_slots.CallSlots, "SendPauses": send_pause.SendPauses,
+           "Session": client_session.Session, "AgentEvents": client_incoming.AgentEvents}
 DOTTED = re.compile(r"`([A-Za-z_]+)\.([A-Za-z_]+)(?:\([^`]*\))?`")
 
 

@@ -82,13 +82,19 @@ class Harness:
         self.pushed: list[list[bytes]] = []
         self.reading: list[bool] = []
         self.awaiting = awaiting
+        # Wired as the Agent wires them: the slots first (they reach the dispatcher and the calls,
+        # built after them, through closures), then the calls and the dispatcher with the slots'
+        # bound methods.
+        self.slots = HandlerSlots("me", limit, dispatch=lambda h, p, u: self.d.dispatch(h, p, u),
+                                  push=self.pushed.append,
+                                  enqueue=lambda k, h, p: self.out.append((k, h, p)),
+                                  reading=self.reading.append,
+                                  awaiting=lambda: bool(self.calls.used) or self.awaiting)
+        self.calls = CallSlots(on_busy_change=self.slots.check_reading)
         self.d = Dispatcher("me", enqueue=lambda k, h, p: self.out.append((k, h, p)),
                             push=self.pushed.append, encode=encode_payload,
-                            schedule=lambda fn: fn(), closed=lambda: False)
-        self.calls = CallSlots()
-        self.slots = HandlerSlots(self.d, limit, self.calls, push=self.pushed.append,
-                                  enqueue=lambda k, h, p: self.out.append((k, h, p)),
-                                  reading=self.reading.append, publishing=lambda: self.awaiting)
+                            schedule=lambda fn: fn(), closed=lambda: False,
+                            on_handler_task=self.slots.handler_started)
 
     def deliver(self, kind: str = Kind.REQUEST, payload: Any = None, unit: str | None = None) -> str:
         msg_id = P.new_id()
@@ -222,5 +228,5 @@ def test_the_bound_must_be_positive() -> None:
     d = Dispatcher("me", enqueue=lambda k, h, p: None, push=lambda f: None, encode=encode_payload,
                    schedule=lambda fn: fn(), closed=lambda: False)
     with pytest.raises(ValidationFailed):
-        HandlerSlots(d, 0, CallSlots(), push=lambda f: None, enqueue=lambda k, h, p: None,
-                     reading=lambda on: None, publishing=lambda: False)
+        HandlerSlots("me", 0, dispatch=d.dispatch, push=lambda f: None, enqueue=lambda k, h, p: None,
+                     reading=lambda on: None, awaiting=lambda: False)
