@@ -26,14 +26,12 @@ from zmq.utils.monitor import parse_monitor_message
 from meshd import transport
 from meshd.mesh.keys import key_from_hex
 from meshd.mesh.liveness import PeerState
+from meshd.mesh.peer_record import Peer, PeerEvents
 from meshd.mesh.security import Security
 from meshd.util.backoff import backoff_delay
 from meshd.util.logonce import LogOnce
 from meshd.wire import protocol as P
 from meshd.wire.protocol import Kind
-
-if TYPE_CHECKING:
-    from meshd.mesh.peers import Peer, PeerEvents
 
 __all__ = ["PeerDialer", "prefer_endpoint"]
 
@@ -63,11 +61,12 @@ class PeerDialer:
     peers: dict[str, Peer]
     pending_static: dict[str, zmq.Socket[Any]]
     static_keys: dict[str, str]
-    stopping: bool
     router_endpoints: list[str]
     pub_endpoints: list[str]
 
     if TYPE_CHECKING:  # defined by PeerTable
+        @property
+        def stopping(self) -> bool: ...
         @property
         def ctx(self) -> zmq.Context[Any]: ...
         @property
@@ -103,8 +102,6 @@ class PeerDialer:
         """The peer ``node_id``, created if new, (re)connected if its endpoints or key changed."""
         peer = self.peers.get(node_id)
         if peer is None:
-            from meshd.mesh.peers import Peer  # peers.py imports this module: the record type, at call time
-
             peer = Peer(node_id=node_id, source=source)
             self.peers[node_id] = peer
         if pubkey is not None and pubkey != peer.pubkey:
