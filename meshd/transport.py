@@ -148,7 +148,7 @@ def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     # Handover on: a DEALER that reconnects (zmq does that by itself, with the same routing id)
     # takes its own stale connection over; with handover off that reconnect was refused and the
-    # link stayed one-way until a redial (RELIABILITY.md). Impostors (issue 8: another trusted node
+    # link stayed one-way until a redial (RELIABILITY.md). Impostors (another trusted node
     # connecting with a peer's id knocked the real connection off) are stopped by the routing id's
     # random part per DEALER (peer_routing_id): only this ROUTER ever sees it, so nobody else can
     # present it, and a routing id maps to a peer only through its authenticated HELLO.
@@ -210,7 +210,7 @@ def agent_router(ctx: zmq.Context[Any], inbox_hwm: int, max_frame_bytes: int = -
     """The local agent socket (ipc://). MANDATORY: a vanished agent is an error, not a drop.
 
     ``max_frame_bytes``: a larger frame disconnects that agent's connection before the daemon
-    holds it (issue 8: a 256 MiB frame once pushed the daemon to 557 MB before TOO_LARGE); frames
+    holds it (a 256 MiB frame once pushed the daemon to 557 MB before TOO_LARGE); frames
     up to it that exceed ``max_payload_bytes`` still get TOO_LARGE at the edge.
     """
     sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)

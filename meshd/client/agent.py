@@ -561,7 +561,7 @@ class Agent:
         result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "node"})
         return dict(result or {})
 
-    # ------------------------------------------------------------------ syscall tools (issue 9)
+    # ------------------------------------------------------------------------- syscall tools
 
     async def tools(self, *, format: str | None = None) -> list[dict[str, Any]]:
         """The tools this daemon serves: name, description, input_schema, side_effects, plugin

@@ -353,13 +353,13 @@ class LocalAgents:
         s = self.settings
         self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack({
             "node": self.node_id, "node_name": self.name, "mesh": s.mesh,
-            # What a client needs to behave (issue 8, item 23): its liveness timers, the inbox
+            # What a client needs to behave without guessing: its liveness timers, the inbox
             # it may fill, and the size limits the daemon enforces on it.
             "heartbeat_interval": s.heartbeat_interval, "stale_after": s.stale_after,
             "offline_after": s.offline_after, "inbox_cap": s.inbox_cap,
             "max_payload_bytes": s.max_payload_bytes, "max_header_bytes": P.MAX_HEADER_BYTES,
             "max_batch": P.MAX_BATCH, "hop_limit": s.hop_limit,
-            # Calls a client may keep in flight and still get every answer (issue 8, item 6).
+            # Calls a client may keep in flight and still get every answer: the answer backlog.
             "in_flight_max": s.agent_answer_backlog}))
 
     def registration_refused(self, agent: LocalAgent | None, name: str, caps: list[str],

@@ -209,7 +209,7 @@ class Qos1Driver:
             return
         peer = self.peer_table.get(origin)
         if peer is not None:
-            for chunk in P.chunk_ids(ids):  # each header within the peer's cap (issue 8, item 7)
+            for chunk in P.chunk_ids(ids):  # each header within the peer's cap, or it is refused
                 self.peer_table.send(peer, {P.KIND: Kind.ACK, P.FROM: self.node_id, P.IDS: chunk})
 
     def _acked(self, entry: OutboxEntry) -> None:

@@ -191,9 +191,10 @@ class Router:
         self.deliver_local(agent, header, frames[1:], peer.node_id)
 
     def on_agent(self, frames: list[bytes]) -> None:
-        """Everything local agents send us. No input may escape as an exception (issue 8, item
-        20): what the checks did not foresee is answered with VALIDATION_FAILED (when its id can
-        be read), counted (``agent_input_errors``) and logged once per cause."""
+        """Everything local agents send us. No input may escape as an exception (the sender would
+        wait for an answer forever): what the checks did not foresee is answered with
+        VALIDATION_FAILED (when its id can be read), counted (``agent_input_errors``) and logged
+        once per cause."""
         try:
             self._on_agent(frames)
         except Exception as exc:  # the last guard: one bad message, never a traceback per message
@@ -285,7 +286,7 @@ class Router:
         if kind == Kind.BATCH and _declares(header, _REQUEST_KIND):
             try:
                 inner = _split_checking_requests(frames)
-            except FrameError as exc:  # the ranges a single request is held to (issue 8, item 3)
+            except FrameError as exc:  # the ranges a single request is held to, batch or not
                 self.stats["malformed_bad_field"] += 1
                 self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"malformed batch: {exc}")
                 return
@@ -366,7 +367,7 @@ class Router:
         """Why an agent's reply, error, progress or delegation may not go to ``to`` (None: it may).
 
         It must answer a request this daemon delivered to ``responder`` from the agent ``to``
-        (issue 8: forged NAME_TAKEN errors and replies with a guessed correlation id). ``inner``:
+        (else any agent could forge NAME_TAKEN errors, or replies to a guessed correlation id). ``inner``:
         the batch already split by the caller.
         """
         if header.kind != Kind.BATCH:
@@ -394,7 +395,7 @@ class Router:
         return None
 
     def _send_handler_failed(self, agent: str, header: P.Header, frames: list[bytes]) -> None:
-        """An agent reports that its handler for a ``send`` raised (issue 8, item 13): a send is
+        """An agent reports that its handler for a ``send`` raised: a send is
         never answered, so the report is not routed; it becomes a dead letter ``HANDLER_ERROR``
         and a ``send`` outcome with that error for observer plugins."""
         err = header.get(P.ERROR)
@@ -431,7 +432,7 @@ class Router:
                 continue
             requester = fields.get(P.ORIGIN) or header.sender
             corr = fields.get(P.CORR) or fields.get(P.ID)
-            try:  # this host's monotonic deadline from the request's budget (issue 13)
+            try:  # this host's monotonic deadline from the budget (hosts' clocks differ)
                 deadline = P.local_deadline(fields)
             except FrameError:
                 deadline = None

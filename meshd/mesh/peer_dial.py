@@ -146,7 +146,7 @@ class PeerDialer:
         return peer
 
     def _plaintext_refused(self, endpoint: str) -> bool:
-        """Insecure mode: refuse (count, log once) a dial outside loopback (issue 8)."""
+        """Insecure mode: refuse (count, log once) a dial outside loopback (plaintext on the LAN)."""
         if not self.security.plaintext_refused(endpoint):
             return False
         self.stats["refused_plaintext_dial"] += 1

@@ -66,7 +66,7 @@ class PeerTable(PeerDialer):
         self.interfaces = interfaces
         self.max_frame = max_frame
         self.peers: dict[str, Peer] = {}
-        #: routing id -> the peer whose HELLO came from it (issue 8: never the id's own claim).
+        #: routing id -> the peer whose HELLO came from it (never the id's own claim, which anyone can make).
         self.by_rid: dict[bytes, Peer] = {}
         #: The boot id (HELLO ``incarnation``) and routers each routing id greeted us with: a
         #: heartbeat on a routing id of another boot id than its node's latest shows a clone.

@@ -464,7 +464,7 @@ class PluginHost(ToolHooks):
         if "meshd_agent_state" in self._routes:
             self._offer("meshd_agent_state", {"agent": agent, "old": old, "new": new})
 
-    # -- tasks and spawning (issue 9, "tasks" block) ----------------------------------------------
+    # -- tasks and spawning ------------------------------------------------------------------------
 
     def task_event(self, event: str, data: Mapping[str, Any]) -> None:
         """Queue ``meshd_task_event(event, data)`` for the worker thread."""
