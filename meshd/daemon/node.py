@@ -321,10 +321,11 @@ class Node:
         s, ctx, reactor = self.settings, self._ctx, self._reactor
         assert ctx is not None and reactor is not None
         curve = self.security.curve
-        self.router = transport.mesh_router(ctx, self._max_frame, curve)
+        beats = self.peer_table.zmtp_beats
+        self.router = transport.mesh_router(ctx, self._max_frame, curve, beats)
         self._sockets.append(self.router)
         self.router_port = self._bind_tcp(self.router, s.port, "port")
-        self.xpub = transport.mesh_xpub(ctx, self._max_frame, curve)
+        self.xpub = transport.mesh_xpub(ctx, self._max_frame, curve, beats)
         self._sockets.append(self.xpub)
         self.pub_port = self._bind_tcp(self.xpub, s.pub_port, "pub_port")
         self.agents_sock = transport.agent_router(ctx, max(s.inbox_cap, 1), self._max_frame)

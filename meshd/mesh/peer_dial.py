@@ -62,6 +62,7 @@ class PeerDialer:
     pending_static: dict[str, zmq.Socket[Any]]
     static_keys: dict[str, str]
     router_endpoints: list[str]
+    zmtp_beats: transport.ZmtpHeartbeat
     pub_endpoints: list[str]
 
     if TYPE_CHECKING:  # defined by PeerTable
@@ -91,7 +92,8 @@ class PeerDialer:
             return
         if server_key:
             self.static_keys[endpoint] = server_key
-        dealer = transport.peer_dealer(self.ctx, self.node_id, self.security.curve, server_key)
+        dealer = transport.peer_dealer(self.ctx, self.node_id, self.security.curve, server_key,
+                                       self.zmtp_beats)
         dealer.connect(endpoint)
         self.pending_static[endpoint] = dealer
         dealer.send_multipart(P.frames(self._seq_header(Kind.HELLO, None),
@@ -118,7 +120,7 @@ class PeerDialer:
             self.close_dealer(peer)
             adopted = self.pending_static.pop(router, None)
             peer.dealer = adopted or transport.peer_dealer(self.ctx, self.node_id, self.security.curve,
-                                                           peer.pubkey or None)
+                                                           peer.pubkey or None, self.zmtp_beats)
             # The monitor first, then connect: libzmq emits no event to a monitor attached later,
             # and a refusal can come back within a millisecond. (Attached after connect, a
             # preempted loop missed the HANDSHAKE_FAILED_AUTH of a redial, and the peer, trusting
@@ -137,7 +139,7 @@ class PeerDialer:
         if pub and pub != peer.connected_pub:
             self.close_sub(peer)
             peer.sub = transport.peer_sub(self.ctx, self.max_frame, self.security.curve,
-                                          peer.pubkey or None)
+                                          peer.pubkey or None, self.zmtp_beats)
             for key in self.events.topic_keys():
                 peer.sub.setsockopt(zmq.SUBSCRIBE, key)
             peer.sub.connect(pub)
@@ -190,6 +192,8 @@ class PeerDialer:
             return
         peer.link_up = event == zmq.EVENT_HANDSHAKE_SUCCEEDED or (peer.link_up and event not in (
             zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_AUTH))
+        if event == zmq.EVENT_DISCONNECTED:
+            self.stats["peer_connection_dropped"] += 1
         if event == zmq.EVENT_DISCONNECTED and peer.state is PeerState.ONLINE:
             # The connection dropped (killed daemon, reset): stale at once, offline by timer.
             log.info("peer %s (%s) connection dropped", peer.node_id, peer.name)

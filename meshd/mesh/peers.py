@@ -56,6 +56,8 @@ class PeerTable(PeerDialer):
                  interfaces: list[str], max_frame: int, shutdown: Shutdown | None = None) -> None:
         self.settings = settings
         self.shutdown = shutdown if shutdown is not None else Shutdown()
+        #: ZMTP heartbeats of every mesh socket: they follow heartbeat_interval and stale_after.
+        self.zmtp_beats = transport.zmtp_heartbeat_for(settings.heartbeat_interval, settings.stale_after)
         self.node_id = node_id
         self.name = name
         self.incarnation = incarnation
@@ -418,7 +420,8 @@ class PeerTable(PeerDialer):
                    if r != peer.connected_router][:4]
         for router in dict.fromkeys(routers):
             try:
-                dealer = transport.peer_dealer(self.ctx, self.node_id, self.security.curve, peer.pubkey)
+                dealer = transport.peer_dealer(self.ctx, self.node_id, self.security.curve, peer.pubkey,
+                                               self.zmtp_beats)
                 dealer.connect(router)
                 dealer.send_multipart(hello, zmq.NOBLOCK)
             except zmq.ZMQError as exc:
