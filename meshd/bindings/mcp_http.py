@@ -19,8 +19,10 @@ import ipaddress
 import json
 import logging
 import os
+import signal
 import socket
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -147,10 +149,34 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _uvicorn_server() -> type[Any]:
+    import uvicorn
+
+    class Quiet(uvicorn.Server):
+        """uvicorn's server, stopped by SIGINT/SIGTERM without re-raising the signal afterwards
+        (uvicorn's own capture does that, which would kill this process before it cleans up)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            def stop(sig: int, frame: Any) -> None:
+                self.force_exit = self.should_exit and sig == signal.SIGINT
+                self.should_exit = True
+
+            before = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in before.items():
+                    signal.signal(sig, handler)
+
+    return Quiet
+
+
 async def serve_http(server: Any, opts: McpOptions, name: str) -> None:
     """Serve ``server`` on Streamable HTTP at ``opts.http`` until SIGINT or SIGTERM."""
     import uvicorn
 
+    _Uvicorn = _uvicorn_server()
     host, port = parse_listen(opts.http or DEFAULT_HTTP)
     tls = opts.tls_cert is not None and opts.tls_key is not None
     if (opts.tls_cert is None) != (opts.tls_key is None):
@@ -181,7 +207,7 @@ async def serve_http(server: Any, opts: McpOptions, name: str) -> None:
     os.replace(tmp, url_file)
     log.info("MCP on Streamable HTTP at %s (bearer token in %s)", url, token_path)
     try:
-        await uvicorn.Server(config).serve(sockets=[sock])
+        await _Uvicorn(config).serve(sockets=[sock])
     finally:
         sock.close()
         with contextlib.suppress(FileNotFoundError):
