@@ -97,32 +97,48 @@ def read_or_make_token(path: Path) -> tuple[str, bool]:
 
 
 class BearerGate:
-    """ASGI middleware: a request without ``Authorization: Bearer <token>`` gets 401 and never
-    reaches the MCP app. Counts refusals."""
+    """ASGI middleware in front of the MCP app. First the Host and Origin headers (DNS-rebinding
+    protection, as the SDK's ``TransportSecuritySettings`` does them: a foreign Host gets 421, a
+    foreign Origin 403, whatever the token), then ``Authorization: Bearer <token>`` (401 without
+    it). Counts refusals."""
 
-    def __init__(self, app: Any, token: str) -> None:
+    def __init__(self, app: Any, token: str, hosts: list[str], origins: list[str]) -> None:
         self.app = app
         self._expected = f"Bearer {token}".encode()
+        self._hosts = frozenset(h.encode() for h in hosts)
+        self._origins = frozenset(o.encode() for o in origins)
         self.refused = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
-        given = next((v for k, v in scope.get("headers") or () if k == b"authorization"), b"")
-        if hmac.compare_digest(given, self._expected):
+        headers = dict(scope.get("headers") or ())
+        origin = headers.get(b"origin")
+        if headers.get(b"host") not in self._hosts:
+            await self._refuse(send, 421, "MISDIRECTED", "this Host is not served here (DNS-rebinding "
+                               "protection); connect to the URL in meshd mcp's URL file")
+        elif origin is not None and origin not in self._origins:
+            await self._refuse(send, 403, "FORBIDDEN_ORIGIN", "this Origin is not allowed (meshd mcp "
+                               "--allow-origin adds one)")
+        elif not hmac.compare_digest(headers.get(b"authorization", b""), self._expected):
+            await self._refuse(send, 401, "UNAUTHORIZED", "a bearer token is required (see the token "
+                               "file named in meshd mcp's URL file)")
+        else:
             await self.app(scope, receive, send)
-            return
+
+    async def _refuse(self, send: Any, status: int, code: str, message: str) -> None:
         self.refused += 1
-        body = json.dumps({"error": "UNAUTHORIZED", "message": "a bearer token is required (see the "
-                           "token file named in meshd mcp's URL file)"}).encode()
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"www-authenticate", b'Bearer realm="meshd-mcp"'),
-            (b"content-length", str(len(body)).encode())]})
+        body = json.dumps({"error": code, "message": message}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="meshd-mcp"'))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 
 def _security(host: str, port: int, extra_origins: tuple[str, ...]) -> Any:
+    """The SDK's ``TransportSecuritySettings``: the Host values and Origins this server accepts."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     names = ["127.0.0.1", "localhost", "[::1]"] if _is_loopback(host) else []
@@ -191,9 +207,10 @@ async def serve_http(server: Any, opts: McpOptions, name: str) -> None:
     port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     url = f"{'https' if tls else 'http'}://{shown}:{port}{MCP_PATH}"
-    app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host,
-                                     transport_security=_security(host, port, opts.allowed_origins))
-    config = uvicorn.Config(BearerGate(app, token), log_level="warning", lifespan="on",
+    security = _security(host, port, opts.allowed_origins)
+    app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host, transport_security=security)
+    gate = BearerGate(app, token, security.allowed_hosts, security.allowed_origins)
+    config = uvicorn.Config(gate, log_level="warning", lifespan="on",
                             ssl_certfile=str(opts.tls_cert) if tls else None,
                             ssl_keyfile=str(opts.tls_key) if tls else None)
     url_file = runtime_dir / f"mcp-{name}.json"

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from meshd.bindings.mcp import INBOX_URI, RESOURCES, MeshMcpBridge
-from meshd.errors import MeshError
+from meshd.errors import MeshError, NoSuchTool
 
 __all__ = ["CHANNEL_CAPABILITY", "CHANNEL_METHOD", "MAX_WATCHERS", "InboxAnnouncer", "ProgressRelay",
            "build_server"]
@@ -37,6 +37,7 @@ CHANNEL_METHOD: Final = "notifications/claude/channel"
 #: Sessions the announcer keeps (subscribers of meshd://inbox, sessions pushed to); one more
 #: subscription is refused with an MCP error, and pushes reach the newest sessions.
 MAX_WATCHERS: Final = 256
+RESOURCE_NOT_FOUND: Final = -32002  # the MCP spec's error code for an unknown resource URI
 _SEND_TIMEOUT_S: Final = 5.0  # a notification a session cannot take within this is dropped
 
 
@@ -130,7 +131,7 @@ class InboxAnnouncer:
 
     def subscribe(self, session: Any, uri: str) -> None:
         """``resources/subscribe``; raises :class:`meshd.errors.QueueFull` past the bound."""
-        from meshd.errors import NoSuchTool, QueueFull
+        from meshd.errors import QueueFull
 
         if uri != INBOX_URI:
             raise NoSuchTool(f"resource {uri!r} has no updates to subscribe to; subscribe to {INBOX_URI}")
@@ -241,6 +242,8 @@ def build_server(bridge: MeshMcpBridge, name: str, *, progress_every: float = 5.
         uri = str(params.uri)
         try:
             text = _text(await bridge.read_resource(uri))
+        except NoSuchTool as exc:  # no such resource: the spec's "Resource not found"
+            raise MCPError(code=RESOURCE_NOT_FOUND, message=exc.message) from None
         except MeshError as exc:
             text = _text({"error": exc.code, "message": exc.message})
         return types.ReadResourceResult(contents=[types.TextResourceContents(
@@ -250,8 +253,10 @@ def build_server(bridge: MeshMcpBridge, name: str, *, progress_every: float = 5.
         announcer.seen(ctx.session)
         try:
             announcer.subscribe(ctx.session, str(params.uri))
+        except NoSuchTool as exc:
+            raise MCPError(code=RESOURCE_NOT_FOUND, message=exc.message) from None
         except MeshError as exc:
-            raise MCPError(code=types.INVALID_PARAMS, message=f"{exc.code}: {exc.message}") from None
+            raise MCPError(code=types.INTERNAL_ERROR, message=f"{exc.code}: {exc.message}") from None
         return types.EmptyResult()
 
     async def unsubscribe(ctx: Any, params: Any) -> Any:

@@ -179,11 +179,13 @@ def test_ts_sdk_client_over_streamable_http(meshd_factory: MeshdFactory) -> None
                 url = info["url"]
                 assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp")
                 await wait_listed(agent, "ts-http")
-                # no token, a wrong one, a foreign Origin: refused before any MCP handling
+                # no token, a wrong one, a foreign Origin or Host: refused before any MCP handling
                 assert await asyncio.to_thread(http_status, url, {}) == 401
                 assert await asyncio.to_thread(http_status, url, {"authorization": "Bearer nope"}) == 401
                 assert await asyncio.to_thread(http_status, url, {
                     "authorization": f"Bearer {info['token']}", "origin": "http://evil.example"}) == 403
+                assert await asyncio.to_thread(http_status, url, {  # DNS rebinding: a foreign Host
+                    "authorization": f"Bearer {info['token']}", "host": "evil.example"}) == 421
                 report = await run_node({
                     "transport": "http", "url": url, "token": info["token"], "slow": "slow",
                     "self": "ts-http", "push": True,
