@@ -155,3 +155,73 @@ def test_mcp_create_plan_across_daemons(meshd_factory: MeshdFactory) -> None:
             assert sorted(ran) == [("searcher", "find sources"), ("writer", "write draft")]
 
     asyncio.run(scenario())
+
+
+def test_mcp_progress_for_a_held_call_and_wait_task_and_unknown_agent_at_once(
+        meshd_factory: MeshdFactory, tmp_path: Any) -> None:
+    """Issue 22 with the Python SDK's client: the progress notifications of a call held for
+    approval and of wait_task (the daemon's notes, against the client's progressToken), and
+    NO_SUCH_AGENT for request_agent's target at once, not after timeout_s."""
+    import time
+
+    from meshd.tasks.worker import TaskWorker
+    from meshd.wire.system_names import TOPIC_APPROVALS, system_agent_name
+
+    conf = tmp_path / "meshd.toml"
+    conf.write_text('[tools]\napproval = { send_message = "hold" }\napproval_timeout = 30.0\n')
+    a = meshd_factory.spawn("a", "--config", str(conf))
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def slow_task(task: Any) -> Any:
+            await release.wait()  # until the MCP client has heard that the task runs
+            return "finished"
+
+        async with Agent("person", socket=a.socket) as person, \
+                Agent("worker", socket=a.socket, capabilities=["slow"]) as worker, \
+                mcp_session(a, "llm") as session:
+            TaskWorker(worker, slow_task)
+            await wait_listed(person, "llm", "worker")
+
+            started = time.monotonic()
+            missing = await session.call_tool("request_agent",
+                                              {"agent": "nobody", "topic": "q", "timeout_s": 5})
+            elapsed = time.monotonic() - started
+            assert missing.is_error and missing.content[0].text.startswith("NO_SUCH_AGENT"), missing
+            assert elapsed < 3.0, elapsed  # at once (before the fix: the whole call timeout)
+
+            notes: list[str] = []
+
+            async def heard(progress: float, total: float | None, message: str | None) -> None:
+                notes.append(message or "")
+                if "running" in (message or ""):
+                    release.set()
+
+            async def allow_when_held() -> None:
+                sys_agent = system_agent_name(str(person.node))
+
+                async def held() -> list[dict[str, Any]]:
+                    return list(await person.request(sys_agent, TOPIC_APPROVALS, {"op": "list"}, timeout=5))
+
+                from meshd.testing import async_wait_until
+
+                waiting = await async_wait_until(held, what="a held call")
+                await person.request(sys_agent, TOPIC_APPROVALS, {"op": "allow", "id": waiting[0]["id"]})
+
+            allowing = asyncio.ensure_future(allow_when_held())
+            sent = await session.call_tool("send_message", {"agent": "worker", "topic": "n", "payload": 1},
+                                           progress_callback=heard)
+            await allowing
+            assert result_of(sent)["sent"] is True
+            assert any(n.startswith("held for approval") and "meshctl approvals allow" in n
+                       for n in notes), notes
+
+            notes.clear()
+            task = result_of(await session.call_tool("create_task", {"title": "t", "capability": "slow"}))
+            done = result_of(await session.call_tool("wait_task", {"task_id": task["id"], "timeout_s": 30},
+                                                     progress_callback=heard))
+            assert done["state"] == "done" and done["result"] == "finished", done
+            assert any(n == f"task {task['id']}: running (assignee worker)" for n in notes), notes
+
+    asyncio.run(scenario())
