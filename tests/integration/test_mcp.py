@@ -225,3 +225,37 @@ def test_mcp_progress_for_a_held_call_and_wait_task_and_unknown_agent_at_once(
             assert any(n == f"task {task['id']}: running (assignee worker)" for n in notes), notes
 
     asyncio.run(scenario())
+
+
+def test_mcp_2026_client_listens_to_the_inbox_and_times_out_on_time(meshd_factory: MeshdFactory) -> None:
+    """The Python SDK's high-level Client negotiates the 2026-07-28 protocol (server/discover):
+    a ``subscriptions/listen`` stream on meshd://inbox hears an arrival; a request_agent to an agent
+    that never answers ends with TIMEOUT within its timeout_s, not the call's 125 s."""
+    import time
+
+    from mcp import Client
+    from mcp.shared.subscriptions import ResourceUpdated
+
+    a = meshd_factory.spawn("a")
+    params = StdioServerParameters(command=sys.executable, args=[
+        "-m", "meshd", "mcp", "--socket", str(a.socket), "--name", "modern"])
+
+    async def scenario() -> None:
+        async with Agent("sender", socket=a.socket) as sender, Client(params) as client:
+            sender.on("mute")(lambda msg: asyncio.Event().wait())  # never answers
+            assert client.session.protocol_version == "2026-07-28"
+            await wait_listed(sender, "modern")
+            async with client.listen(resource_subscriptions=["meshd://inbox"]) as sub:
+                await sender.send("modern", "hello", {"n": 1})
+                event = await asyncio.wait_for(anext(aiter(sub)), 10)
+                assert event == ResourceUpdated(uri="meshd://inbox")
+            inbox = json.loads((await client.read_resource("meshd://inbox")).contents[0].text)
+            assert inbox["unread"] == 1 and inbox["messages"][0]["payload"] == {"n": 1}
+
+            started = time.monotonic()
+            res = await client.call_tool("request_agent",
+                                         {"agent": "sender", "topic": "mute", "timeout_s": 1})
+            assert res.is_error and res.content[0].text.startswith("TIMEOUT"), res
+            assert time.monotonic() - started < 3.0
+
+    asyncio.run(scenario())
