@@ -241,6 +241,17 @@ async def _serve(opts: McpOptions, name: str) -> None:
 def run_mcp_server(opts: McpOptions) -> int:
     """``meshd mcp``: serve MCP on stdin/stdout until the client closes it, or on Streamable
     HTTP until SIGINT/SIGTERM; returns the exit code (2: the extra is missing or an option is bad)."""
+    if not 0 < opts.progress_every <= 600:
+        print("meshd mcp: --progress-every: must be > 0 and <= 600 seconds", file=sys.stderr)
+        return 2
+    if opts.http is not None:
+        from meshd.bindings.mcp_http import check_http
+
+        try:
+            check_http(opts)  # a bad address or TLS file stops here, before anything attaches or binds
+        except ConfigError as exc:
+            print(f"meshd mcp: {exc}", file=sys.stderr)
+            return 2
     try:
         import mcp  # noqa: F401
     except ImportError:
@@ -248,9 +259,6 @@ def run_mcp_server(opts: McpOptions) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="meshd mcp: %(message)s")
     logging.getLogger("meshd.mcp").setLevel(logging.INFO)
-    if not 0 < opts.progress_every <= 600:
-        print("meshd mcp: --progress-every: must be > 0 and <= 600 seconds", file=sys.stderr)
-        return 2
     try:
         asyncio.run(_serve(opts, opts.name or f"mcp-{os.getpid()}"))
     except ConfigError as exc:

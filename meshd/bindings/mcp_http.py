@@ -32,7 +32,8 @@ from meshd.util.paths import find_agent_socket
 if TYPE_CHECKING:
     from meshd.bindings.mcp import McpOptions
 
-__all__ = ["DEFAULT_HTTP", "MCP_PATH", "BearerGate", "parse_listen", "read_or_make_token", "serve_http"]
+__all__ = ["DEFAULT_HTTP", "MCP_PATH", "BearerGate", "check_http", "parse_listen", "read_or_make_token",
+           "serve_http"]
 
 log = logging.getLogger("meshd.mcp")
 
@@ -188,47 +189,67 @@ def _uvicorn_server() -> type[Any]:
     return Quiet
 
 
-async def serve_http(server: Any, opts: McpOptions, name: str) -> None:
-    """Serve ``server`` on Streamable HTTP at ``opts.http`` until SIGINT or SIGTERM."""
-    import uvicorn
-
-    _Uvicorn = _uvicorn_server()
+def check_http(opts: McpOptions) -> tuple[str, int, bool]:
+    """``opts``' listen address and TLS, checked before anything attaches or binds: returns
+    (host, port, tls); raises :class:`ConfigError` naming the flag (exit 2)."""
     host, port = parse_listen(opts.http or DEFAULT_HTTP)
-    tls = opts.tls_cert is not None and opts.tls_key is not None
     if (opts.tls_cert is None) != (opts.tls_key is None):
         raise ConfigError("--tls-cert", "give both --tls-cert and --tls-key, or neither")
+    tls = opts.tls_cert is not None and opts.tls_key is not None
     if not tls and not _is_loopback(host):
         raise ConfigError("--http", f"plain HTTP on {host} (not loopback) is refused: the bearer token "
                           "would travel in clear; give --tls-cert and --tls-key")
-    runtime_dir = (opts.socket or find_agent_socket()).parent
-    token_path = opts.token_file or runtime_dir / f"mcp-{name}.token"
-    token, made = read_or_make_token(token_path)
-    sock = _bind(host, port)
-    port = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
-    url = f"{'https' if tls else 'http'}://{shown}:{port}{MCP_PATH}"
-    security = _security(host, port, opts.allowed_origins)
-    app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host, transport_security=security)
-    gate = BearerGate(app, token, security.allowed_hosts, security.allowed_origins)
-    config = uvicorn.Config(gate, log_level="warning", lifespan="on",
-                            ssl_certfile=str(opts.tls_cert) if tls else None,
-                            ssl_keyfile=str(opts.tls_key) if tls else None)
-    url_file = runtime_dir / f"mcp-{name}.json"
-    tmp = url_file.with_name(f".{url_file.name}.{os.getpid()}.tmp")
+    if opts.tls_cert is not None and opts.tls_key is not None:
+        import ssl
+
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(opts.tls_cert, opts.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError("--tls-cert", f"cannot load the certificate and key: {exc}") from None
+    return host, port, tls
+
+
+def _write_url_file(path: Path, info: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
-        info = {"url": url, "pid": os.getpid(), "token_file": str(token_path)}
         os.write(fd, (json.dumps(info) + "\n").encode())
     finally:
         os.close(fd)
-    os.replace(tmp, url_file)
-    log.info("MCP on Streamable HTTP at %s (bearer token in %s)", url, token_path)
+    os.replace(tmp, path)
+
+
+async def serve_http(server: Any, opts: McpOptions, name: str) -> None:
+    """Serve ``server`` on Streamable HTTP at ``opts.http`` until SIGINT or SIGTERM; the files it
+    made (token, URL file) are removed when it stops, whatever stopped it."""
+    import uvicorn
+
+    host, port, tls = check_http(opts)
+    runtime_dir = (opts.socket or find_agent_socket()).parent
+    token_path = opts.token_file or runtime_dir / f"mcp-{name}.token"
+    url_file = runtime_dir / f"mcp-{name}.json"
+    token, made = read_or_make_token(token_path)
     try:
-        await _Uvicorn(config).serve(sockets=[sock])
+        sock = _bind(host, port)
+        try:
+            port = sock.getsockname()[1]
+            shown = f"[{host}]" if ":" in host else host
+            url = f"{'https' if tls else 'http'}://{shown}:{port}{MCP_PATH}"
+            security = _security(host, port, opts.allowed_origins)
+            app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host,
+                                             transport_security=security)
+            gate = BearerGate(app, token, security.allowed_hosts, security.allowed_origins)
+            config = uvicorn.Config(gate, log_level="warning", lifespan="on",
+                                    ssl_certfile=str(opts.tls_cert) if tls else None,
+                                    ssl_keyfile=str(opts.tls_key) if tls else None)
+            _write_url_file(url_file, {"url": url, "pid": os.getpid(), "token_file": str(token_path)})
+            log.info("MCP on Streamable HTTP at %s (bearer token in %s)", url, token_path)
+            await _uvicorn_server()(config).serve(sockets=[sock])
+        finally:
+            sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                url_file.unlink()
     finally:
-        sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            url_file.unlink()
         if made:
             with contextlib.suppress(FileNotFoundError):
                 token_path.unlink()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -259,3 +260,60 @@ def test_mcp_2026_client_listens_to_the_inbox_and_times_out_on_time(meshd_factor
             assert time.monotonic() - started < 3.0
 
     asyncio.run(scenario())
+
+
+def test_mcp_http_refuses_plain_http_on_a_lan_address_and_bad_tls_files(tmp_path: Any) -> None:
+    """Checked before the agent attaches (no daemon needed): exit 2 with a one-line reason."""
+    sock = str(tmp_path / "none.sock")
+    missing = [str(tmp_path / "c.pem"), "--tls-key", str(tmp_path / "k.pem")]
+    for extra, says in ((["--http", "10.1.2.3:8767"], "plain HTTP on 10.1.2.3"),
+                        (["--http", "--tls-cert", *missing], "cannot load the certificate")):
+        r = subprocess.run([sys.executable, "-m", "meshd", "mcp", "--socket", sock, *extra],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (extra, r.stderr)
+        assert says in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed to make a test certificate")
+def test_mcp_http_over_tls(meshd_factory: MeshdFactory, tmp_path: Any) -> None:
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    a = meshd_factory.spawn("a")
+    server = subprocess.Popen([sys.executable, "-m", "meshd", "mcp", "--socket", str(a.socket),
+                               "--name", "tls", "--http", "127.0.0.1:0", "--tls-cert", str(cert),
+                               "--tls-key", str(key)], stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr is not None
+        for line in server.stderr:  # it says where it listens once the socket is bound
+            if "Streamable HTTP at" in line:
+                break
+        info = json.loads((a.socket.parent / "mcp-tls.json").read_text())
+        token = (a.socket.parent / "mcp-tls.token").read_text().strip()
+        assert info["url"].startswith("https://127.0.0.1:")
+        ctx = ssl.create_default_context(cafile=str(cert))
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}}).encode()
+
+        def post(headers: dict[str, str]) -> int:
+            req = urllib.request.Request(info["url"], data=body, method="POST", headers={
+                "content-type": "application/json", "accept": "application/json, text/event-stream",
+                **headers})
+            try:
+                with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
+                    return int(resp.status)
+            except urllib.error.HTTPError as exc:
+                return int(exc.code)
+
+        assert post({}) == 401
+        assert post({"authorization": f"Bearer {token}"}) == 200
+    finally:
+        server.terminate()
+        assert server.wait(20) == 0
+    assert not (a.socket.parent / "mcp-tls.token").exists()  # made at start, removed at exit
