@@ -238,6 +238,12 @@ def build_server(bridge: MeshMcpBridge, name: str, *, progress_every: float = 5.
             types.Resource(uri=uri, name=kind, description=text, mime_type="application/json")
             for uri, (kind, text) in RESOURCES.items()])
 
+    async def list_templates(ctx: Any, params: Any) -> Any:
+        return types.ListResourceTemplatesResult(resource_templates=[types.ResourceTemplate(
+            uri_template="meshd://tasks/{task_id}", name="task",
+            description="One task of this daemon (task_status): state, assignee, result, why it waits.",
+            mime_type="application/json")])
+
     async def read_resource(ctx: Any, params: Any) -> Any:
         uri = str(params.uri)
         try:
@@ -284,7 +290,8 @@ def build_server(bridge: MeshMcpBridge, name: str, *, progress_every: float = 5.
         "by capability; wait_message reads what arrives for you (or read meshd://inbox; it is "
         "announced with notifications/resources/updated), reply_message answers requests."),
         on_list_tools=list_tools, on_call_tool=call_tool, on_list_resources=list_resources,
-        on_read_resource=read_resource, on_subscribe_resource=subscribe,
+        on_list_resource_templates=list_templates, on_read_resource=read_resource,
+        on_subscribe_resource=subscribe,
         on_unsubscribe_resource=unsubscribe, on_subscriptions_listen=ListenHandler(bus))
     server.add_notification_handler("notifications/initialized", types.NotificationParams, initialized)
     return server, announcer

@@ -225,6 +225,16 @@ def test_mcp_progress_for_a_held_call_and_wait_task_and_unknown_agent_at_once(
             assert done["state"] == "done" and done["result"] == "finished", done
             assert any(n == f"task {task['id']}: running (assignee worker)" for n in notes), notes
 
+            templates = (await session.list_resource_templates()).resource_templates
+            assert [t.uri_template for t in templates] == ["meshd://tasks/{task_id}"]
+            read = await session.read_resource(f"meshd://tasks/{task['id']}")
+            assert json.loads(read.contents[0].text)["state"] == "done"
+            from mcp.shared.exceptions import MCPError
+
+            with pytest.raises(MCPError) as missing_resource:
+                await session.read_resource("meshd://nothing")
+            assert missing_resource.value.error.code == -32002  # the spec's "Resource not found"
+
     asyncio.run(scenario())
 
 

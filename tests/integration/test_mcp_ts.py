@@ -4,8 +4,8 @@ pinned in tests/js/package.json), over stdio and over Streamable HTTP, against a
 
 The node script (tests/js/mcp_client.mjs) lists tools, calls one, asks an agent that does not
 exist (NO_SUCH_AGENT within a generous bound, vs 30 s before the fix), runs a request that lasts
-three times the client's own request timeout (2 s here, with ``resetTimeoutOnProgress``: the same
-thing the issue's 90-second request against the SDK's 60-second default proves, in 6 s), cancels
+three times the client's own request timeout (3 s here, with ``resetTimeoutOnProgress``: the same
+thing the issue's 90-second request against the SDK's 60-second default proves, in 9 s), cancels
 a call (the mesh handler sees the cancel), subscribes to ``meshd://inbox`` and hears
 ``notifications/resources/updated`` and the pushed ``notifications/claude/channel`` when a
 message arrives, then reads it with ``wait_message``. Skips, saying why, without node or
@@ -34,7 +34,7 @@ pytest.importorskip("mcp", reason="the 'mcp' extra is not installed")
 JS_DIR = Path(__file__).resolve().parents[1] / "js"
 SCRIPT = JS_DIR / "mcp_client.mjs"
 NODE = shutil.which("node")
-CLIENT_TIMEOUT_MS = 2000
+CLIENT_TIMEOUT_MS = 3000  # with notes every second: a 3x margin on a loaded machine
 LONG_MS = 3 * CLIENT_TIMEOUT_MS
 
 pytestmark = [
@@ -90,6 +90,10 @@ async def run_node(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_report(report: dict[str, Any], slow: SlowAgent, self_name: str) -> None:
+    print(f"{report['transport']}: NO_SUCH_AGENT in {report['unknown']['ms']:.0f} ms; a {LONG_MS} ms request "
+          f"with a {CLIENT_TIMEOUT_MS} ms client timeout answered in {report['long']['ms']:.0f} ms after "
+          f"{len(report['long']['progress'])} progress notifications; cancel answered in "
+          f"{report['cancel'].get('ms', 0):.0f} ms")
     assert {"list_agents", "request_agent", "wait_message", "reply_message"} <= set(report["tools"])
     assert {"slow", self_name} <= set(report["agents"])
     assert report["capabilities"]["resources"]["subscribe"] is True
@@ -103,7 +107,7 @@ def check_report(report: dict[str, Any], slow: SlowAgent, self_name: str) -> Non
     assert not long["is_error"] and json.loads(long["text"]) == {"done": LONG_MS // 1000}, long
     assert long["ms"] > 2 * CLIENT_TIMEOUT_MS  # it outlived the client's own timeout
     notes = [p.get("message") for p in long["progress"]]
-    assert "step 1 of 6" in notes and "step 6 of 6" in notes, notes  # the handler's notes, relayed
+    assert "step 1 of 9" in notes and "step 9 of 9" in notes, notes  # the handler's notes, relayed
     values = [p["progress"] for p in long["progress"]]
     assert values == sorted(values) and len(set(values)) == len(values)  # progress only grows
 

@@ -29,19 +29,19 @@ function text(result) {
   return result.content && result.content[0] ? result.content[0].text : "";
 }
 
-// A promise settled by the first notification that matches, or rejected after ms.
-function waiter(ms, what) {
+// A promise settled by the first notification that matches; wait(ms) rejects ms after it is called.
+function waiter(what) {
   let resolve;
-  const p = new Promise((res, rej) => {
-    resolve = res;
+  const p = new Promise((res) => { resolve = res; });
+  const wait = (ms) => Promise.race([p, new Promise((_, rej) => {
     setTimeout(() => rej(new Error(`no ${what} within ${ms} ms`)), ms).unref();
-  });
-  return { p, resolve };
+  })]);
+  return { p, resolve, wait };
 }
 
 const client = new Client({ name: "meshd-ts-test", version: "1.0.0" });
-const updated = waiter(10000, "notifications/resources/updated");
-const pushed = waiter(10000, "notifications/claude/channel");
+const updated = waiter("notifications/resources/updated");
+const pushed = waiter("notifications/claude/channel");
 client.setNotificationHandler(ResourceUpdatedNotificationSchema, (n) => updated.resolve(n.params));
 client.fallbackNotificationHandler = async (n) => {
   if (n.method === "notifications/claude/channel") pushed.resolve(n.params);
@@ -84,14 +84,14 @@ try {
 
   // Cancel: abort a call once the first progress arrives; the mesh request is cancelled.
   const abort = new AbortController();
-  const first = waiter(10000, "progress before cancelling");
+  const first = waiter("progress before cancelling");
   t0 = performance.now();
   const hang = client.callTool(
     { name: "request_agent", arguments: { agent: cfg.slow, topic: "hang", timeout_s: 60 } },
     undefined,
     { signal: abort.signal, onprogress: (p) => first.resolve(p), timeout: 60000 },
   );
-  await first.p;
+  await first.wait(10000);
   abort.abort("the test cancels");
   try {
     await hang;
@@ -103,8 +103,8 @@ try {
   // Inbox: subscribe, then a message arrives (the slow agent sends one before it answers "poke").
   await client.subscribeResource({ uri: "meshd://inbox" });
   await client.callTool({ name: "request_agent", arguments: { agent: cfg.slow, topic: "poke", payload: cfg.self } });
-  report.updated = await updated.p;
-  report.pushed = cfg.push ? await pushed.p : null;
+  report.updated = await updated.wait(10000);
+  report.pushed = cfg.push ? await pushed.wait(10000) : null;
   const inbox = await client.readResource({ uri: "meshd://inbox" });
   report.inbox = JSON.parse(inbox.contents[0].text);
   report.message = JSON.parse(text(await client.callTool({ name: "wait_message", arguments: { timeout_s: 5 } })));
