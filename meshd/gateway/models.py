@@ -1,0 +1,429 @@
+"""The gateway's request and response bodies as pydantic models: what it accepts and answers.
+
+Owns: one model per request body and per response body (and the error body), the string rules
+they share (agent names, topics, session ids), and :func:`parse_body` (a JSON body checked
+against its model: a typed :class:`~meshd.gateway.errors.BadRequest` naming the field).
+meshd.gateway.openapi builds ``/v1/openapi.json`` from these same models, and the gateway checks
+its answers against them when ``http_check_responses`` is on (tests), so the document cannot
+drift from what is served.
+Must not touch: aiohttp, sessions, the mesh. Imported with the application at the first HTTP
+connection (pydantic stays out of an idle daemon).
+
+Conventions: an optional field that may be left out is not nullable unless null means something
+(``payload: null`` is a payload); the strings the mesh refuses (names with spaces or ``@``, the
+daemons' ``meshd.sys.`` prefix) are refused here by the same patterns the document shows.
+Records that come from other daemons (agents, peers, node info) allow extra keys: a newer peer
+may add optional fields (docs/PROTOCOL.md, the version policy).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StringConstraints, ValidationError, model_validator
+
+from meshd.gateway.errors import BadRequest
+from meshd.wire import protocol as P
+
+__all__ = [
+    "AgentRecord", "AgentsList", "DeadLetter", "DeadLettersList", "DelegateRequest", "ErrorBody",
+    "HandoffRequest", "HandoffResult", "HeartbeatRequest", "HeartbeatResult", "MAX_TIMEOUT_S",
+    "ABSENT_MARK", "MessageAccepted", "MessageRequest", "NodeInfo", "OkResult", "PeerRecord", "PeersList",
+    "PublishRequest", "PublishResult", "RegisterRequest", "RegisterResult", "RequestRequest",
+    "RequestResult", "RespondRequest", "RotateResult", "SubscribeRequest", "SubscribeResult",
+    "ToolCallRequest", "ToolCallResult", "ToolsList", "ToolsQuery", "parse_body", "parse_model",
+]
+
+MAX_TIMEOUT_S = 3600.0
+RESERVED_SESSION_IDS = ("register", "heartbeat")  # path segments of /v1/agents/...
+TASKS_SUMMARY_MAX_BYTES = 4096
+
+# ASCII printable without space and '@' (the mesh takes more: any printable characters; the
+# gateway takes what a JSON-schema pattern can say exactly, so a client generated from the
+# document never sends a name the mesh then refuses).
+def _not_system(name: str) -> str:
+    if name.startswith("meshd.sys."):
+        raise ValueError("names starting with 'meshd.sys.' are reserved for daemons")
+    return name
+
+
+def _not_reserved(session_id: str) -> str:
+    if session_id in RESERVED_SESSION_IDS:
+        raise ValueError(f"{session_id!r} is a path segment of /v1/agents/, not a session id")
+    return session_id
+
+
+AgentName = Annotated[str, StringConstraints(min_length=1, max_length=P.MAX_NAME_LEN,
+                                             pattern=r"^[!-?A-~]+$"), AfterValidator(_not_system),
+                      Field(description="An agent name: 1-128 ASCII printable characters, no space or '@'. "
+                                        "Names starting with 'meshd.sys.' are the daemons' own.",
+                            json_schema_extra={"not": {"pattern": r"^meshd\.sys\."}})]
+Target = Annotated[str, StringConstraints(min_length=1, max_length=P.MAX_NAME_LEN * 3),
+                   Field(description="An agent: 'name' or 'name@node' (node id or node name). A name "
+                                     "not in the mesh directory is a 404 NO_SUCH_AGENT.")]
+Topic = Annotated[str, StringConstraints(min_length=1, max_length=P.MAX_TOPIC_LEN, pattern=r"^[ -~]+$"),
+                  Field(description="1-256 ASCII printable characters.")]
+SessionId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_~-]+$"),
+                      AfterValidator(_not_reserved),
+                      Field(description="A session id from POST /v1/agents/register (letters, digits, "
+                                        "'_', '~', '-'; not 'register' or 'heartbeat').",
+                            json_schema_extra={"not": {"enum": list(RESERVED_SESSION_IDS)}})]
+Text256 = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Capability = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[!-~]+$")]
+Timeout = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, description="Seconds, in (0, 3600].")]
+Qos = Annotated[int, Strict(), Field(ge=0, le=1, description="0: at most once; 1: at least once (stored until acked).")]
+
+
+ABSENT_MARK = "x-meshd-absent"
+"""Marks, in a generated schema, a field that may be left out but is not null: the document
+builder drops the mark and the field's sentinel ``default`` (meshd.gateway.openapi)."""
+
+
+def _absent(sentinel: Any, description: str | None = None) -> Any:
+    """Field default for 'may be left out, not null': ``sentinel`` (never valid, never shown) means
+    left out, so the field's type stays non-null."""
+    return Field(default=sentinel, description=description, json_schema_extra={ABSENT_MARK: True})
+
+
+def _one_of_required(*groups: tuple[str, ...]) -> dict[str, Any]:
+    return {"anyOf": [{"required": list(g)} for g in groups]}
+
+
+class _Body(BaseModel):
+    """A request body: unknown keys are ignored (a newer client may send more)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class _Answer(BaseModel):
+    """A response body whose every key is listed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Record(BaseModel):
+    """A record that comes from elsewhere in the mesh: more keys may come from newer daemons."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ErrorDetail(_Answer):
+    code: str = Field(description="BAD_REQUEST, NO_SUCH_AGENT, TIMEOUT, ... (docs/http.md)")
+    message: str
+    field: str = _absent("", "The request field at fault (dotted path), for a bad field.")
+    retry_after: float = _absent(0.0, "Seconds to wait before trying again.")
+
+
+class ErrorBody(_Answer):
+    """Every error answer but 401 (empty) and aiohttp's own 400 for an unparsable request line or
+    header (text/plain)."""
+
+    error: ErrorDetail
+
+
+# --------------------------------------------------------------------------- the coms-net contract
+
+
+class RegisterRequest(_Body):
+    name: AgentName
+    session_id: SessionId = _absent("", "Register again under this id (it is kept).")
+    project: Text256 | None = None
+    model: Text256 | None = None
+    colour: Text256 | None = None
+    capabilities: list[Capability] = Field(default_factory=list, max_length=64)
+
+
+class RegisterResult(_Answer):
+    session_id: str
+    name: str
+    node: str
+    node_name: str
+    sse_url: str
+    heartbeat_url: str
+    heartbeat_interval_s: float
+    stale_after_s: float
+    offline_after_s: float
+
+
+class HeartbeatTelemetry(_Body):
+    context_used_pct: float | None = Field(default=None, ge=0, le=100)
+    queue_depth: int | None = Field(default=None, ge=0)
+    tasks_summary: Any = Field(default=None, description=f"Any JSON, at most {TASKS_SUMMARY_MAX_BYTES} "
+                                                         "bytes encoded.")
+
+    @model_validator(mode="after")
+    def _summary_size(self) -> HeartbeatTelemetry:
+        if self.tasks_summary is not None and len(json.dumps(self.tasks_summary)) > TASKS_SUMMARY_MAX_BYTES:
+            raise ValueError(f"'tasks_summary' must encode to at most {TASKS_SUMMARY_MAX_BYTES} bytes of JSON")
+        return self
+
+
+class HeartbeatRequest(HeartbeatTelemetry):
+    session_id: SessionId = _absent("", "Required on POST /v1/agents/heartbeat (no id in the path).")
+    telemetry: HeartbeatTelemetry | None = _absent(None, "The telemetry nested (instead of at the top level).")
+
+
+class HeartbeatResult(_Answer):
+    ok: Literal[True]
+    pending_requests: int
+
+
+class MessageRequest(_Body):
+    model_config = ConfigDict(json_schema_extra=_one_of_required(("sender_session",), ("session_id",)))
+    sender_session: SessionId = _absent("", "The sender's session id (or session_id).")
+    session_id: SessionId = _absent("", "Same as sender_session.")
+    target: Target
+    prompt: str = _absent("", "Sent as the payload {prompt, tasks}.")
+    payload: Any = Field(default=None, description="Any JSON (instead of prompt).")
+    tasks: Any = Field(default=None, description="Any JSON, sent with prompt.")
+    topic: Topic = "prompt"
+    expects_response: bool = True
+    timeout: Timeout = 30.0
+    qos: Qos = 0
+
+    @model_validator(mode="after")
+    def _needs(self) -> MessageRequest:
+        if not self.sender_session and not self.session_id:
+            raise ValueError("'sender_session' is required (the session_id from /v1/agents/register)")
+        if not {"payload", "prompt"} & self.model_fields_set:
+            raise ValueError("one of 'prompt' or 'payload' is required")
+        return self
+
+
+class MessageAccepted(_Answer):
+    msg_id: str
+    expects_response: bool
+
+
+class RespondRequest(_Body):
+    session_id: SessionId = _absent("", "The answering session (checked when given).")
+    response: Any = Field(default=None, description="Sent as the payload {response: ...}.")
+    payload: Any = Field(default=None, description="Any JSON, sent as is.")
+    error: Annotated[str, StringConstraints(min_length=1, max_length=4096)] = _absent(
+        "", "Fail the request: the requester gets HANDLER_ERROR with this message.")
+
+    @model_validator(mode="after")
+    def _needs(self) -> RespondRequest:
+        if not {"response", "payload", "error"} & self.model_fields_set:
+            raise ValueError("one of 'response', 'payload' or 'error' is required")
+        return self
+
+
+class DelegateRequest(_Body):
+    target: Target
+    topic: Topic = _absent("", "A new topic for the delegate (default: the request's).")
+
+
+class OkResult(_Answer):
+    ok: Literal[True]
+
+
+# --------------------------------------------------------------------------- meshd's own endpoints
+
+
+class AgentRecord(_Record):
+    name: str
+    node: str
+    node_name: str | None = None
+    capabilities: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    topics: list[str] = Field(default_factory=list)
+    durable: list[str] = Field(default_factory=list)
+    registered_at: float | None = None
+    reg: int | None = None
+    state: str | None = Field(default=None, description="online, stale")
+    telemetry: dict[str, Any] = Field(default_factory=dict)
+
+
+class PeerRecord(_Record):
+    node: str
+    name: str | None = None
+    state: str = Field(description="discovered, online, stale, offline")
+    router: str | None = None
+    pub: str | None = None
+    source: str | None = None
+    agents: int = 0
+    last_seen_ago: float | None = None
+    confirmed_ago: float | None = None
+    key: str | None = None
+    duplicate: Any = None
+
+
+class GatewayStats(_Answer):
+    sessions: int
+    streams: int
+    slow_disconnects: int
+    closed_streams: int
+    auth_refused: int
+    bad_requests: int = Field(description="Requests aiohttp's parser refused (400 before any route).")
+
+
+class NodeInfo(_Record):
+    node: str
+    name: str
+    mesh: str
+    routers: list[str]
+    pubs: list[str]
+    socket: str
+    insecure: bool
+    uptime: float
+    agents: int
+    peers: int
+    stats: dict[str, int]
+    dead_letters: int
+    gateway: GatewayStats
+
+
+class DeadLetter(_Answer):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    seq: int
+    at: float
+    reason: str
+    detail: str | None = None
+    attempts: int | None = None
+    kind: str | None = None
+    from_: str | None = Field(default=None, alias="from")
+    to: str | None = None
+    topic: str | None = None
+
+
+AgentsList = list[AgentRecord]
+PeersList = list[PeerRecord]
+DeadLettersList = list[DeadLetter]
+
+
+class RequestRequest(_Body):
+    model_config = ConfigDict(json_schema_extra=_one_of_required(("session_id",), ("sender_session",)))
+    session_id: SessionId = _absent("", "The requester's session id (or sender_session).")
+    sender_session: SessionId = _absent("", "Same as session_id.")
+    target: Target
+    topic: Topic = "request"
+    payload: Any = None
+    timeout: Timeout = 30.0
+
+    @model_validator(mode="after")
+    def _needs(self) -> RequestRequest:
+        if not self.sender_session and not self.session_id:
+            raise ValueError("'session_id' is required (the session_id from /v1/agents/register)")
+        return self
+
+
+class RequestResult(_Answer):
+    ok: Literal[True]
+    payload: Any
+    latency_ms: float
+
+
+class HandoffRequest(RequestRequest):
+    task_id: Text256
+    context: Any = None
+    artifacts: Any = None
+
+
+class HandoffResult(_Answer):
+    accepted: bool
+    reason: str | None
+    data: Any
+
+
+class PublishRequest(_Body):
+    model_config = ConfigDict(json_schema_extra=_one_of_required(("session_id",), ("sender_session",)))
+    session_id: SessionId = _absent("", "The publisher's session id (or sender_session).")
+    sender_session: SessionId = _absent("", "Same as session_id.")
+    topic: Topic
+    payload: Any = None
+    qos: Qos = 0
+
+    @model_validator(mode="after")
+    def _needs(self) -> PublishRequest:
+        if not self.sender_session and not self.session_id:
+            raise ValueError("'session_id' is required (the session_id from /v1/agents/register)")
+        return self
+
+
+class PublishResult(_Answer):
+    subscribers: int
+
+
+class SubscribeRequest(_Body):
+    session_id: SessionId
+    topic: Topic
+    durable: bool = False
+
+
+class SubscribeResult(_Answer):
+    ok: Literal[True]
+    topic: str
+
+
+class ToolsQuery(_Body):
+    session_id: SessionId
+    format: Literal["openai", "anthropic", "mcp"] | None = Field(default=None,
+                                                                 description="Give the tools in that API's shape.")
+
+
+class ToolsList(_Answer):
+    tools: list[dict[str, Any]]
+
+
+class ToolCallRequest(_Body):
+    session_id: SessionId
+    args: dict[str, Any] = Field(default_factory=dict, description="The tool's arguments.")
+    timeout: Timeout = _absent(0.0, "Seconds (default approval_timeout + 5, so a held call can be decided).")
+
+
+class ToolCallResult(_Answer):
+    ok: Literal[True]
+    result: Any
+    latency_ms: float
+
+
+class RotateResult(_Answer):
+    ok: Literal[True]
+    token_file: str
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _field_of(err: dict[str, Any]) -> str:
+    return ".".join(str(p) for p in err.get("loc", ()))
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_model(model: type[M], data: Any) -> M:
+    """``data`` checked against ``model``; BadRequest naming the first field at fault."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = _field_of(first)
+        reason = str(first.get("msg", "invalid"))
+        if reason.startswith("Value error, "):
+            reason = reason[len("Value error, "):]
+        named = re.match(r"'(\w+)'", reason)
+        if not where and named:  # a rule across fields names the field it asks for first
+            return_field = named.group(1)
+            raise BadRequest(reason, details={"field": return_field}) from None
+        message = f"field {where!r}: {reason}" if where else reason
+        raise BadRequest(message, details={"field": where} if where else None) from None
+
+
+def parse_body(model: type[M], raw: bytes) -> M:
+    """A request body (bytes) as ``model``: malformed JSON, a non-object or a bad field is a 400."""
+    if not raw:
+        raise BadRequest("empty body: send a JSON object")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"the body must be a JSON object, not {type(data).__name__}")
+    return parse_model(model, data)

@@ -1,0 +1,147 @@
+"""The gateway's OpenAPI document is the truth, checked by schemathesis against a real daemon.
+
+schemathesis (the standard's own fuzzer, run through its Python engine as ``st run`` would) reads
+``/v1/openapi.json`` from a real gateway and sends what it generates from it, schema-valid and not,
+with a registered session so the calls reach the real logic: every answer must fit the document
+(status, content type, body, ``Allow`` on 405), every schema-valid request be accepted and every
+invalid one refused. The daemon runs with ``http_check_responses``, so it also checks its own
+answers against the models. Beside it: 405s list only the methods served, a NUL byte in a header is
+a plain 400 and one log line (no traceback), and the routes served are the routes documented.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import urllib.request
+from typing import Any
+
+import aiohttp
+import pytest
+
+from meshd.gateway.openapi import ROUTES
+from meshd.testing import MeshdFactory, MeshdProcess
+
+schemathesis = pytest.importorskip("schemathesis", reason="schemathesis (the test extra) fuzzes the OpenAPI")
+
+MAX_EXAMPLES = 12  # per operation and phase: the whole run stays well under a minute on 2 cores
+
+
+def _post(proc: MeshdProcess, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    gw = proc.gateway()
+    req = urllib.request.Request(gw.url + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {gw.token}"})
+    with urllib.request.urlopen(req, timeout=20) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def _failures(events: list[Any]) -> list[str]:
+    from schemathesis.engine import Status, events as ev
+
+    out = []
+    for event in events:
+        if isinstance(event, ev.ScenarioFinished) and event.status in (Status.FAILURE, Status.ERROR):
+            for case_id, checks in event.recorder.checks.items():
+                for check in checks:
+                    if check.status == Status.FAILURE and check.failure_info is not None:
+                        failure = check.failure_info.failure
+                        case = event.recorder.cases[case_id].value
+                        out.append(f"{event.label}: {check.name}: {failure.title}: {failure.message} "
+                                   f"[{check.failure_info.code_sample}] body={case.body!r}")
+            if event.status == Status.ERROR:
+                out.append(f"{event.label}: error in the run")
+        elif isinstance(event, ev.NonFatalError | ev.FatalError):
+            out.append(f"schemathesis error: {event.info.format() if hasattr(event, 'info') else event}")
+    return out
+
+
+def test_schemathesis_finds_nothing(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a", env={"MESHD_HTTP_CHECK_RESPONSES": "true", "MESHD_HTTP_MAX_SESSIONS": "8"})
+    gw = a.gateway()
+    sid = _post(a, "v1/agents/register", {"name": "fuzzed", "model": "schemathesis"})["session_id"]
+    other = _post(a, "v1/agents/register", {"name": "fuzzed-2"})["session_id"]  # for DELETE to remove
+    auth = {"Authorization": f"Bearer {gw.token}"}
+    config = schemathesis.Config.from_dict({
+        "headers": auth,
+        "seed": 22,
+        "max-examples": MAX_EXAMPLES,
+        "request-timeout": 5,
+        "max-stream-events": 1,  # the SSE routes: one event (or the timeout) and the stream is closed
+        "warnings": False,
+        # The registered session everywhere a session id goes, so calls reach the real logic.
+        "parameters": {"session_id": sid, "body.session_id": sid, "body.sender_session": sid},
+        "operations": [
+            {"include-path": "/v1/token/rotate", "enabled": False},  # would lock the fuzzer out
+            {"include-name": "DELETE /v1/agents/{session_id}", "parameters": {"session_id": other}},
+        ],
+    })
+    schema = schemathesis.openapi.from_url(gw.url + "v1/openapi.json", config=config, headers=auth,
+                                           timeout=20)
+    events = list(schemathesis.engine.from_schema(schema).execute())
+    from schemathesis.engine import events as ev
+
+    tested = sum(len(e.recorder.cases) for e in events if isinstance(e, ev.ScenarioFinished))
+    assert tested > 200, f"only {tested} cases ran"
+    assert _failures(events) == []
+    log = a.log()
+    assert "Traceback" not in log and "does not fit the OpenAPI document" not in log
+    assert a.alive()
+
+
+def _status_and_allow(url: str, method: str, path: str, token: str) -> tuple[int, str]:
+    async def go() -> tuple[int, str]:
+        async with aiohttp.ClientSession() as s, s.request(
+                method, url + path.lstrip("/"), headers={"Authorization": f"Bearer {token}"}) as r:
+            return r.status, r.headers.get("Allow", "")
+    return asyncio.run(go())
+
+
+def test_405_allows_only_the_methods_served(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a")
+    gw = a.gateway()
+    documented: dict[str, set[str]] = {}
+    for route in ROUTES:
+        documented.setdefault(route.path, set()).add(route.method.upper())
+    concrete = {"{session_id}": "abc", "{msg_id}": "m1", "{name}": "list_agents"}
+    for path, methods in documented.items():
+        real = path
+        for k, v in concrete.items():
+            real = real.replace(k, v)
+        for method in ("GET", "POST", "PUT", "DELETE", "PATCH"):
+            if method in methods:
+                continue
+            status, allow = _status_and_allow(gw.url, method, real, gw.token)
+            assert status == 405, (method, path, status)
+            served = {m.strip() for m in allow.split(",") if m.strip()} - {"HEAD", "OPTIONS"}
+            assert served == methods, (method, path, allow)
+    # the fixed segments beside /v1/agents/{session_id} are not session ids
+    assert _status_and_allow(gw.url, "DELETE", "/v1/agents/register", gw.token) == (405, "POST")
+    assert _status_and_allow(gw.url, "GET", "/v1/agents/heartbeat", gw.token) == (405, "POST")
+
+
+def test_nul_byte_in_a_header_is_a_clean_400(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a")
+    gw = a.gateway()
+    host, port = gw.url.split("//")[1].rstrip("/").rsplit(":", 1)
+
+    def raw(extra: bytes) -> bytes:
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            lines = [b"GET /v1/node HTTP/1.1", b"Host: x", b"Authorization: Bearer " + gw.token.encode(),
+                     *([extra] if extra else []), b"Connection: close"]
+            sock.sendall(b"\r\n".join(lines) + b"\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+            return data
+
+    for _ in range(3):  # repeated: one log line in all
+        answer = raw(b"X-Probe: a\x00b")
+        assert answer.split(b" ", 2)[1] == b"400", answer[:200]  # aiohttp answers it as HTTP/1.0
+    assert raw(b"X-Probe: fine").split(b" ", 2)[1] == b"200"  # the gateway goes on serving
+    status_body = json.loads(raw(b"").split(b"\r\n\r\n", 1)[1])
+    assert status_body["gateway"]["bad_requests"] == 3
+    log = a.log()
+    assert "Traceback" not in log
+    assert log.count("refused an HTTP request that does not parse (400)") == 1
+    assert "Invalid header value char" in log
