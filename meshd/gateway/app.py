@@ -86,6 +86,8 @@ class Routes:
             field = exc.details.get("field") if isinstance(exc.details, dict) else None
             return _error(http_status(exc.code), exc.code, exc.message, exc.retry_after,
                           field if isinstance(field, str) else None)
+        except TimeoutError as exc:  # a wait the mesh did not turn into its own TIMEOUT
+            return _error(504, "TIMEOUT", str(exc) or "timed out")
 
     @web.middleware
     async def check_responses(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -140,11 +142,13 @@ class Routes:
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         raw = await request.read()
-        req = parse_body(M.HeartbeatRequest, raw) if raw else M.HeartbeatRequest()
-        sid = request.match_info.get("session_id") or req.session_id
-        if not sid:
-            raise BadRequest("field 'session_id': Field required (the session_id from /v1/agents/register)",
-                             details={"field": "session_id"})
+        sid = request.match_info.get("session_id")
+        req: M.HeartbeatRequest
+        if sid is None:  # POST /v1/agents/heartbeat
+            body = parse_body(M.SessionHeartbeatRequest, raw)
+            sid, req = body.session_id, body
+        else:
+            req = parse_body(M.HeartbeatRequest, raw) if raw else M.HeartbeatRequest()
         session = self.gw.sessions.get(sid)
         telemetry: M.HeartbeatTelemetry = req.telemetry if req.telemetry is not None else req
         session.heartbeat(telemetry.model_dump(include=set(M.HeartbeatTelemetry.model_fields),

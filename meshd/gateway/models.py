@@ -22,7 +22,9 @@ import json
 import re
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StringConstraints, ValidationError, model_validator
+from annotated_types import Ge, Le
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints,
+                      ValidationError, model_validator)
 
 from meshd.gateway.errors import BadRequest
 from meshd.wire import protocol as P
@@ -30,13 +32,14 @@ from meshd.wire import protocol as P
 __all__ = [
     "AgentRecord", "AgentsList", "DeadLetter", "DeadLettersList", "DelegateRequest", "ErrorBody",
     "HandoffRequest", "HandoffResult", "HeartbeatRequest", "HeartbeatResult", "MAX_TIMEOUT_S",
-    "ABSENT_MARK", "MessageAccepted", "MessageRequest", "NodeInfo", "OkResult", "PeerRecord", "PeersList",
+    "ABSENT_MARK", "AGENT_EVENTS", "DASHBOARD_EVENTS", "GapEvent", "MessageEvent", "ResponseEvent", "SnapshotEvent", "StateEvent", "MessageAccepted", "MessageRequest", "NodeInfo", "OkResult", "PeerRecord", "PeersList",
     "PublishRequest", "PublishResult", "RegisterRequest", "RegisterResult", "RequestRequest",
-    "RequestResult", "RespondRequest", "RotateResult", "SubscribeRequest", "SubscribeResult",
+    "RequestResult", "RespondRequest", "RotateResult", "SessionHeartbeatRequest", "SubscribeRequest", "SubscribeResult",
     "ToolCallRequest", "ToolCallResult", "ToolsList", "ToolsQuery", "parse_body", "parse_model",
 ]
 
 MAX_TIMEOUT_S = 3600.0
+MIN_TIMEOUT_S = 1.0  # less is no time for a mesh round trip on a loaded host: a 504 by design
 RESERVED_SESSION_IDS = ("register", "heartbeat")  # path segments of /v1/agents/...
 TASKS_SUMMARY_MAX_BYTES = 4096
 
@@ -72,8 +75,16 @@ SessionId = Annotated[str, StringConstraints(min_length=1, max_length=128, patte
                             json_schema_extra={"not": {"enum": list(RESERVED_SESSION_IDS)}})]
 Text256 = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 Capability = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[!-~]+$")]
-Timeout = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, description="Seconds, in (0, 3600].")]
-Qos = Annotated[int, Strict(), Field(ge=0, le=1, description="0: at most once; 1: at least once (stored until acked).")]
+Timeout = Annotated[float, Field(ge=MIN_TIMEOUT_S, le=MAX_TIMEOUT_S, description="Seconds, 1 to 3600.")]
+
+
+def _whole(value: Any) -> Any:
+    """JSON Schema counts 3.0 as an integer: so does the gateway (strict otherwise: no "3", no true)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Count = Annotated[int, Strict(), Ge(0), BeforeValidator(_whole)]
+Qos = Annotated[int, Strict(), Ge(0), Le(1), BeforeValidator(_whole), Field(description="0: at most once; 1: at least once (stored until acked).")]
 
 
 ABSENT_MARK = "x-meshd-absent"
@@ -88,7 +99,9 @@ def _absent(sentinel: Any, description: str | None = None) -> Any:
 
 
 def _one_of_required(*groups: tuple[str, ...]) -> dict[str, Any]:
-    return {"anyOf": [{"required": list(g)} for g in groups]}
+    """JSON schema: at least one field of each group (a group: one tuple of field names)."""
+    rules = [{"anyOf": [{"required": [f]} for f in group]} for group in groups]
+    return rules[0] if len(rules) == 1 else {"allOf": rules}
 
 
 class _Body(BaseModel):
@@ -152,7 +165,7 @@ class RegisterResult(_Answer):
 
 class HeartbeatTelemetry(_Body):
     context_used_pct: float | None = Field(default=None, ge=0, le=100)
-    queue_depth: int | None = Field(default=None, ge=0)
+    queue_depth: Count | None = None
     tasks_summary: Any = Field(default=None, description=f"Any JSON, at most {TASKS_SUMMARY_MAX_BYTES} "
                                                          "bytes encoded.")
 
@@ -164,8 +177,15 @@ class HeartbeatTelemetry(_Body):
 
 
 class HeartbeatRequest(HeartbeatTelemetry):
-    session_id: SessionId = _absent("", "Required on POST /v1/agents/heartbeat (no id in the path).")
+    """POST /v1/agents/{session_id}/heartbeat (the body may be left out)."""
+
     telemetry: HeartbeatTelemetry | None = _absent(None, "The telemetry nested (instead of at the top level).")
+
+
+class SessionHeartbeatRequest(HeartbeatRequest):
+    """POST /v1/agents/heartbeat: the session id is in the body."""
+
+    session_id: SessionId
 
 
 class HeartbeatResult(_Answer):
@@ -174,7 +194,8 @@ class HeartbeatResult(_Answer):
 
 
 class MessageRequest(_Body):
-    model_config = ConfigDict(json_schema_extra=_one_of_required(("sender_session",), ("session_id",)))
+    model_config = ConfigDict(json_schema_extra=_one_of_required(("sender_session", "session_id"),
+                                                                 ("prompt", "payload")))
     sender_session: SessionId = _absent("", "The sender's session id (or session_id).")
     session_id: SessionId = _absent("", "Same as sender_session.")
     target: Target
@@ -201,6 +222,7 @@ class MessageAccepted(_Answer):
 
 
 class RespondRequest(_Body):
+    model_config = ConfigDict(json_schema_extra=_one_of_required(("response", "payload", "error")))
     session_id: SessionId = _absent("", "The answering session (checked when given).")
     response: Any = Field(default=None, description="Sent as the payload {response: ...}.")
     payload: Any = Field(default=None, description="Any JSON, sent as is.")
@@ -298,7 +320,7 @@ DeadLettersList = list[DeadLetter]
 
 
 class RequestRequest(_Body):
-    model_config = ConfigDict(json_schema_extra=_one_of_required(("session_id",), ("sender_session",)))
+    model_config = ConfigDict(json_schema_extra=_one_of_required(("session_id", "sender_session")))
     session_id: SessionId = _absent("", "The requester's session id (or sender_session).")
     sender_session: SessionId = _absent("", "Same as session_id.")
     target: Target
@@ -332,7 +354,7 @@ class HandoffResult(_Answer):
 
 
 class PublishRequest(_Body):
-    model_config = ConfigDict(json_schema_extra=_one_of_required(("session_id",), ("sender_session",)))
+    model_config = ConfigDict(json_schema_extra=_one_of_required(("session_id", "sender_session")))
     session_id: SessionId = _absent("", "The publisher's session id (or sender_session).")
     sender_session: SessionId = _absent("", "Same as session_id.")
     topic: Topic
@@ -386,6 +408,77 @@ class ToolCallResult(_Answer):
 class RotateResult(_Answer):
     ok: Literal[True]
     token_file: str
+
+
+# --------------------------------------------------------------------------- SSE events
+
+
+class MessageEvent(_Answer):
+    """``prompt`` (a message or request to this agent) and ``publication`` (a topic it follows)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    msg_id: str
+    from_: str = Field(alias="from")
+    topic: str | None
+    payload: Any
+    kind: str
+    qos: int
+    prompt: str | None = _absent("", "When the payload is an object with a string 'prompt'.")
+    tasks: Any = Field(default=None, description="When the payload is an object with 'tasks'.")
+    expects_response: bool | None = _absent(None, "prompt events: whether a response is awaited.")
+    deadline_in_s: float | None = Field(default=None, description="prompt events that await a response.")
+
+
+class ResponseEvent(_Answer):
+    """The answer to a message this agent sent (POST /v1/messages)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    msg_id: str
+    from_: str = Field(alias="from")
+    ok: bool
+    payload: Any = None
+    response: str | None = _absent("", "When the answer is an object with a string 'response'.")
+    latency_ms: float | None = _absent(None)
+    error: ErrorDetail | None = _absent(None, "ok false: why.")
+
+
+class StateEvent(_Answer):
+    """``agent_state`` and ``peer_state``: a change anywhere in the mesh."""
+
+    name: str | None = None
+    node: str | None = None
+    node_name: str | None = None
+    old: str
+    new: str
+
+
+class GapEvent(_Answer):
+    """Events first..last fell out of the buffer before this reader got them."""
+
+    first: int
+    last: int
+    missed: int
+
+
+class SnapshotEvent(_Record):
+    """The dashboard's view, twice a second while open."""
+
+    at: float
+    node: dict[str, Any]
+    nodes: list[dict[str, Any]]
+    agents: list[dict[str, Any]]
+    outcomes: list[dict[str, Any]]
+    dead_letters: list[dict[str, Any]]
+    dead_letters_total: int
+    qos1: dict[str, Any]
+    gateway: GatewayStats
+
+
+AGENT_EVENTS: dict[str, type[BaseModel]] = {
+    "prompt": MessageEvent, "publication": MessageEvent, "response": ResponseEvent,
+    "agent_state": StateEvent, "peer_state": StateEvent, "gap": GapEvent,
+}
+DASHBOARD_EVENTS: dict[str, type[BaseModel]] = {"snapshot": SnapshotEvent, "gap": GapEvent}
 
 
 # --------------------------------------------------------------------------- parsing

@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 
 from meshd.gateway import models as M
 
-__all__ = ["ROUTES", "Route", "openapi_spec", "response_model"]
+__all__ = ["AGENT_STREAM", "DASHBOARD_STREAM", "ROUTES", "Route", "openapi_spec", "response_model"]
 
 HTML = "text/html"
 SSE = "text/event-stream"
@@ -37,10 +37,41 @@ class Route:
     query: type[Any] | None = None  # the query parameters' model
     answers: dict[int, Any] = field(default_factory=dict)  # status -> model, HTML, SSE or EMPTY
     public: bool = False  # served without the token
+    body_optional: bool = False  # the body may be left out
     errors: tuple[int, ...] = ()  # error statuses beyond 400/401/404/413/429 (the rest: default)
 
 
 _SSE_NOTE = " Send Last-Event-ID to resume."
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """A text/event-stream answer: its events by name, each with the model of its JSON data."""
+
+    events: tuple[tuple[str, Any], ...]
+
+
+AGENT_STREAM = _Stream(tuple(M.AGENT_EVENTS.items()))
+DASHBOARD_STREAM = _Stream(tuple(M.DASHBOARD_EVENTS.items()))
+
+
+def _event_schema(schemas: _Schemas, events: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    """One event of the stream (OpenAPI 3.1: the schema of a text/event-stream describes each
+    event): its name, its id (none on gap), and its data, one line of JSON of the event's model."""
+    variants = []
+    for name, model in events:
+        variant: dict[str, Any] = {"properties": {
+            "event": {"const": name},
+            "data": {"type": "string", "contentMediaType": "application/json",
+                     "contentSchema": schemas.ref(model)}}}
+        if name != "gap":
+            variant["required"] = ["id"]
+        variants.append(variant)
+    return {"type": "object", "required": ["event", "data"],
+            "properties": {"id": {"type": "string", "pattern": "^[0-9]+$"},
+                           "event": {"enum": sorted({n for n, _ in events})},
+                           "data": {"type": "string"}},
+            "oneOf": variants}
 
 ROUTES: list[Route] = [
     Route("get", "/", "The live dashboard page (the only path served without the token; it holds no data).",
@@ -52,11 +83,11 @@ ROUTES: list[Route] = [
           answers={200: M.AgentsList}),
     Route("get", "/v1/agents/{session_id}/events",
           "The agent's SSE stream: prompt, response, publication, agent_state, peer_state, gap." + _SSE_NOTE,
-          answers={200: SSE}),
-    Route("post", "/v1/agents/{session_id}/heartbeat", "Heartbeat with telemetry.",
-          body=M.HeartbeatRequest, answers={200: M.HeartbeatResult}),
+          answers={200: AGENT_STREAM}),
+    Route("post", "/v1/agents/{session_id}/heartbeat", "Heartbeat with telemetry (the body may be left out).",
+          body=M.HeartbeatRequest, body_optional=True, answers={200: M.HeartbeatResult}),
     Route("post", "/v1/agents/heartbeat", "Heartbeat with telemetry (session_id in the body).",
-          body=M.HeartbeatRequest, answers={200: M.HeartbeatResult}),
+          body=M.SessionHeartbeatRequest, answers={200: M.HeartbeatResult}),
     Route("delete", "/v1/agents/{session_id}", "Unregister the agent (its pending requests fail).",
           answers={200: M.OkResult}),
     Route("post", "/v1/messages", "Send a prompt or payload to an agent; the answer comes as a response event.",
@@ -93,7 +124,7 @@ ROUTES: list[Route] = [
     Route("post", "/v1/token/rotate", "Make a new token (written to http.token); the old one stops working.",
           answers={200: M.RotateResult}),
     Route("get", "/v1/dashboard/events", "The dashboard's SSE stream of snapshot events." + _SSE_NOTE,
-          answers={200: SSE}),
+          answers={200: DASHBOARD_STREAM}),
 ]
 
 _REF = "#/components/schemas/{model}"
@@ -167,9 +198,8 @@ def _content(schemas: _Schemas, answer: Any) -> dict[str, Any] | None:
         return None
     if answer == HTML:
         return {HTML: {"schema": {"type": "string"}}}
-    if answer == SSE:
-        return {SSE: {"schema": {"type": "string", "description": "id, event and one line of JSON data "
-                                                                  "per event (docs/http.md, Streams)"}}}
+    if isinstance(answer, _Stream):
+        return {SSE: {"schema": _event_schema(schemas, answer.events)}}
     return {"application/json": {"schema": schemas.ref(answer)}}
 
 
@@ -183,7 +213,7 @@ def _operation(schemas: _Schemas, route: Route) -> dict[str, Any]:
         responses[str(status)] = entry
     err = {"application/json": {"schema": schemas.ref(M.ErrorBody)}}
     if not route.public:
-        if route.body is not None or route.query is not None or route.answers.get(200) == SSE:
+        if route.body is not None or route.query is not None or isinstance(route.answers.get(200), _Stream):
             responses["400"] = {"description": _STATUS_TEXT[400], "content": err}
         responses["401"] = {"description": "Missing or wrong bearer token (empty body)"}
         if "{" in route.path or route.body is not None or route.query is not None:
@@ -205,13 +235,13 @@ def _operation(schemas: _Schemas, route: Route) -> dict[str, Any]:
             params.append({"name": name, "in": "path", "required": True, "schema": _PATH_PARAMS[name]})
     if route.query is not None:
         params += _query_params(route.query)
-    if route.answers.get(200) == SSE:
+    if isinstance(route.answers.get(200), _Stream):
         params.append({"name": "Last-Event-ID", "in": "header", "required": False,
                        "schema": {"type": "string", "pattern": "^[0-9]{0,18}$"}})
     if params:
         op["parameters"] = params
     if route.body is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schemas.ref(route.body)}}}
+        op["requestBody"] = {"required": not route.body_optional, "content": {"application/json": {"schema": schemas.ref(route.body)}}}
     return op
 
 
@@ -249,7 +279,7 @@ def _adapters() -> dict[tuple[str, str, int], TypeAdapter[Any]]:
     out: dict[tuple[str, str, int], TypeAdapter[Any]] = {}
     for route in ROUTES:
         for status, answer in route.answers.items():
-            if answer not in (HTML, SSE, EMPTY):
+            if answer not in (HTML, EMPTY) and not isinstance(answer, _Stream):
                 out[(route.method, route.path, status)] = TypeAdapter(answer)
     out[("*", "*", 0)] = TypeAdapter(M.ErrorBody)
     return out

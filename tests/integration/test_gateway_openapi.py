@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import urllib.request
 from typing import Any
 
 import aiohttp
 import pytest
 
+from meshd import Agent
 from meshd.gateway.openapi import ROUTES
 from meshd.testing import MeshdFactory, MeshdProcess
 
@@ -47,8 +49,10 @@ def _failures(events: list[Any]) -> list[str]:
                     if check.status == Status.FAILURE and check.failure_info is not None:
                         failure = check.failure_info.failure
                         case = event.recorder.cases[case_id].value
+                        seen = event.recorder.interactions.get(case_id)
+                        answer = seen.response.content[:300] if seen is not None and seen.response else b""
                         out.append(f"{event.label}: {check.name}: {failure.title}: {failure.message} "
-                                   f"[{check.failure_info.code_sample}] body={case.body!r}")
+                                   f"[{check.failure_info.code_sample}] body={case.body!r} answer={answer!r}")
             if event.status == Status.ERROR:
                 out.append(f"{event.label}: error in the run")
         elif isinstance(event, ev.NonFatalError | ev.FatalError):
@@ -56,24 +60,59 @@ def _failures(events: list[Any]) -> list[str]:
     return out
 
 
+def _echo_agent(proc: MeshdProcess, ready: threading.Event, stop: threading.Event) -> None:
+    """A Python agent that answers every request at once (the fuzzer's requests reach it)."""
+    async def run() -> None:
+        async with Agent("echo", socket=proc.socket) as echo:
+            echo.on("*")(lambda msg: {"echo": msg.topic})
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+    asyncio.run(run())
+
+
+def _heartbeats(proc: MeshdProcess, sid: str, stop: threading.Event) -> None:
+    """The fuzzed session's HTTP client beats, as any does (else its agent goes offline in 2 s)."""
+    while not stop.wait(0.3):
+        _post(proc, f"v1/agents/{sid}/heartbeat", {"queue_depth": 0})
+
+
 def test_schemathesis_finds_nothing(meshd_factory: MeshdFactory) -> None:
-    a = meshd_factory.spawn("a", env={"MESHD_HTTP_CHECK_RESPONSES": "true", "MESHD_HTTP_MAX_SESSIONS": "8"})
+    # One session at most: the fuzzer's registrations reach the checks and the bound (429), and no
+    # agent with a generated name ever exists (a request to an HTTP agent that never answers would
+    # wait out its timeout).
+    a = meshd_factory.spawn("a", env={"MESHD_HTTP_CHECK_RESPONSES": "true", "MESHD_HTTP_MAX_SESSIONS": "1"})
     gw = a.gateway()
+    ready, stop = threading.Event(), threading.Event()
+    echo = threading.Thread(target=_echo_agent, args=(a, ready, stop), daemon=True)
+    echo.start()
+    assert ready.wait(20)
     sid = _post(a, "v1/agents/register", {"name": "fuzzed", "model": "schemathesis"})["session_id"]
-    other = _post(a, "v1/agents/register", {"name": "fuzzed-2"})["session_id"]  # for DELETE to remove
+    beats = threading.Thread(target=_heartbeats, args=(a, sid, stop), daemon=True)
+    beats.start()
     auth = {"Authorization": f"Bearer {gw.token}"}
+    # Calls that wait for an answer go to the echo agent (when the fuzzer lets a value be set).
+    to_echo = {"body.target": "echo"}
     config = schemathesis.Config.from_dict({
         "headers": auth,
         "seed": 22,
-        "max-examples": MAX_EXAMPLES,
-        "request-timeout": 5,
-        "max-stream-events": 1,  # the SSE routes: one event (or the timeout) and the stream is closed
+        "generation": {"max-examples": MAX_EXAMPLES, "database": "none"},
+        "request-timeout": 10,
+        "max-stream-events": 1,
         "warnings": False,
         # The registered session everywhere a session id goes, so calls reach the real logic.
         "parameters": {"session_id": sid, "body.session_id": sid, "body.sender_session": sid},
         "operations": [
             {"include-path": "/v1/token/rotate", "enabled": False},  # would lock the fuzzer out
-            {"include-name": "DELETE /v1/agents/{session_id}", "parameters": {"session_id": other}},
+            # not the fuzzed session: it must live on; a session never registered: a 404
+            {"include-name": "DELETE /v1/agents/{session_id}", "parameters": {"session_id": "never-registered"}},
+            # a new session each time: past http_max_sessions (429), never replacing the fuzzed one
+            {"include-name": "POST /v1/agents/register", "parameters": {"body.session_id": "new-session"}},
+            *({"include-name": f"POST {path}", "parameters": to_echo}
+              for path in ("/v1/request", "/v1/handoff", "/v1/messages")),
+            # the SSE streams: one event, or a second of silence, and the stream is closed
+            *({"include-name": f"GET {path}", "request-timeout": 1, "generation": {"max-examples": 3}}
+              for path in ("/v1/agents/{session_id}/events", "/v1/dashboard/events")),
         ],
     })
     schema = schemathesis.openapi.from_url(gw.url + "v1/openapi.json", config=config, headers=auth,
@@ -83,7 +122,11 @@ def test_schemathesis_finds_nothing(meshd_factory: MeshdFactory) -> None:
 
     tested = sum(len(e.recorder.cases) for e in events if isinstance(e, ev.ScenarioFinished))
     assert tested > 200, f"only {tested} cases ran"
-    assert _failures(events) == []
+    stop.set()
+    echo.join(10)
+    beats.join(10)
+    failures = _failures(events)
+    assert not failures, "\n".join(failures)
     log = a.log()
     assert "Traceback" not in log and "does not fit the OpenAPI document" not in log
     assert a.alive()
