@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-
 from pydantic import BaseModel, ValidationError
 
 from meshd.errors import MeshError, NoSuchAgent
@@ -83,7 +82,7 @@ class Routes:
             return _error(413, "TOO_LARGE", f"body larger than {self.gw.settings.http_max_body_bytes} bytes "
                           "(http_max_body_bytes)")
         except MeshError as exc:
-            field = exc.details.get("field") if isinstance(exc.details, dict) else None
+            field = exc.details.get("field")
             return _error(http_status(exc.code), exc.code, exc.message, exc.retry_after,
                           field if isinstance(field, str) else None)
         except TimeoutError as exc:  # a wait the mesh did not turn into its own TIMEOUT

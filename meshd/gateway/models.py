@@ -23,19 +23,65 @@ import re
 from typing import Annotated, Any, Literal, TypeVar
 
 from annotated_types import Ge, Le
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, StringConstraints,
-                      ValidationError, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
+from meshd.errors import ValidationFailed
 from meshd.gateway.errors import BadRequest
 from meshd.wire import protocol as P
 
 __all__ = [
-    "AgentRecord", "AgentsList", "DeadLetter", "DeadLettersList", "DelegateRequest", "ErrorBody",
-    "HandoffRequest", "HandoffResult", "HeartbeatRequest", "HeartbeatResult", "MAX_TIMEOUT_S",
-    "ABSENT_MARK", "AGENT_EVENTS", "DASHBOARD_EVENTS", "GapEvent", "MessageEvent", "ResponseEvent", "SnapshotEvent", "StateEvent", "MessageAccepted", "MessageRequest", "NodeInfo", "OkResult", "PeerRecord", "PeersList",
-    "PublishRequest", "PublishResult", "RegisterRequest", "RegisterResult", "RequestRequest",
-    "RequestResult", "RespondRequest", "RotateResult", "SessionHeartbeatRequest", "SubscribeRequest", "SubscribeResult",
-    "ToolCallRequest", "ToolCallResult", "ToolsList", "ToolsQuery", "parse_body", "parse_model",
+    "ABSENT_MARK",
+    "AGENT_EVENTS",
+    "DASHBOARD_EVENTS",
+    "MAX_TIMEOUT_S",
+    "AgentRecord",
+    "AgentsList",
+    "DeadLetter",
+    "DeadLettersList",
+    "DelegateRequest",
+    "ErrorBody",
+    "GapEvent",
+    "HandoffRequest",
+    "HandoffResult",
+    "HeartbeatRequest",
+    "HeartbeatResult",
+    "MessageAccepted",
+    "MessageEvent",
+    "MessageRequest",
+    "NodeInfo",
+    "OkResult",
+    "PeerRecord",
+    "PeersList",
+    "PublishRequest",
+    "PublishResult",
+    "RegisterRequest",
+    "RegisterResult",
+    "RequestRequest",
+    "RequestResult",
+    "RespondRequest",
+    "ResponseEvent",
+    "RotateResult",
+    "SessionHeartbeatRequest",
+    "SnapshotEvent",
+    "StateEvent",
+    "SubscribeRequest",
+    "SubscribeResult",
+    "ToolCallRequest",
+    "ToolCallResult",
+    "ToolsList",
+    "ToolsQuery",
+    "parse_body",
+    "parse_model",
 ]
 
 MAX_TIMEOUT_S = 3600.0
@@ -84,7 +130,8 @@ def _whole(value: Any) -> Any:
 
 
 Count = Annotated[int, Strict(), Ge(0), BeforeValidator(_whole)]
-Qos = Annotated[int, Strict(), Ge(0), Le(1), BeforeValidator(_whole), Field(description="0: at most once; 1: at least once (stored until acked).")]
+Qos = Annotated[int, Strict(), Ge(0), Le(1), BeforeValidator(_whole),
+                Field(description="0: at most once; 1: at least once (stored until acked).")]
 
 
 ABSENT_MARK = "x-meshd-absent"
@@ -172,14 +219,15 @@ class HeartbeatTelemetry(_Body):
     @model_validator(mode="after")
     def _summary_size(self) -> HeartbeatTelemetry:
         if self.tasks_summary is not None and len(json.dumps(self.tasks_summary)) > TASKS_SUMMARY_MAX_BYTES:
-            raise ValueError(f"'tasks_summary' must encode to at most {TASKS_SUMMARY_MAX_BYTES} bytes of JSON")
+            raise ValueError(f"'tasks_summary' must encode to at most {TASKS_SUMMARY_MAX_BYTES} bytes "
+                             "of JSON")
         return self
 
 
 class HeartbeatRequest(HeartbeatTelemetry):
     """POST /v1/agents/{session_id}/heartbeat (the body may be left out)."""
 
-    telemetry: HeartbeatTelemetry | None = _absent(None, "The telemetry nested (instead of at the top level).")
+    telemetry: HeartbeatTelemetry | None = _absent(None, "The telemetry nested (not at the top level).")
 
 
 class SessionHeartbeatRequest(HeartbeatRequest):
@@ -385,8 +433,8 @@ class SubscribeResult(_Answer):
 
 class ToolsQuery(_Body):
     session_id: SessionId
-    format: Literal["openai", "anthropic", "mcp"] | None = Field(default=None,
-                                                                 description="Give the tools in that API's shape.")
+    format: Literal["openai", "anthropic", "mcp"] | None = Field(
+        default=None, description="Give the tools in that API's shape.")
 
 
 class ToolsList(_Answer):
@@ -484,7 +532,12 @@ DASHBOARD_EVENTS: dict[str, type[BaseModel]] = {"snapshot": SnapshotEvent, "gap"
 # --------------------------------------------------------------------------- parsing
 
 
-def _field_of(err: dict[str, Any]) -> str:
+MESH_RULED = frozenset({"name", "topic"})
+"""Fields whose refusal is VALIDATION_FAILED (a name or topic the mesh would refuse), as docs/http.md
+says; any other field that does not fit is BAD_REQUEST."""
+
+
+def _field_of(err: Any) -> str:
     return ".".join(str(p) for p in err.get("loc", ()))
 
 
@@ -506,7 +559,10 @@ def parse_model(model: type[M], data: Any) -> M:
             return_field = named.group(1)
             raise BadRequest(reason, details={"field": return_field}) from None
         message = f"field {where!r}: {reason}" if where else reason
-        raise BadRequest(message, details={"field": where} if where else None) from None
+        details = {"field": where} if where else None
+        if where in MESH_RULED and first.get("type") != "string_type":  # a string, but not a valid one
+            raise ValidationFailed(message, details=details) from None
+        raise BadRequest(message, details=details) from None
 
 
 def parse_body(model: type[M], raw: bytes) -> M:

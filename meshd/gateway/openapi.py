@@ -90,7 +90,8 @@ ROUTES: list[Route] = [
           body=M.SessionHeartbeatRequest, answers={200: M.HeartbeatResult}),
     Route("delete", "/v1/agents/{session_id}", "Unregister the agent (its pending requests fail).",
           answers={200: M.OkResult}),
-    Route("post", "/v1/messages", "Send a prompt or payload to an agent; the answer comes as a response event.",
+    Route("post", "/v1/messages",
+          "Send a prompt or payload to an agent; the answer comes as a response event.",
           body=M.MessageRequest, answers={202: M.MessageAccepted}),
     Route("post", "/v1/messages/{msg_id}/response", "Answer a request received as a prompt event.",
           body=M.RespondRequest, answers={200: M.OkResult}),
@@ -225,7 +226,8 @@ def _operation(schemas: _Schemas, route: Route) -> dict[str, Any]:
             responses[str(status)] = {"description": _STATUS_TEXT[status], "content": err}
         responses["default"] = {"description": "A mesh error (502 HANDLER_ERROR, 504 TIMEOUT, ...: the "
                                                "table in docs/http.md)", "content": err}
-    op: dict[str, Any] = {"summary": route.summary, "operationId": _operation_id(route), "responses": responses}
+    op: dict[str, Any] = {"summary": route.summary, "operationId": _operation_id(route),
+                          "responses": responses}
     if route.public:
         op["security"] = []
     params: list[dict[str, Any]] = []
@@ -241,7 +243,8 @@ def _operation(schemas: _Schemas, route: Route) -> dict[str, Any]:
     if params:
         op["parameters"] = params
     if route.body is not None:
-        op["requestBody"] = {"required": not route.body_optional, "content": {"application/json": {"schema": schemas.ref(route.body)}}}
+        op["requestBody"] = {"required": not route.body_optional,
+                             "content": {"application/json": {"schema": schemas.ref(route.body)}}}
     return op
 
 

@@ -12,9 +12,9 @@ a plain 400 and one log line (no traceback), and the routes served are the route
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
-import threading
 import urllib.request
 from typing import Any
 
@@ -39,7 +39,8 @@ def _post(proc: MeshdProcess, path: str, body: dict[str, Any]) -> dict[str, Any]
 
 
 def _failures(events: list[Any]) -> list[str]:
-    from schemathesis.engine import Status, events as ev
+    from schemathesis.engine import Status
+    from schemathesis.engine import events as ev
 
     out = []
     for event in events:
@@ -60,41 +61,10 @@ def _failures(events: list[Any]) -> list[str]:
     return out
 
 
-def _echo_agent(proc: MeshdProcess, ready: threading.Event, stop: threading.Event) -> None:
-    """A Python agent that answers every request at once (the fuzzer's requests reach it)."""
-    async def run() -> None:
-        async with Agent("echo", socket=proc.socket) as echo:
-            echo.on("*")(lambda msg: {"echo": msg.topic})
-            ready.set()
-            while not stop.is_set():
-                await asyncio.sleep(0.05)
-    asyncio.run(run())
-
-
-def _heartbeats(proc: MeshdProcess, sid: str, stop: threading.Event) -> None:
-    """The fuzzed session's HTTP client beats, as any does (else its agent goes offline in 2 s)."""
-    while not stop.wait(0.3):
-        _post(proc, f"v1/agents/{sid}/heartbeat", {"queue_depth": 0})
-
-
-def test_schemathesis_finds_nothing(meshd_factory: MeshdFactory) -> None:
-    # One session at most: the fuzzer's registrations reach the checks and the bound (429), and no
-    # agent with a generated name ever exists (a request to an HTTP agent that never answers would
-    # wait out its timeout).
-    a = meshd_factory.spawn("a", env={"MESHD_HTTP_CHECK_RESPONSES": "true", "MESHD_HTTP_MAX_SESSIONS": "1"})
-    gw = a.gateway()
-    ready, stop = threading.Event(), threading.Event()
-    echo = threading.Thread(target=_echo_agent, args=(a, ready, stop), daemon=True)
-    echo.start()
-    assert ready.wait(20)
-    sid = _post(a, "v1/agents/register", {"name": "fuzzed", "model": "schemathesis"})["session_id"]
-    beats = threading.Thread(target=_heartbeats, args=(a, sid, stop), daemon=True)
-    beats.start()
-    auth = {"Authorization": f"Bearer {gw.token}"}
-    # Calls that wait for an answer go to the echo agent (when the fuzzer lets a value be set).
-    to_echo = {"body.target": "echo"}
-    config = schemathesis.Config.from_dict({
-        "headers": auth,
+def _config(token: str, sid: str) -> Any:
+    """What ``st run`` would read from schemathesis.toml, for this gateway and session."""
+    return schemathesis.Config.from_dict({
+        "headers": {"Authorization": f"Bearer {token}"},
         "seed": 22,
         "generation": {"max-examples": MAX_EXAMPLES, "database": "none"},
         "request-timeout": 10,
@@ -105,26 +75,57 @@ def test_schemathesis_finds_nothing(meshd_factory: MeshdFactory) -> None:
         "operations": [
             {"include-path": "/v1/token/rotate", "enabled": False},  # would lock the fuzzer out
             # not the fuzzed session: it must live on; a session never registered: a 404
-            {"include-name": "DELETE /v1/agents/{session_id}", "parameters": {"session_id": "never-registered"}},
+            {"include-name": "DELETE /v1/agents/{session_id}",
+             "parameters": {"session_id": "never-registered"}},
             # a new session each time: past http_max_sessions (429), never replacing the fuzzed one
             {"include-name": "POST /v1/agents/register", "parameters": {"body.session_id": "new-session"}},
-            *({"include-name": f"POST {path}", "parameters": to_echo}
+            # calls that wait for an answer go to the echo agent (where the fuzzer lets a value be set)
+            *({"include-name": f"POST {path}", "parameters": {"body.target": "echo"}}
               for path in ("/v1/request", "/v1/handoff", "/v1/messages")),
             # the SSE streams: one event, or a second of silence, and the stream is closed
             *({"include-name": f"GET {path}", "request-timeout": 1, "generation": {"max-examples": 3}}
               for path in ("/v1/agents/{session_id}/events", "/v1/dashboard/events")),
         ],
     })
-    schema = schemathesis.openapi.from_url(gw.url + "v1/openapi.json", config=config, headers=auth,
-                                           timeout=20)
-    events = list(schemathesis.engine.from_schema(schema).execute())
+
+
+def test_schemathesis_finds_nothing(meshd_factory: MeshdFactory) -> None:
+    # One session at most: the fuzzer's registrations reach the checks and the bound (429), and no
+    # agent with a generated name ever exists (a request to an HTTP agent that never answers would
+    # wait out its timeout).
+    a = meshd_factory.spawn("a", env={"MESHD_HTTP_CHECK_RESPONSES": "true", "MESHD_HTTP_MAX_SESSIONS": "1"})
+    gw = a.gateway()
+    sid = _post(a, "v1/agents/register", {"name": "fuzzed", "model": "schemathesis"})["session_id"]
     from schemathesis.engine import events as ev
 
+    def fuzz() -> list[Any]:
+        schema = schemathesis.openapi.from_url(gw.url + "v1/openapi.json", config=_config(gw.token, sid),
+                                               headers={"Authorization": f"Bearer {gw.token}"}, timeout=20)
+        return list(schemathesis.engine.from_schema(schema).execute())
+
+    async def scenario() -> list[Any]:
+        async with Agent("echo", socket=a.socket) as echo, aiohttp.ClientSession() as http:
+            echo.on("*")(lambda msg: {"echo": msg.topic})  # answers every request at once
+            done = asyncio.Event()
+
+            async def beat() -> None:  # the fuzzed session's client beats, as any does
+                while not done.is_set():
+                    async with http.post(f"{gw.url}v1/agents/{sid}/heartbeat", json={"queue_depth": 0},
+                                         headers={"Authorization": f"Bearer {gw.token}"}) as r:
+                        assert r.status == 200
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(done.wait(), 0.3)
+
+            beats = asyncio.create_task(beat())
+            try:
+                return await asyncio.to_thread(fuzz)
+            finally:
+                done.set()
+                await beats
+
+    events = asyncio.run(scenario())
     tested = sum(len(e.recorder.cases) for e in events if isinstance(e, ev.ScenarioFinished))
     assert tested > 200, f"only {tested} cases ran"
-    stop.set()
-    echo.join(10)
-    beats.join(10)
     failures = _failures(events)
     assert not failures, "\n".join(failures)
     log = a.log()
