@@ -118,3 +118,27 @@ def test_an_old_form_batch_from_a_peer_reaches_the_handler(meshd_factory: MeshdF
         raw.close(0)
         ctx.term()
     assert a.query("node")["stats"]["batches_without_kinds"] == 1
+
+
+def test_another_protocol_version_is_told_both_versions(meshd_factory: MeshdFactory) -> None:
+    """Policy §4.4, a version bump: a frame with another version byte is refused with an error
+    that names both versions and the message it refuses, not dropped."""
+    a = meshd_factory.spawn("a")
+    ctx, raw = raw_agent(a.socket)
+
+    async def scenario() -> None:
+        await register_raw(raw, "future")
+        other = P.SIGNATURE[:3] + bytes([P.PROTOCOL_VERSION + 1])
+        raw.send_multipart([other, msgpack.packb({"kind": "request", "id": "v-next", "from": "future",
+                                                  "to": "nobody", "topic": "t"}), msgpack.packb(None)])
+        err = await asyncio.to_thread(recv_skipping_pings, raw)
+        assert err["kind"] == "error" and err["error"]["code"] == "VALIDATION_FAILED", err
+        assert err["corr"] == "v-next"
+        message = err["error"]["message"]
+        assert f"version {P.PROTOCOL_VERSION + 1}" in message and f"expected {P.PROTOCOL_VERSION}" in message
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        raw.close(0)
+        ctx.term()
