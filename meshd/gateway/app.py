@@ -30,6 +30,7 @@ from meshd.gateway.events import EventBuffer, sse_frame
 from meshd.gateway.models import parse_body, parse_model
 from meshd.gateway.openapi import openapi_spec, response_model
 from meshd.wire import protocol as P
+from meshd.wire.system_names import SYSTEM_PREFIX
 
 if TYPE_CHECKING:
     from meshd.gateway.service import Gateway
@@ -68,6 +69,7 @@ class Routes:
         self.slow_disconnects = 0
         self.closed_streams = 0
         self.dashboards = 0
+        self.checked_responses = 0  # http_check_responses: answers checked against their model
         self.invalid_responses = 0
 
     # ------------------------------------------------------------------ middleware
@@ -95,6 +97,7 @@ class Routes:
         info = request.match_info.route.resource
         template = info.canonical if info is not None else request.path
         why = check_response(request.method, _template(template), resp)
+        self.checked_responses += 1
         if why is None:
             return resp
         self.invalid_responses += 1
@@ -114,7 +117,7 @@ class Routes:
         if not P.valid_name(name) or (at and not (P.valid_name(node) or node.isalnum())):
             raise NoSuchAgent(f"no agent can be called {target!r} (an agent name: printable, no '@' or "
                               "spaces; then optionally '@' and a node)")
-        if at:
+        if at or name.startswith(SYSTEM_PREFIX):  # elsewhere, or a daemon's system agent (not listed)
             return
         if not any(a.get("name") == target for a in self.gw.mesh.agents()):
             raise NoSuchAgent(f"no agent named {target!r} in the mesh")
@@ -403,11 +406,12 @@ def build_app(gateway: Gateway) -> tuple[web.Application, Routes]:
 
 
 def served_routes(app: web.Application) -> set[tuple[str, str]]:
-    """(method, path template) of every route but HEAD and the favicon, as the document writes them."""
+    """(method, path template) of every route but HEAD (aiohttp's, beside each GET), as the document
+    writes them."""
     out = set()
     for route in app.router.routes():
         info = route.resource
-        if info is None or route.method == "HEAD" or info.canonical == "/favicon.ico":
+        if info is None or route.method == "HEAD":
             continue
         out.add((route.method.lower(), _template(info.canonical)))
     return out

@@ -331,6 +331,8 @@ class GatewayStats(_Answer):
     closed_streams: int
     auth_refused: int
     bad_requests: int = Field(description="Requests aiohttp's parser refused (400 before any route).")
+    checked_responses: int = Field(description="Answers checked against their model (http_check_responses).")
+    invalid_responses: int = Field(description="Answers that did not fit (answered 500 RESPONSE_INVALID).")
 
 
 class NodeInfo(_Record):

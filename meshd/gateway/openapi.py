@@ -76,6 +76,8 @@ def _event_schema(schemas: _Schemas, events: tuple[tuple[str, Any], ...]) -> dic
 ROUTES: list[Route] = [
     Route("get", "/", "The live dashboard page (the only path served without the token; it holds no data).",
           answers={200: HTML}, public=True),
+    Route("get", "/favicon.ico", "No icon (served without the token, so browsers do not ask for one).",
+          answers={204: EMPTY}, public=True),
     Route("get", "/v1/openapi.json", "This document.", answers={200: dict[str, Any]}),
     Route("post", "/v1/agents/register", "Register an HTTP agent; returns session_id and sse_url.",
           body=M.RegisterRequest, answers={200: M.RegisterResult}, errors=(409,)),

@@ -194,7 +194,9 @@ class Gateway:
         return {"sessions": len(self.sessions.by_id), "streams": r.streams if r else 0,
                 "slow_disconnects": r.slow_disconnects if r else 0,
                 "closed_streams": r.closed_streams if r else 0, "auth_refused": self.guard.refused,
-                "bad_requests": getattr(self._parser_errors, "count", 0)}
+                "bad_requests": getattr(self._parser_errors, "count", 0),
+                "checked_responses": r.checked_responses if r else 0,
+                "invalid_responses": r.invalid_responses if r else 0}
 
     def _publish_snapshot(self) -> None:
         self.dashboard.append("snapshot", self.watch.snapshot(self.stats()))

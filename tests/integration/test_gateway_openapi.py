@@ -128,6 +128,9 @@ def test_schemathesis_finds_nothing(meshd_factory: MeshdFactory) -> None:
     assert tested > 200, f"only {tested} cases ran"
     failures = _failures(events)
     assert not failures, "\n".join(failures)
+    counters = json.loads(urllib.request.urlopen(urllib.request.Request(
+        gw.url + "v1/node", headers={"Authorization": f"Bearer {gw.token}"}), timeout=20).read())["gateway"]
+    assert counters["checked_responses"] > 200 and counters["invalid_responses"] == 0  # the daemon checked
     log = a.log()
     assert "Traceback" not in log and "does not fit the OpenAPI document" not in log
     assert a.alive()

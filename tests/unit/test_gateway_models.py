@@ -82,7 +82,7 @@ def _json(data: Any, status: int = 200) -> web.Response:
 NODE = {"node": "n1", "name": "a", "mesh": "m", "routers": [], "pubs": [], "socket": "/s", "insecure": True,
         "uptime": 1.0, "agents": 0, "peers": 0, "stats": {}, "dead_letters": 0,
         "gateway": {"sessions": 0, "streams": 0, "slow_disconnects": 0, "closed_streams": 0,
-                    "auth_refused": 0, "bad_requests": 0}}
+                    "auth_refused": 0, "bad_requests": 0, "checked_responses": 0, "invalid_responses": 0}}
 
 
 def test_the_answer_check_catches_a_wrong_shape() -> None:
