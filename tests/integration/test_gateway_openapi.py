@@ -93,7 +93,9 @@ def test_schemathesis_finds_nothing(meshd_factory: MeshdFactory) -> None:
     # One session at most: the fuzzer's registrations reach the checks and the bound (429), and no
     # agent with a generated name ever exists (a request to an HTTP agent that never answers would
     # wait out its timeout).
-    a = meshd_factory.spawn("a", env={"MESHD_HTTP_CHECK_RESPONSES": "true", "MESHD_HTTP_MAX_SESSIONS": "1"})
+    # Default liveness timings (offline after 10 s): a busy host cannot make the session go offline.
+    a = meshd_factory.spawn("a", fast=False,
+                            env={"MESHD_HTTP_CHECK_RESPONSES": "true", "MESHD_HTTP_MAX_SESSIONS": "1"})
     gw = a.gateway()
     sid = _post(a, "v1/agents/register", {"name": "fuzzed", "model": "schemathesis"})["session_id"]
     from schemathesis.engine import events as ev
