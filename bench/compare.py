@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/compare.py --quick              # ~60 s
     .venv/bin/python bench/compare.py                      # full: longer runs, best of 2
-    .venv/bin/python bench/compare.py --soak-s 60 --soak-rate 50000   # issue 11's memory soak
+    .venv/bin/python bench/compare.py --soak-s 60 --soak-rate 50000   # the 60 s memory soak
     .venv/bin/python bench/compare.py --quick --embedded   # embedded-node rows, daemons, Zenoh (~40 s)
 
-Headline rows (issue 11, bench/README.md): ``async def`` handlers, a plain ``await me.send(...)``
+Headline rows (bench/README.md): ``async def`` handlers, a plain ``await me.send(...)``
 loop, a plain ``await me.request(...)`` loop, a plain ``await me.publish(...)`` loop, a fresh
 ~300-byte msgpack map per message, through two daemons (agent -> daemon -> daemon -> agent). The
 same scenarios, same payload, with NATS (nats-py + a nats-server the bench starts on 127.0.0.1),

@@ -1,4 +1,4 @@
-"""The side-by-side table of compare.py: meshd | NATS | Zenoh | raw pyzmq, ratios, issue 11's goals.
+"""The side-by-side table of compare.py: meshd | NATS | Zenoh | raw pyzmq, ratios, goals.
 
 Each row is declared once in ROWS as (figure, cell function, goal); a cell function takes the
 results and returns the row's cells (meshd, NATS, Zenoh, raw, meshd/NATS, meshd/Zenoh, met). A

@@ -1,4 +1,4 @@
-"""Fuzz campaign (issue 8, item 24): generated frames at a live daemon's agent socket and mesh
+"""Fuzz campaign: generated frames at a live daemon's agent socket and mesh
 ports, plaintext and CURVE, while an agent pair keeps doing normal requests through it.
 
 Frames come from bench/fuzz_gen.py: a pool of hypothesis examples drawn once, then mutated with

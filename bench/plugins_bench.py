@@ -1,8 +1,8 @@
 """Request p50 through two daemons with a CPU-bound plugin loaded: none vs thread mode vs process mode.
 
-Owns: this one comparison (issue 12 item 2). It does not touch bench.py's scenarios; it reuses
-meshd.testing's daemon launcher (127.0.0.1 only, a mesh named per run, every daemon killed by PID
-at the end).
+Owns: this one comparison (does process isolation keep a busy plugin from slowing routing?). It
+does not touch bench.py's scenarios; it reuses meshd.testing's daemon launcher (127.0.0.1 only, a
+mesh named per run, every daemon killed by PID at the end).
 
 Each scenario starts daemons A and B (A with the plugin, configured through ``[plugins.cpu_hog]``),
 attaches "asker" to A and "helper" (an ``async def`` handler) to B, warms up, then times plain

@@ -798,7 +798,7 @@ def wire_rtt(cfg: Cfg) -> None:
         for i in timed(cfg, samples, between=Heartbeat(sock)):
             msg_id = f"q{i}"
             header = {"kind": "request", "id": msg_id, "topic": "rr", "from": me, "to": to,
-                      "budget": 5000}  # ms left: a duration (issue 13)
+                      "budget": 5000}  # ms left: a duration (clocks differ between hosts)
             sock.send_multipart([SIG, msgpack.packb(header), pack(make_payload(i))])
             while True:
                 frames = sock.recv_multipart()

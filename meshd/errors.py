@@ -202,7 +202,7 @@ ERRORS_BY_CODE: dict[str, type[MeshError]] = {
 }
 
 
-# -- tasks, plans and spawning (issue 9, "tasks" block) ---------------------------------------------
+# -- tasks, plans and spawning ----------------------------------------------------------------------
 
 
 class NoSuchTask(MeshError, LookupError):

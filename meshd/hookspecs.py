@@ -232,7 +232,7 @@ def meshd_agent_state(agent: dict[str, Any], old: str, new: str) -> Awaitable[No
     """
 
 
-# -- tasks and spawning (issue 9, "tasks" block) --------------------------------------------------
+# -- tasks and spawning ----------------------------------------------------------------------------
 
 __all__ += ["meshd_spawner", "meshd_task_event"]
 
@@ -278,7 +278,7 @@ def meshd_spawner(settings: Any, socket_path: Any, emit: Any) -> Any:
     """
 
 
-# -- syscall tools (issue 9, "tools" block) ------------------------------------------------------
+# -- syscall tools ---------------------------------------------------------------------------------
 
 
 @hookspec

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 import zmq.backend
@@ -38,8 +38,6 @@ _quiet = LogOnce(log)  # a handler failing on hostile input: one traceback per c
 LINGER_MS = 200
 """Bounded linger on every socket: the default (-1) makes context termination hang forever."""
 
-ZMTP_HEARTBEAT_IVL_MS = 250
-ZMTP_HEARTBEAT_TIMEOUT_MS = 1000
 RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 2000
 MESH_HWM = 10_000
@@ -134,39 +132,65 @@ def _common(sock: zmq.Socket[Any]) -> None:
     sock.setsockopt(zmq.LINGER, LINGER_MS)
 
 
-def _zmtp_heartbeats(sock: zmq.Socket[Any]) -> None:
-    # TCP alone detects a dead or paused peer only after minutes (../shared/RELIABILITY.md).
-    sock.setsockopt(zmq.HEARTBEAT_IVL, ZMTP_HEARTBEAT_IVL_MS)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMTP_HEARTBEAT_TIMEOUT_MS)
-    sock.setsockopt(zmq.HEARTBEAT_TTL, ZMTP_HEARTBEAT_TIMEOUT_MS * 2)
+class ZmtpHeartbeat(NamedTuple):
+    """ZMTP heartbeats of a mesh socket, in milliseconds: a PING every ``ivl_ms``; the connection
+    is cut when nothing arrives within ``timeout_ms`` of a PING; ``ttl_ms`` is what the other end
+    waits for our traffic before cutting it."""
+
+    ivl_ms: int
+    timeout_ms: int
+    ttl_ms: int
 
 
-def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = None) -> zmq.Socket[Any]:
+def zmtp_heartbeat_for(heartbeat_interval: float, stale_after: float) -> ZmtpHeartbeat:
+    """ZMTP heartbeats that follow the liveness settings. TCP alone notices a dead or cut peer only
+    after minutes (RELIABILITY.md), so each connection pings; but the mesh heartbeat decides when a
+    peer is stale, so no connection is cut before ``stale_after`` of silence: a stall shorter than
+    that (a GC pause, a busy CPU, a VM steal) costs no connection. One PING per
+    ``heartbeat_interval`` (at least 250 ms): a quarter of the packets of the former 250 ms."""
+    ivl = max(int(heartbeat_interval * 1000), 250)
+    timeout = max(int(stale_after * 1000), ivl)
+    return ZmtpHeartbeat(ivl_ms=ivl, timeout_ms=timeout, ttl_ms=min(2 * timeout, 6_553_500))
+
+
+DEFAULT_ZMTP_HEARTBEAT = zmtp_heartbeat_for(1.0, 3.0)
+"""What the default settings give (heartbeat_interval 1 s, stale_after 3 s)."""
+
+
+def _zmtp_heartbeats(sock: zmq.Socket[Any], beats: ZmtpHeartbeat) -> None:
+    sock.setsockopt(zmq.HEARTBEAT_IVL, beats.ivl_ms)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, beats.timeout_ms)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, beats.ttl_ms)
+
+
+def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = None,
+                beats: ZmtpHeartbeat = DEFAULT_ZMTP_HEARTBEAT) -> zmq.Socket[Any]:
     """The mesh inbound ROUTER: peers' DEALERs connect here."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
     _common(sock)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     # Handover on: a DEALER that reconnects (zmq does that by itself, with the same routing id)
     # takes its own stale connection over; with handover off that reconnect was refused and the
-    # link stayed one-way until a redial (RELIABILITY.md). Impostors (issue 8: another trusted node
+    # link stayed one-way until a redial (RELIABILITY.md). Impostors (another trusted node
     # connecting with a peer's id knocked the real connection off) are stopped by the routing id's
     # random part per DEALER (peer_routing_id): only this ROUTER ever sees it, so nobody else can
     # present it, and a routing id maps to a peer only through its authenticated HELLO.
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.RCVHWM, MESH_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-    _zmtp_heartbeats(sock)
+    _zmtp_heartbeats(sock, beats)
     curve_server(sock, curve)
     return sock
 
 
-def mesh_xpub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = None) -> zmq.Socket[Any]:
+def mesh_xpub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = None,
+              beats: ZmtpHeartbeat = DEFAULT_ZMTP_HEARTBEAT) -> zmq.Socket[Any]:
     """The topic publisher; XPUB so subscriptions arrive as messages the node can read."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.XPUB)
     _common(sock)
     sock.setsockopt(zmq.SNDHWM, MESH_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-    _zmtp_heartbeats(sock)
+    _zmtp_heartbeats(sock, beats)
     curve_server(sock, curve)
     return sock
 
@@ -178,7 +202,8 @@ def peer_routing_id(own_node_id: str) -> bytes:
 
 
 def peer_dealer(ctx: zmq.Context[Any], own_node_id: str, curve: Curve | None = None,
-                server_key: str | None = None) -> zmq.Socket[Any]:
+                server_key: str | None = None,
+                beats: ZmtpHeartbeat = DEFAULT_ZMTP_HEARTBEAT) -> zmq.Socket[Any]:
     """One DEALER per peer; its routing id is ``peer_routing_id`` (our node id and a random part);
     the peer maps it to us from our HELLO."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
@@ -187,13 +212,14 @@ def peer_dealer(ctx: zmq.Context[Any], own_node_id: str, curve: Curve | None = N
     sock.setsockopt(zmq.SNDHWM, MESH_HWM)
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-    _zmtp_heartbeats(sock)
+    _zmtp_heartbeats(sock, beats)
     curve_client(sock, curve, server_key)
     return sock
 
 
 def peer_sub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = None,
-             server_key: str | None = None) -> zmq.Socket[Any]:
+             server_key: str | None = None,
+             beats: ZmtpHeartbeat = DEFAULT_ZMTP_HEARTBEAT) -> zmq.Socket[Any]:
     """One SUB per peer, connected to the peer's XPUB."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.SUB)
     _common(sock)
@@ -201,7 +227,7 @@ def peer_sub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = 
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-    _zmtp_heartbeats(sock)
+    _zmtp_heartbeats(sock, beats)
     curve_client(sock, curve, server_key)
     return sock
 
@@ -210,7 +236,7 @@ def agent_router(ctx: zmq.Context[Any], inbox_hwm: int, max_frame_bytes: int = -
     """The local agent socket (ipc://). MANDATORY: a vanished agent is an error, not a drop.
 
     ``max_frame_bytes``: a larger frame disconnects that agent's connection before the daemon
-    holds it (issue 8: a 256 MiB frame once pushed the daemon to 557 MB before TOO_LARGE); frames
+    holds it (a 256 MiB frame once pushed the daemon to 557 MB before TOO_LARGE); frames
     up to it that exceed ``max_payload_bytes`` still get TOO_LARGE at the edge.
     """
     sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)

@@ -96,7 +96,7 @@ def meshd_main(argv: list[str] | None = None) -> int:
     demo.add_argument("--plan", action="store_true",
                       help="the plan scenario instead: tasks picked by capability and load (docs/tasks.md)")
     mcp = sub.add_parser("mcp", help="stdio MCP server attached to the local daemon as an agent "
-                         "(needs the 'mcp' extra)")  # issue 9 (meshd/bindings/mcp.py)
+                         "(needs the 'mcp' extra)")  # meshd/bindings/mcp.py
     mcp.add_argument("--socket", type=Path, default=None, help="the daemon's agent socket")
     mcp.add_argument("--name", default=None, help="agent name (default: mcp-<pid>)")
     mcp.add_argument("--capability", action="append", default=[], help="capability to register (repeatable)")
@@ -305,7 +305,7 @@ async def _ctl(args: argparse.Namespace) -> int:
             peers = await me.peers()
             for row in peers:
                 row["note"] = "DUPLICATE ID" if row.get("duplicate") else ""
-            if args.all:  # issue 14: discovered nodes that are not peers, with their fingerprint
+            if args.all:  # discovered nodes that are not peers, with the fingerprint to compare
                 peers += [r | {"note": r.get("fingerprint") or r.get("detail")}
                           for r in await me.admin("peers.discovered")]
             if args.json:
@@ -350,7 +350,7 @@ async def _ctl(args: argparse.Namespace) -> int:
             return await run_top(me, args)
         elif args.cmd == "tasks":
             return await _tasks(me, args)
-        elif args.cmd in ("tools", "approvals"):  # issue 9: syscall tools (meshd/tools/ctl.py)
+        elif args.cmd in ("tools", "approvals"):  # syscall tools (meshd/tools/ctl.py)
             from meshd.tools import ctl as tools_ctl
 
             return await tools_ctl.run(me, args)
@@ -474,7 +474,7 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     lst.add_argument("--json", action="store_true")
     sec = ksub.add_parser("secret", help="create a new mesh secret file (trust_mode secret)")
     sec.add_argument("path")
-    from meshd.tools import ctl as tools_ctl  # issue 9: meshctl tools|approvals
+    from meshd.tools import ctl as tools_ctl  # meshctl tools|approvals
 
     tools_ctl.add_parsers(sub)
     h = sub.add_parser("http", help="the daemon's HTTP gateway (docs/http.md)")

@@ -61,6 +61,7 @@ from meshd.client.system_calls import system_request
 from meshd.errors import (
     DaemonUnreachable,
     MeshError,
+    NotRegistered,
     RequestTimeout,
     ValidationFailed,
 )
@@ -75,6 +76,9 @@ log = logging.getLogger("meshd.client")
 DEFAULT_REQUEST_TIMEOUT = 30.0
 CONTROL_TIMEOUT = 5.0
 SEND_QUEUE_LIMIT = 10_000
+QOS1_RESENDS = 3
+"""Times a qos-1 send goes again after NOT_REGISTERED (its daemon restarted and stored nothing),
+each after the agent has registered again; a daemon restarting more often than that raises."""
 
 FrameHandler = Callable[[list[bytes]], None]
 """Takes one frame set from the daemon (``Incoming.on_frames``)."""
@@ -336,7 +340,9 @@ class Agent:
         qos 0 (default): at most once; failures arrive later through ``on_error``.
         qos 1: at least once; duplicates are dropped by id, so the handler normally runs once
         (see docs/DELIVERY.md for the crash windows). Returns when the local daemon has the
-        message on disk; it retries until the receiver's handler has finished.
+        message on disk; it retries until the receiver's handler has finished. Refused
+        NOT_REGISTERED (the daemon restarted and stored nothing), it is sent again once the
+        agent has registered again (docs/DELIVERY.md).
         Returns the message id, which a later ``on_error`` (e.g. UNDELIVERABLE) names.
         """
         if qos not in (0, 1):
@@ -363,14 +369,27 @@ class Agent:
             return msg_id
         loop = self._require_loop()
         await self._calls.wait(CONTROL_TIMEOUT * 2)
-        fut: asyncio.Future[Any] = loop.create_future()
-        self._pending[msg_id] = fut
-        # No timer per message (qos-1 sends come in thousands): the heartbeat loop sweeps.
-        self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT * 2
         try:
-            self._enqueue((P.TO, to, 1), header, data)
-            await fut
-            return msg_id
+            for _ in range(QOS1_RESENDS + 1):
+                if self._resend.holding:  # the daemon restarts: sent once registered again
+                    err = await self._resend.until_released()
+                    if err is not None:
+                        raise err
+                fut: asyncio.Future[Any] = loop.create_future()
+                self._pending[msg_id] = fut
+                # No timer per message (qos-1 sends come in thousands): the heartbeat loop sweeps.
+                self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT * 2
+                self._enqueue((P.TO, to, 1), header, data)
+                try:
+                    await fut
+                    return msg_id
+                except NotRegistered:
+                    # A restarted daemon forgot this agent and stored nothing: the agent registers
+                    # again (incoming.py), then this send goes again with the same id.
+                    if not self._resend.holding:
+                        raise  # no re-registration under way: the agent closed or was evicted
+            raise NotRegistered(f"qos-1 send {msg_id}: refused {QOS1_RESENDS + 1} times by daemons "
+                                "that had forgotten this agent")
         finally:
             self._pending.pop(msg_id, None)
             self._expiring.pop(msg_id, None)
@@ -561,7 +580,7 @@ class Agent:
         result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "node"})
         return dict(result or {})
 
-    # ------------------------------------------------------------------ syscall tools (issue 9)
+    # ------------------------------------------------------------------------- syscall tools
 
     async def tools(self, *, format: str | None = None) -> list[dict[str, Any]]:
         """The tools this daemon serves: name, description, input_schema, side_effects, plugin

@@ -169,8 +169,8 @@ class HandlerSlots:
                      P.ERROR: err}
             self._enqueue(to_agent(str(header.get(P.ORIGIN) or sender)), reply, b"")
             return
-        # The daemon takes an agent's HANDLER_ERROR report on a send as a dead letter (issue 8,
-        # item 13); the report says why the handler never ran.
+        # The daemon takes an agent's HANDLER_ERROR report on a send as a dead letter (a send is never
+        # answered, so nothing else would show it failed); the report says why the handler never ran.
         err = P.error_body(P.ErrorCode.HANDLER_ERROR, f"{code}: {message}"[:500], remote_type=code)
         self._push(P.frames({P.KIND: Kind.ERROR, P.ID: P.new_id(), P.FROM: self.agent_name,
                              P.TO: sender, P.CORR: msg_id, P.TOPIC: header.get(P.TOPIC, ""),

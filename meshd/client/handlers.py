@@ -238,7 +238,7 @@ class Dispatcher:
             self.send_cancel(delegated[0], corr)  # pass it on to whoever has the work now
 
     def _run_handler(self, header: dict[str, Any], payload: bytes, unit: str | None) -> None:
-        # The receive path of every message (issue 11): header fields read once into locals, the
+        # The receive path of every message (its cost caps one-way msgs/s): header fields read once, the
         # ``Message`` built positionally (keywords cost ~0.3 us more per message), the deadline
         # read only when the header carries one, and ``unit_done`` called only for qos 1.
         get = header.get
@@ -316,7 +316,7 @@ class Dispatcher:
     def _run_eagerly(self, msg: Message, coro: Coroutine[Any, Any, Any], unit: str | None) -> None:
         """Step an ``async def`` handler at once, in a context of its own (as a task would); only
         if it suspends does it get a task, which resumes it where it stopped. A handler that
-        finishes without suspending thus costs about what a plain function does (issue 11)."""
+        finishes without suspending thus costs about what a plain function does, not a task per message."""
         ctx = contextvars.copy_context()
         try:
             first = ctx.run(coro.send, None)
@@ -412,7 +412,7 @@ class Dispatcher:
         self._handled_unacked = 0
         if self._closed() or not acks:
             return
-        for chunk in P.chunk_ids(acks):  # each header within the daemon's cap (issue 8, item 7)
+        for chunk in P.chunk_ids(acks):  # each header within the daemon's cap, or it is refused
             self._push(P.frames({P.KIND: Kind.ACK, P.IDS: chunk}))
 
     # ------------------------------------------------------------------------ answers
@@ -433,8 +433,8 @@ class Dispatcher:
 
     def _report_send_failure(self, msg: Message, text: str, remote_type: str) -> None:
         """A send that no handler completed is reported to our daemon (never routed: a send is not
-        answered), which keeps it as a dead letter HANDLER_ERROR and tells observers (issue 8,
-        item 13). Never batched."""
+        answered), which keeps it as a dead letter HANDLER_ERROR and tells observers (else a failed send would
+        leave no trace). Never batched."""
         if msg.kind != Kind.SEND or self._closed():
             return
         err = P.error_body(P.ErrorCode.HANDLER_ERROR, text[:500], remote_type=remote_type)

@@ -186,7 +186,7 @@ class Incoming:
             members = self._batch_members.pop(str(corr), None) if corr else None
             targets = members if members is not None else [corr]
         if err.code in _STATE_CHANGING and not self.from_own_daemon(header, err.code):
-            # Only our own daemon may evict us or tell us to register again (issue 8): another
+            # Only our own daemon may evict us or tell us to register again: another
             # agent (or another daemon) sending NAME_TAKEN must not make this agent give up its name.
             events.forged()
             self.log_once.log(f"forged:{err.code}", "agent %s: ignored a %s error from %r (only its "

@@ -1,4 +1,8 @@
-"""The client's qos-0 resend hold across a daemon restart, and the re-registration that ends it.
+"""The client's resend hold across a daemon restart, and the re-registration that ends it.
+
+qos-1 sends wait in their own coroutines (``until_released``, see ``Agent.send``): a restarted
+daemon that refused one with NOT_REGISTERED stored nothing, so it is sent again, with the same
+id, once the agent has registered again. What this module holds itself are qos-0 sends:
 
 Owns: the last ``RESEND_WINDOW`` qos-0 sends at least (two generations, each bounded by count
 and by bytes), the sends a
@@ -64,6 +68,8 @@ class ResendHold:
         #: qos-0 sends are held here instead of written to the socket.
         self.holding = False
         self._released = asyncio.Event()
+        #: Why the last re-registration failed (None: it succeeded): what a held qos-1 send raises.
+        self.release_error: MeshError | None = None
 
     def remember(self, msg_id: str, item: SentItem) -> None:
         """Keep a qos-0 send for a while: if the daemon refuses it NOT_REGISTERED, it goes again.
@@ -115,11 +121,20 @@ class ResendHold:
         self.held_bytes += len(item[2])
         return True
 
+    async def until_released(self) -> MeshError | None:
+        """Wait while ``holding`` (a qos-1 send waits here, in its own coroutine, bounded as the
+        re-registration is); the re-registration's error, or None once registered again."""
+        while self.holding:
+            self._released.clear()
+            await self._released.wait()
+        return self.release_error
+
     def release(self, err: MeshError | None) -> None:
         """Registered again: send what was held (``err`` None), or report each one (``err``)."""
         held, self.held, self.held_new = self.held + self.held_new, [], []
         self.held_bytes = 0
         self.holding = False
+        self.release_error = err
         self._released.set()
         for msg_id, (key, header, data) in held:
             if err is None:

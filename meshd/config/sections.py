@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 __all__ = ["ApprovalPolicy", "SpawnSettings", "SpawnTemplate", "TaskSettings", "ToolsSettings"]
 
 
-# -- [tasks] and [spawn] sections (issue 9, "tasks" block) ------------------------------------------
+# -- [tasks] and [spawn] sections ------------------------------------------------------------------
 
 
 class TaskSettings(BaseModel):
@@ -100,7 +100,7 @@ class SpawnSettings(BaseModel):
         return value
 
 
-# -- [tools] section (issue 9, "tools" block) --------------------------------------------------------
+# -- [tools] section -------------------------------------------------------------------------------
 
 ApprovalPolicy = Literal["allow", "deny", "hold"]
 

@@ -343,12 +343,12 @@ class Settings(BaseModel):
     def plugin_sections(self) -> dict[str, dict[str, Any]]:
         """Each ``[plugins.NAME]`` table of the config file, by plugin name, as written."""
         return self._plugin_sections
-    # [tasks] and [spawn] sections (issue 9, "tasks" block)
+    # [tasks] and [spawn] sections
     tasks: TaskSettings = Field(default_factory=TaskSettings,
                                 description="[tasks]: task store, scheduler and plans.")
     spawn: SpawnSettings = Field(default_factory=SpawnSettings,
                                  description="[spawn]: supervised agent children (spawn_agent).")
-    # [tools] section (issue 9, "tools" block)
+    # [tools] section
     tools: ToolsSettings = Field(default_factory=ToolsSettings,
                                  description="[tools]: syscall tools: approval, quotas per agent.")
 

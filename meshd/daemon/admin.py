@@ -23,7 +23,6 @@ from meshd.wire.system_names import SYSTEM_PREFIX
 
 if TYPE_CHECKING:
     from meshd.delivery.qos1_driver import Qos1Driver
-    from meshd.delivery.router import Router
 
 __all__ = ["Admin", "letter_summary"]
 
@@ -45,7 +44,14 @@ class Admin:
     """Queries and dead-letter operations for meshctl."""
 
     def __init__(self, *, node_id: str, name: str, directory: Directory, peer_table: PeerTable,
-                 dead_letters: DeadLetters, link: AgentLink) -> None:
+                 dead_letters: DeadLetters, link: AgentLink, qos: Qos1Driver,
+                 route: Callable[[str, P.Header, list[bytes]], Any],
+                 doctor: Callable[[], dict[str, Any]], mdns_query: Callable[[], bool]) -> None:
+        """``route``: how a replayed dead letter goes out (``Router.route``, through the node: the
+        router is built after this desk); ``doctor``: the doctor's report
+        (meshd.daemon.doctor.daemon_report); ``mdns_query``: sends one mDNS query for meshd nodes now
+        (Discovery.send_query): the doctor asks for it while it listens, so that a quiet LAN still
+        shows traffic."""
         self.node_id = node_id
         self.name = name
         self.directory = directory
@@ -53,13 +59,10 @@ class Admin:
         self.peers = peer_table.peers
         self.dead_letters = dead_letters
         self.link = link
-        self.router: Router
-        self.qos: Qos1Driver
-        #: The doctor's report (meshd.daemon.doctor.daemon_report), wired by node.py.
-        self.doctor: Callable[[], dict[str, Any]] = dict
-        #: Sends one mDNS query for meshd nodes now (Discovery.send_query), wired by node.py: the
-        #: doctor asks for it while it listens, so that a quiet LAN still shows traffic.
-        self.mdns_query: Callable[[], bool] = lambda: False
+        self.qos = qos
+        self.route = route
+        self.doctor = doctor
+        self.mdns_query = mdns_query
 
     def handle(self, rid: bytes, msg_id: Any, header: P.Header, frames: list[bytes]) -> None:
         """meshctl's operations on this daemon (dead letters)."""
@@ -135,7 +138,7 @@ class Admin:
                 self.qos.accept(sender.rid if sender else b"", str(header.sender), fields[P.ID], dest,
                                 frames)
             else:
-                self.router.route(dest, header, frames)
+                self.route(dest, header, frames)
             replayed += 1
         return {"replayed": replayed}
 

@@ -183,21 +183,24 @@ class AgentSockets:
     """Where the node's agent ROUTER stood: in-process connections by routing id, and the ipc
     ROUTER for every other id. ``AgentLink``, ``Router`` and ``LocalAgents`` send through it."""
 
-    def __init__(self, router: zmq.Socket[Any], *, capacity: int,
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, router: zmq.Socket[Any], *, capacity: int, loop: asyncio.AbstractEventLoop,
+                 on_agent: FrameHandler | None = None, on_detached: Callable[[], None] | None = None,
+                 peers_full: Callable[[], bool] | None = None, stats: Counter[str] | None = None,
+                 soon: Callable[[Callable[[], None]], object] | None = None) -> None:
+        """``on_agent``: where in-process agents' frame sets go (the node's ``Router.on_agent``);
+        ``on_detached``: a connection went away (the node probes its agents); ``peers_full``:
+        whether a peer's DEALER is at its high-water mark; ``soon``: how the node schedules work
+        for the end of its drain under way (its reactor's ``soon``)."""
         self.router = router
         self.capacity = capacity
-        self.on_agent: FrameHandler | None = None  # the node's Router.on_agent, set once built
-        self.on_detached: Callable[[], None] | None = None  # the node probes its agents
-        #: Whether a peer's DEALER is at its high-water mark (set by the node once built).
-        self.peers_full: Callable[[], bool] = lambda: False
-        self.stats: Counter[str] = Counter()  # the node's stats, once built
+        self.on_agent: FrameHandler | None = on_agent  # None once the node stopped
+        self.on_detached = on_detached
+        self.peers_full: Callable[[], bool] = peers_full or (lambda: False)
+        self.stats: Counter[str] = stats if stats is not None else Counter()
         self.dropped = 0  # frame sets an agent sent after the node stopped
         #: Inside an in-process agent's call into the node (``from_agent``): nothing is handed over.
         self.in_agent_call = 0
-        #: How the node schedules work for the end of its drain under way (its reactor's ``soon``;
-        #: ``call_soon`` until the node is built).
-        self.soon: Callable[[Callable[[], None]], object] = loop.call_soon
+        self.soon: Callable[[Callable[[], None]], object] = soon or loop.call_soon
         #: Sent on the ipc ROUTER since the last kick (a send there can swallow its read edge).
         self.router_sent = False
         self._loop = loop
@@ -268,12 +271,16 @@ class AgentSockets:
 
 
 class _Reactor(transport.Reactor):
-    """The node's reactor; a kick of the :class:`AgentSockets` re-checks the ipc ROUTER."""
+    """The node's reactor; a kick of the :class:`AgentSockets` re-checks the ipc ROUTER.
+    ``sockets``: the node's in-process sockets once its sockets step built them."""
 
-    sockets: AgentSockets | None = None
+    def __init__(self, loop: asyncio.AbstractEventLoop,
+                 sockets: Callable[[], AgentSockets | None] = lambda: None) -> None:
+        super().__init__(loop)
+        self.sockets = sockets
 
     def kick(self, sock: zmq.Socket[Any]) -> None:
-        sockets, target = self.sockets, cast(object, sock)
+        sockets, target = self.sockets(), cast(object, sock)
         if sockets is not None and target is sockets:
             if not sockets.router_sent:
                 return  # only in-process connections were sent to: no read edge to re-check
@@ -341,30 +348,33 @@ class EmbeddedNode(Node):
     async def _start_identity(self) -> None:
         await super()._start_identity()
         self._agent_loop = asyncio.get_running_loop()
-        self._reactor = _Reactor(self._agent_loop)
+        self._reactor = _Reactor(self._agent_loop, sockets=lambda: self.agent_sockets)
 
-    def _build(self, agents_sock: zmq.Socket[Any], reactor: transport.Reactor) -> None:
+    def _build(self, agents_sock: zmq.Socket[Any], reactor: transport.Reactor,
+               stays_attached: Callable[[bytes], bool] | None = None) -> None:
         # As deep as the ipc path lets frame sets wait: the ROUTER's SNDHWM (inbox_cap) plus the
         # agent DEALER's RCVHWM. Past it the node says INBOX_FULL, as it would over ipc.
         assert self._agent_loop is not None
-        sockets = AgentSockets(agents_sock, capacity=max(self.settings.inbox_cap, 1) + transport.AGENT_HWM,
-                               loop=self._agent_loop)
-        self.agent_sockets = sockets
-        if isinstance(reactor, _Reactor):
-            reactor.sockets = sockets
-        sockets.soon = reactor.soon
-        super()._build(cast("zmq.Socket[Any]", sockets), reactor)
-        sockets.on_agent = self.routing.on_agent
-        sockets.on_detached = self.local_agents.probe
-        sockets.stats = self.stats
         peers = self.peer_table
 
         def peers_full() -> bool:
             return any(p.dealer is not None and not p.dealer.closed
                        and not int(p.dealer.getsockopt(zmq.EVENTS)) & zmq.POLLOUT for p in peers)
-        sockets.peers_full = peers_full
+        # The router and agent control are built below (super()._build), after these sockets:
+        # their callbacks go through the node, as the peer table's PeerEvents do.
+        sockets = AgentSockets(agents_sock, capacity=max(self.settings.inbox_cap, 1) + transport.AGENT_HWM,
+                               loop=self._agent_loop, on_agent=self._from_in_process,
+                               on_detached=self._in_process_detached, peers_full=peers_full,
+                               stats=self.stats, soon=reactor.soon)
+        self.agent_sockets = sockets
         # In-process agents are not told to re-register elsewhere: no node takes over from this one.
-        self.local_agents.handover.stays_attached = sockets.__contains__
+        super()._build(cast("zmq.Socket[Any]", sockets), reactor, stays_attached=sockets.__contains__)
+
+    def _from_in_process(self, frames: list[bytes]) -> None:
+        self.routing.on_agent(frames)
+
+    def _in_process_detached(self) -> None:
+        self.local_agents.probe()
 
     async def _start_sockets(self) -> None:
         await super()._start_sockets()

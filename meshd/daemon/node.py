@@ -57,7 +57,7 @@ from meshd.delivery.qos1_driver import Qos1Driver
 from meshd.delivery.router import Router
 from meshd.discovery.mdns import Discovery, default_interfaces
 from meshd.errors import ConfigError, StartupError, StateFileError
-from meshd.mesh.directory import Directory
+from meshd.mesh.directory import Directory, LocalAgent
 from meshd.mesh.directory_updates import DirectoryUpdates
 from meshd.mesh.liveness import PeerState
 from meshd.mesh.peers import Peer, PeerEvents, PeerTable
@@ -66,6 +66,7 @@ from meshd.plugins.builtin import JsonlDeadLetterSink
 from meshd.plugins.host import PluginHost
 from meshd.qos1.machine import DeliveryStore, OutboxBounds, Qos1
 from meshd.util.logonce import LogOnce
+from meshd.util.shutdown import Shutdown
 from meshd.util.statefiles import make_private_file
 from meshd.util.supervise import supervised
 from meshd.view import MetricsSnapshot
@@ -165,41 +166,32 @@ class Node:
         self._sockets: list[zmq.Socket[Any]] = []
         self._snapshot_lock = threading.Lock()
         self._snapshot: MetricsSnapshot | None = None
-        # Parts that need no socket are built now; the rest in _start_sockets.
+        #: One flag every part reads once the shutdown begins (meshd/util/shutdown.py).
+        self.shutdown = Shutdown()
+        # Parts that need neither the node id nor a socket are built now; the rest in dependency
+        # order by the steps (identity: directory and peers; sockets: _build). Where a part calls
+        # one built after it, the call goes through a method of this node, as PeerEvents' do.
         self.notifier = Notifier()
         # Each plugin's own config section and queue bound; load() raises ConfigError (exit 2)
         # for a section its plugin's model refuses.
         self.plugins = PluginHost(settings.plugins, queue_size=settings.plugin_queue_size,
-                                  sections=settings.plugin_sections)
+                                  sections=settings.plugin_sections, on_change=self._track_outcomes)
         self.plugins.load()
         if settings.dead_letter_jsonl:
             self.plugins.register(JsonlDeadLetterSink(settings.state_dir / "deadletters.jsonl"),
                                   name="meshd.jsonl_dead_letters")
         self.outcomes = Outcomes(self.plugins)
-        self.plugins.on_change = self._track_outcomes
         # On from the start: agents may attach (and be observed) before the plugins step runs;
         # their outcomes wait in the plugins' queues until the workers start after meshd_startup.
         self._track_outcomes()
         # the FIFO; ``dead_letters(limit)`` is the NodeView's read of it
-        self.dead_letter_fifo = DeadLetters(settings.dead_letter_capacity)
-        self.directory = Directory()
-        self.dir_updates = DirectoryUpdates(self.directory, self.stats,
-                                            max_bytes=settings.directory_max_bytes)
+        self.dead_letter_fifo = DeadLetters(settings.dead_letter_capacity, sink=self.plugins.dead_letter)
         self.security = Security(settings)
-        self.peer_table = PeerTable(
-            settings, node_id="", name=self.name, incarnation=self.incarnation, security=self.security,
-            stats=self.stats, quiet=self._quiet, interfaces=self.interfaces, max_frame=self._max_frame,
-            events=PeerEvents(
-                state_changed=self._peer_state_changed, directory=self.dir_updates.received,
-                restarted=self._peer_restarted, acks=self._peer_acks, reject=self._reject_control,
-                topic_message=self._on_topic, topic_keys=lambda: self.directory.local_topic_keys.keys(),
-                directory_body=self.dir_updates.snapshot,
-                directory_version=self.dir_updates.announced_version,
-                telemetry=self._telemetry,
-            ),
-        )
-        self.dir_updates.peer_table = self.peer_table
+        self.directory: Directory
+        self.peer_table: PeerTable
+        self.dir_updates: DirectoryUpdates
         self.store: DeliveryStore | None = None
+        self._qos_machine: Qos1 | None = None
         self.qos: Qos1Driver
         self.agents_sock: zmq.Socket[Any] | None = None
         self.local_agents: LocalAgents
@@ -228,13 +220,15 @@ class Node:
         return [letter_summary(d) for d in kept[max(len(kept) - limit, 0):]] if limit > 0 else []
 
     def _track_outcomes(self) -> None:
-        """Outcome tracking costs the routing path: on only while a plugin observes outcomes."""
-        self.outcomes.enabled = self.plugins.wants("meshd_collaboration")
+        """The plugins changed: outcome tracking follows them (PluginHost's ``on_change``)."""
+        outcomes = getattr(self, "outcomes", None)  # PluginHost may call before Outcomes exists
+        if outcomes is not None:
+            outcomes.follow_plugins()
 
     def record_dead_letter(self, reason: str, detail: str, fields: dict[str, Any]) -> None:
         """A dead letter that is no message (a failed task, from the system agent): kept in the
         FIFO (``meshctl deadletters list``) and handed to the dead-letter hook."""
-        self.plugins.dead_letter(self.dead_letter_fifo.add(reason, detail, [], dict(fields)))
+        self.dead_letter_fifo.record(reason, detail, [], dict(fields))
 
     def is_local_agent(self, name: str) -> bool:
         """Whether ``name`` is registered on this daemon (the system agent serves only those)."""
@@ -252,14 +246,17 @@ class Node:
 
     def _take_snapshot(self) -> None:
         """Build a MetricsSnapshot on the loop (plain copies only) and swap it in."""
-        local = Counter(str(a.state) for a in self.directory.local.values())
+        directory: Directory = getattr(self, "directory", None) or Directory()  # built at identity
+        local = Counter(str(a.state) for a in directory.local.values())
+        peer_table: PeerTable | None = getattr(self, "peer_table", None)
         qos = getattr(self, "qos", None)
         snap = MetricsSnapshot(
             node_id=self.node_id, name=self.name, mesh=self.settings.mesh,
             uptime_s=time.monotonic() - self.started_at if self.started_at else 0.0,
-            peers_by_state=self.peer_table.by_state(),
+            peers_by_state=(peer_table.by_state() if peer_table is not None
+                            else dict.fromkeys((str(p) for p in PeerState), 0)),
             local_agents_by_state={"online": local.get("online", 0), "stale": local.get("stale", 0)},
-            agent_telemetry={a.name: dict(a.telemetry) for a in self.directory.local.values()},
+            agent_telemetry={a.name: dict(a.telemetry) for a in directory.local.values()},
             qos1_pending=qos.pending if qos is not None else 0,
             qos1_in_flight=qos.in_flight if qos is not None else 0,
             dead_letters_total=self.dead_letter_fifo.total,
@@ -281,12 +278,31 @@ class Node:
         s = self.settings
         s.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.node_id = load_node_id(s.state_dir)
-        self.directory.node_id = self.peer_table.node_id = self.node_id
         self.interfaces[:] = list(s.interfaces) or default_interfaces()
         if not self.interfaces:
             raise StartupError("identity", "no usable network interface: pass --interface IP")
+        self._build_peers()
         self._ctx = zmq.Context()
         self._reactor = transport.Reactor(asyncio.get_running_loop())
+
+    def _build_peers(self) -> None:
+        """The parts that need the node id: the directory, the peer table, directory updates."""
+        s = self.settings
+        self.directory = Directory(self.node_id, journal_max_bytes=s.directory_max_bytes)
+        self.peer_table = PeerTable(
+            s, node_id=self.node_id, name=self.name, incarnation=self.incarnation, security=self.security,
+            stats=self.stats, quiet=self._quiet, interfaces=self.interfaces, max_frame=self._max_frame,
+            shutdown=self.shutdown,
+            events=PeerEvents(
+                state_changed=self._peer_state_changed, directory=self._peer_directory,
+                restarted=self._peer_restarted, acks=self._peer_acks, reject=self._reject_control,
+                topic_message=self._on_topic, topic_keys=lambda: self.directory.local_topic_keys.keys(),
+                directory_body=self._directory_body, directory_version=self._directory_version,
+                telemetry=self._telemetry,
+            ),
+        )
+        self.dir_updates = DirectoryUpdates(self.directory, self.stats, peer_table=self.peer_table,
+                                            evict=self._evict_local)
 
     async def _start_security(self) -> None:
         assert self._ctx is not None and self._reactor is not None
@@ -298,19 +314,18 @@ class Node:
         bounds = OutboxBounds(total_units=s.qos1_outbox_max, total_bytes=s.qos1_outbox_max_bytes,
                               per_dest_units=s.qos1_outbox_per_dest_max,
                               per_dest_bytes=s.qos1_outbox_per_dest_max_bytes)
-        machine = Qos1(self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout, ttl=s.qos1_ttl,
-                       bounds=bounds)
-        self.qos = Qos1Driver(machine, node_id=self.node_id, stats=self.stats, outcomes=self.outcomes,
-                              qos1_ttl=s.qos1_ttl)
+        self._qos_machine = Qos1(self.store, attempts=s.qos1_attempts, ack_timeout=s.qos1_ack_timeout,
+                                 ttl=s.qos1_ttl, bounds=bounds)
 
     async def _start_sockets(self) -> None:
         s, ctx, reactor = self.settings, self._ctx, self._reactor
         assert ctx is not None and reactor is not None
         curve = self.security.curve
-        self.router = transport.mesh_router(ctx, self._max_frame, curve)
+        beats = self.peer_table.zmtp_beats
+        self.router = transport.mesh_router(ctx, self._max_frame, curve, beats)
         self._sockets.append(self.router)
         self.router_port = self._bind_tcp(self.router, s.port, "port")
-        self.xpub = transport.mesh_xpub(ctx, self._max_frame, curve)
+        self.xpub = transport.mesh_xpub(ctx, self._max_frame, curve, beats)
         self._sockets.append(self.xpub)
         self.pub_port = self._bind_tcp(self.xpub, s.pub_port, "pub_port")
         self.agents_sock = transport.agent_router(ctx, max(s.inbox_cap, 1), self._max_frame)
@@ -327,33 +342,60 @@ class Node:
         reactor.add(self.agents_sock, self.routing.on_agent)
         reactor.add(self.agents_monitor, self.local_agents.on_monitor)
 
-    def _build(self, agents_sock: zmq.Socket[Any], reactor: transport.Reactor) -> None:
-        """Wire the parts that need the sockets: the agent link, agent control, routing, admin."""
-        link = AgentLink(agents_sock, reactor, self.node_id, backlog_max=self.settings.agent_answer_backlog,
+    def _build(self, agents_sock: zmq.Socket[Any], reactor: transport.Reactor,
+               stays_attached: Callable[[bytes], bool] | None = None) -> None:
+        """Build the parts that need the sockets, each given what it calls: the agent link, the
+        qos-1 driver, meshctl's desk, agent control, then the router (which calls all of them).
+        The driver and the desk route through ``_route``, since the router comes last."""
+        s = self.settings
+        assert self._qos_machine is not None
+        link = AgentLink(agents_sock, reactor, self.node_id, backlog_max=s.agent_answer_backlog,
                          stats=self.stats)
+        self.qos = Qos1Driver(self._qos_machine, node_id=self.node_id, stats=self.stats,
+                              outcomes=self.outcomes, qos1_ttl=s.qos1_ttl, link=link,
+                              peer_table=self.peer_table, directory=self.directory,
+                              dead_letters=self.dead_letter_fifo, route=self._route, shutdown=self.shutdown)
+        self.admin = Admin(node_id=self.node_id, name=self.name, directory=self.directory,
+                           peer_table=self.peer_table, dead_letters=self.dead_letter_fifo, link=link,
+                           qos=self.qos, route=self._route, doctor=self._doctor_report,
+                           mdns_query=self._mdns_query)
         self.local_agents = LocalAgents(
-            self.settings, node_id=self.node_id, name=self.name, directory=self.directory,
+            s, node_id=self.node_id, name=self.name, directory=self.directory,
             peer_table=self.peer_table, link=link, plugins=self.plugins, stats=self.stats,
-            node_info=self.node_info)
+            node_info=self.node_info, qos=self.qos, admin=self.admin, updates=self.dir_updates,
+            system_token=self._system_token, shutdown=self.shutdown,
+            settled=lambda: peers_settled(self.peer_table), stays_attached=stays_attached)
         self.routing = Router(
-            self.settings, node_id=self.node_id, name=self.name, directory=self.directory,
+            s, node_id=self.node_id, name=self.name, directory=self.directory,
             peer_table=self.peer_table, security=self.security, agents=self.local_agents, link=link,
             xpub=self.xpub, reactor=reactor, outcomes=self.outcomes, dead_letters=self.dead_letter_fifo,
-            plugins=self.plugins, stats=self.stats, quiet=self._quiet, after_flush=self.qos.after_flush)
-        self.admin = Admin(node_id=self.node_id, name=self.name, directory=self.directory,
-                           peer_table=self.peer_table, dead_letters=self.dead_letter_fifo, link=link)
-        self.local_agents.qos = self.routing.qos = self.admin.qos = self.qos
-        self.qos.router, self.qos.link = self.routing, link
-        self.qos.peer_table, self.qos.directory = self.peer_table, self.directory
-        self.local_agents.admin = self.admin
-        self.local_agents.updates, self.dir_updates.evict = self.dir_updates, self.local_agents.evict
-        self.local_agents.handover.hold_registrations(  # answered at READY (meshd/delivery/handover.py)
-            settled=lambda: peers_settled(self.peer_table))
-        self.admin.router = self.routing
-        self.admin.doctor = lambda: daemon_report(self.settings, self.interfaces, self.peer_table,
-                                                  {"router": self.router_port, "pub": self.pub_port},
-                                                  self._discovery.heard() if self._discovery else [])
-        self.admin.mdns_query = lambda: self._discovery is not None and self._discovery.send_query()
+            plugins=self.plugins, stats=self.stats, quiet=self._quiet, qos=self.qos, shutdown=self.shutdown)
+        self.local_agents.handover.hold_registrations()  # answered at READY (meshd/delivery/handover.py)
+
+    # Calls from parts to parts built after them, through the node (the PeerEvents pattern).
+
+    def _route(self, to: str, header: P.Header, frames: list[bytes]) -> str | None:
+        return self.routing.route(to, header, frames)
+
+    def _evict_local(self, agent: LocalAgent, why: str) -> None:
+        self.local_agents.evict(agent, why)
+
+    def _peer_directory(self, peer: Peer, body: Any) -> None:
+        self.dir_updates.received(peer, body)
+
+    def _directory_body(self) -> dict[str, Any]:
+        return self.dir_updates.snapshot()
+
+    def _directory_version(self) -> int:
+        return self.dir_updates.announced_version()
+
+    def _doctor_report(self) -> dict[str, Any]:
+        return daemon_report(self.settings, self.interfaces, self.peer_table,
+                             {"router": self.router_port, "pub": self.pub_port},
+                             self._discovery.heard() if self._discovery else [])
+
+    def _mdns_query(self) -> bool:
+        return self._discovery is not None and self._discovery.send_query()
 
     async def _start_discovery(self) -> None:
         s = self.settings
@@ -407,7 +449,6 @@ class Node:
     async def _start_system(self) -> None:
         from meshd.tools.service import SystemAgent
 
-        self.local_agents.system_token = self._system_token
         self.system = SystemAgent(self, self._system_token)
         await self.system.start()
         self.ready.set()
@@ -455,16 +496,11 @@ class Node:
         """Run ``STOP_STEPS`` in order: drain and leave, close sockets (bounded linger)."""
         if self._stopping:
             return
-        self._stopping = self.peer_table.stopping = True
-        if getattr(self, "qos", None) is not None:
-            self.qos.stopping = True
+        self._stopping = True
+        self.shutdown.begin()  # every part reads it (peers, qos 1, agent control, routing)
         local_agents = getattr(self, "local_agents", None)
         if local_agents is not None:
-            local_agents.stopping = True
             local_agents.handover.begin()  # DAEMON_STOPPING to each agent: it holds its sends
-        routing = getattr(self, "routing", None)
-        if routing is not None:
-            routing.stopping = True
         for step in STOP_STEPS:
             try:
                 await getattr(self, f"_stop_{step}")()
@@ -493,7 +529,8 @@ class Node:
                 await task
 
     async def _stop_discovery(self) -> None:
-        self.peer_table.say_bye()
+        if getattr(self, "peer_table", None) is not None:  # absent if the identity step failed
+            self.peer_table.say_bye()
         if self._discovery is not None:
             await self._discovery.stop()
 
@@ -581,6 +618,8 @@ class Node:
 
     def status_line(self) -> str:
         """One line for systemd's STATUS= and logs: peers and agents counted."""
+        if getattr(self, "peer_table", None) is None:  # the identity step did not finish
+            return "not started"
         return self.timer_loops.status_line()
 
     # ----------------------------------------------------------------------------- queries

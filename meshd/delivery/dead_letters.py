@@ -1,14 +1,17 @@
 """Dead letters: a bounded FIFO of undeliverable messages, kept whole so they can be replayed.
 
 Owns: the in-memory dead-letter list (count- and byte-bounded, oldest evicted) and its sequence
-numbers. It must not send anything: the node passes each new letter to the dead-letter hook, and
-admin.py lists, shows, replays and purges them.
+numbers. It must not send anything: ``record`` hands each new letter to the sink given at
+construction (the plugins' dead-letter hook), and admin.py lists, shows, replays and purges them.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from meshd.wire import protocol as P
 
 __all__ = ["FRAME_OVERHEAD", "LETTER_OVERHEAD", "DeadLetters", "letter_cost"]
 
@@ -33,13 +36,24 @@ class DeadLetters:
     large payloads nor of many-frame garbage can grow the daemon without limit.
     """
 
-    def __init__(self, capacity: int = 1024, max_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, capacity: int = 1024, max_bytes: int = 64 * 1024 * 1024,
+                 sink: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.capacity = capacity
+        self.sink = sink
         self.max_bytes = max_bytes
         self._items: dict[int, dict[str, Any]] = {}
         self._bytes = 0
         self.total = 0
         self.evicted = 0
+
+    def record(self, reason: str, detail: str, frames: list[bytes],
+               header: P.Header | Mapping[str, Any] | None, attempts: int = 0) -> dict[str, Any]:
+        """Keep a dead letter and hand it to the sink: what every part that gives up on a message calls."""
+        fields = header.fields if isinstance(header, P.Header) else header
+        letter = self.add(reason, detail, frames, dict(fields) if fields else None, attempts)
+        if self.sink is not None:
+            self.sink(letter)
+        return letter
 
     def add(self, reason: str, detail: str, frames: list[bytes] | None = None,
             header: dict[str, Any] | None = None, attempts: int = 0) -> dict[str, Any]:

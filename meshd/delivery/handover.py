@@ -82,7 +82,12 @@ class AgentHandover:
     """The stopping daemon's hand-over of its local agents (see the module docstring)."""
 
     def __init__(self, link: AgentLink, directory: Directory, stats: Counter[str],
-                 register: Callable[[bytes, Any, list[bytes]], None]) -> None:
+                 register: Callable[[bytes, Any, list[bytes]], None], *,
+                 settled: Callable[[], bool] | None = None,
+                 stays_attached: Callable[[bytes], bool] | None = None) -> None:
+        """``settled``: whether start-up may answer registrations before ``START_SETTLE`` (the
+        peers are settled); ``stays_attached``: connections never told to go elsewhere (an embedded
+        node's in-process agents stop with it)."""
         self.link = link
         self.directory = directory
         self.stats = stats
@@ -94,18 +99,15 @@ class AgentHandover:
         self._deferred: list[tuple[bytes, Any, list[bytes]]] = []
         self._settle: asyncio.TimerHandle | None = None
         self._check: asyncio.TimerHandle | None = None
-        self._settled: Callable[[], bool] | None = None
-        #: Connections not told or waited for: an embedded node's in-process agents stop with it.
-        self.stays_attached: Callable[[bytes], bool] = lambda rid: False
+        self._settled = settled
+        self.stays_attached: Callable[[bytes], bool] = stays_attached or (lambda rid: False)
 
     # ------------------------------------------------------------------ start-up
 
-    def hold_registrations(self, settle: float = START_SETTLE,
-                           settled: Callable[[], bool] | None = None) -> None:
+    def hold_registrations(self, settle: float = START_SETTLE) -> None:
         """The daemon starts: answer registrations at READY once ``settled()`` (the peers), or
         ``settle`` seconds from now, whichever is first."""
         self.starting = True
-        self._settled = settled
         self._settle = asyncio.get_running_loop().call_later(settle, self.open_registrations)
 
     def ready(self) -> None:

@@ -16,7 +16,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
@@ -27,13 +27,13 @@ from meshd.mesh.directory_updates import DirectoryUpdates
 from meshd.mesh.liveness import PeerState, next_state
 from meshd.mesh.peers import PeerTable
 from meshd.plugins.host import PluginHost
+from meshd.util.shutdown import Shutdown
 from meshd.wire import protocol as P
 from meshd.wire.protocol import FrameError, Kind
 from meshd.wire.system_names import SYSTEM_PREFIX
 
 if TYPE_CHECKING:
     from meshd.config.settings import Settings  # pydantic: not in the daemon's image (meshd/daemon/reexec.py)
-    from meshd.daemon.admin import Admin
     from meshd.delivery.qos1_driver import Qos1Driver
 
 __all__ = ["AgentLink", "LocalAgents"]
@@ -169,18 +169,30 @@ class AgentLink:
         self.send(rid, err)
 
 
+class AdminDesk(Protocol):
+    """What agent control hands on to meshctl's side (meshd.daemon.admin.Admin): operations
+    and the listings of ``agents`` and ``peers``."""
+
+    def handle(self, rid: bytes, msg_id: Any, header: P.Header, frames: list[bytes]) -> None: ...
+    def agent_list(self) -> list[dict[str, Any]]: ...
+    def peer_list(self) -> list[dict[str, Any]]: ...
+
+
 class LocalAgents:
     """Agent control on the local socket; the agent records live in the :class:`Directory`."""
 
     def __init__(self, settings: Settings, *, node_id: str, name: str, directory: Directory,
                  peer_table: PeerTable, link: AgentLink, plugins: PluginHost, stats: Counter[str],
-                 node_info: Callable[[], dict[str, Any]]) -> None:
+                 node_info: Callable[[], dict[str, Any]], qos: Qos1Driver, admin: AdminDesk,
+                 updates: DirectoryUpdates, system_token: str, shutdown: Shutdown,
+                 settled: Callable[[], bool] | None = None,
+                 stays_attached: Callable[[bytes], bool] | None = None) -> None:
         self.settings = settings
         self.node_id = node_id
         self.name = name
         #: Only the daemon's own system agent (meshd/tools/service.py) knows this: the
         #: ``meshd.sys.`` names are the daemons' own.
-        self.system_token = ""
+        self.system_token = system_token
         self.directory = directory
         self.peer_table = peer_table
         self.peers = peer_table.peers
@@ -188,12 +200,17 @@ class LocalAgents:
         self.plugins = plugins
         self.stats = stats
         self.node_info = node_info
-        self.stopping = False
+        self.qos = qos
+        self.admin = admin
+        self.updates = updates
+        self.shutdown = shutdown
         #: Telling agents that this daemon stops, and waiting for their answers (meshd/delivery/handover.py).
-        self.handover = AgentHandover(link, directory, stats, register=self.register_later)
-        self.qos: Qos1Driver
-        self.updates: DirectoryUpdates
-        self.admin: Admin
+        self.handover = AgentHandover(link, directory, stats, register=self.register_later,
+                                      settled=settled, stays_attached=stays_attached)
+
+    @property
+    def stopping(self) -> bool:
+        return self.shutdown.begun
 
     def on_control(self, rid: bytes, agent: LocalAgent | None, kind: str,
                           header: P.Header, frames: list[bytes]) -> None:
@@ -336,13 +353,13 @@ class LocalAgents:
         s = self.settings
         self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack({
             "node": self.node_id, "node_name": self.name, "mesh": s.mesh,
-            # What a client needs to behave (issue 8, item 23): its liveness timers, the inbox
+            # What a client needs to behave without guessing: its liveness timers, the inbox
             # it may fill, and the size limits the daemon enforces on it.
             "heartbeat_interval": s.heartbeat_interval, "stale_after": s.stale_after,
             "offline_after": s.offline_after, "inbox_cap": s.inbox_cap,
             "max_payload_bytes": s.max_payload_bytes, "max_header_bytes": P.MAX_HEADER_BYTES,
             "max_batch": P.MAX_BATCH, "hop_limit": s.hop_limit,
-            # Calls a client may keep in flight and still get every answer (issue 8, item 6).
+            # Calls a client may keep in flight and still get every answer: the answer backlog.
             "in_flight_max": s.agent_answer_backlog}))
 
     def registration_refused(self, agent: LocalAgent | None, name: str, caps: list[str],

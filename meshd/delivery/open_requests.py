@@ -1,8 +1,9 @@
 """Open requests: which answers a local agent may send, so replies and errors cannot be forged.
 
 Owns: the table of requests this daemon delivered to its local agents and that are still open,
-keyed by ``(responder, correlation id)`` with the requester the answer must go to (issue 8,
-item 1). ``Router.deliver_local`` records each request (single or batched) it hands to an agent;
+keyed by ``(responder, correlation id)`` with the requester the answer must go to (else any agent
+could answer a request it never got). ``Router.deliver_local`` records each request (single or
+batched) it hands to an agent;
 ``Router.on_agent`` asks :meth:`OpenRequests.check` before an agent's ``reply``, ``error``,
 ``progress`` or delegated ``request`` (one with ``origin``) leaves: it passes only when it answers
 a request this daemon saw go to that agent, addressed to that request's requester. A reply or an

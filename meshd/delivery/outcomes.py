@@ -27,9 +27,13 @@ class Outcomes:
 
     def __init__(self, plugins: PluginHost) -> None:
         self.plugins = plugins
-        self.enabled = False  # set at start: does any plugin implement meshd_collaboration?
+        self.enabled = False  # does any plugin implement meshd_collaboration? (follow_plugins)
         # (requester, request id) -> (t0, kind, initiator, target, topic, expires)
         self.inflight: dict[tuple[str, str], tuple[float, str, str, str, str, float]] = {}
+
+    def follow_plugins(self) -> None:
+        """Outcome tracking costs the routing path: on only while a plugin observes outcomes."""
+        self.enabled = self.plugins.wants("meshd_collaboration")
 
     def emit(self, kind: str, msg_id: Any, initiator: Any, target: Any, topic: Any, outcome: str,
              error_code: str | None = None, latency_ms: float | None = None, qos: int = 0) -> None:

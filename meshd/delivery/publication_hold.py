@@ -102,12 +102,12 @@ class PublicationHold:
             return True
         if self.link.has_backlog(rid):
             return False  # answers first
-        send = self.link.sock.send_multipart
+        send = self.link.send_now
         items = waiting.items
         try:
             while items:
                 frames, publications, size, publisher = items[0]
-                send(frames, zmq.NOBLOCK)
+                send(frames)
                 items.popleft()
                 waiting.count -= publications
                 waiting.publishers[publisher] -= publications

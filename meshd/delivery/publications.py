@@ -21,7 +21,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import TYPE_CHECKING
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -31,7 +34,11 @@ from meshd.wire import protocol as P
 from meshd.wire.protocol import FrameError, Kind
 
 if TYPE_CHECKING:
-    from meshd.delivery.router import Router
+    from meshd import transport
+    from meshd.config.settings import Settings
+    from meshd.delivery.local_agents import AgentLink
+    from meshd.delivery.qos1_driver import Qos1Driver
+    from meshd.mesh.directory import Directory
 
 DROP_NOTICE_S = 0.1
 """A publisher whose publications a full subscriber inbox dropped hears INBOX_FULL at most this
@@ -78,11 +85,31 @@ def _held_info(msg: list[bytes]) -> tuple[int, str]:
             publisher if isinstance(publisher, str) else "")
 
 
+@dataclass(frozen=True)
+class PublishRouting:
+    """What the publish path asks of the router it belongs to (given at construction)."""
+
+    #: Route a message (a notice to a publisher) as any other: ``Router.route``.
+    route: Callable[[str, P.Header, list[bytes]], str | None]
+    #: Refuse an agent's frame set with an error answer: ``Router.refuse``.
+    refuse: Callable[..., None]
+
+
 class Publications:
     """The publish path of one daemon; built and owned by its ``Router``."""
 
-    def __init__(self, router: Router) -> None:
-        self.router = router
+    def __init__(self, settings: Settings, *, node_id: str, directory: Directory, link: AgentLink,
+                 qos: Qos1Driver, xpub: zmq.Socket[Any], reactor: transport.Reactor, stats: Counter[str],
+                 routing: PublishRouting) -> None:
+        self.settings = settings
+        self.node_id = node_id
+        self.directory = directory
+        self.link = link
+        self.qos = qos
+        self.xpub = xpub
+        self.reactor = reactor
+        self.stats = stats
+        self.routing = routing
         # (publisher, held) -> monotonic time of its next notice (DROP_NOTICE_S, HELD_NOTICE_S)
         self._drop_notice_until: dict[tuple[str, bool], float] = {}
         self._gaps: dict[tuple[bytes, str], int] = {}  # (subscriber connection, topic) -> missed
@@ -90,9 +117,8 @@ class Publications:
         # publisher -> (publication id, topic, subscriber) of its last held one, for reminders
         self._held_last: dict[str, tuple[str, str, str]] = {}
         self._remind_timer: asyncio.TimerHandle | None = None
-        s = router.settings
-        directory = router.directory
-        self.hold = PublicationHold(router.link, router.stats, per_subscriber_max=s.publish_hold_max,
+        s = settings
+        self.hold = PublicationHold(link, stats, per_subscriber_max=s.publish_hold_max,
                                     max_bytes=s.publish_hold_max_bytes,
                                     connected=lambda rid: rid in directory.local_by_rid)
 
@@ -102,12 +128,11 @@ class Publications:
         in order as the subscriber reads) and its publisher asked to pause (INBOX_FULL with
         ``held``); only past the hold's bounds dropped, with a gap notice. ``topic``: the topic, or
         its key (on a peer's publication). True if it was delivered or held."""
-        r = self.router
         rid = sub.rid
         hold = self.hold
-        if (not hold.waiting(rid) or hold.flush_one(rid)) and not r.link.has_backlog(rid):
+        if (not hold.waiting(rid) or hold.flush_one(rid)) and not self.link.has_backlog(rid):
             try:
-                r.link.sock.send_multipart([rid, *msg], zmq.NOBLOCK)
+                self.link.send_now([rid, *msg])
                 return True
             except zmq.Again:
                 pass  # the inbox is full: hold it
@@ -120,7 +145,7 @@ class Publications:
         return self._drop(sub, topic, msg)
 
     def _drop(self, sub: LocalAgent, topic: str | bytes, msg: list[bytes]) -> bool:
-        self.router.stats["publish_local_dropped"] += 1
+        self.stats["publish_local_dropped"] += 1
         name = topic if isinstance(topic, str) else topic[:-1].decode("utf-8", "replace")
         self.missed(sub, name, _publications_in(msg))
         self.publication_dropped(sub.name, msg)
@@ -129,11 +154,10 @@ class Publications:
     def publish(self, agent: LocalAgent, topic: str, header: P.Header, msg: list[bytes]) -> None:
         """Fan a publication out: PUB/SUB for everyone, and for a qos-1 publication one outbox
         unit per durable subscriber (who then gets it only that way, exactly once)."""
-        r = self.router
         reached = 0
         durable: list[str] = []
         if header.qos == 1:
-            durable = r.directory.durable_subscribers(topic)
+            durable = self.directory.durable_subscribers(topic)
             unit_id = str(header.id)
             units: list[tuple[str, str, list[bytes]]] = []
             for name in durable:
@@ -142,42 +166,41 @@ class Publications:
                 unit_header[P.ID] = f"{unit_id}>{name}"
                 units.append((name, unit_header[P.ID], [P.SIGNATURE, P.pack(unit_header), *msg[2:]]))
             for name, copy_id, copy in units:  # all copies or none
-                full = r.qos.refusal(copy_id, name, copy)
+                full = self.qos.refusal(copy_id, name, copy)
                 if full is not None:
-                    r.refuse(agent.rid, header, [agent.rid, *msg], P.ErrorCode.OUTBOX_FULL, full,
+                    self.routing.refuse(agent.rid, header, [agent.rid, *msg], P.ErrorCode.OUTBOX_FULL, full,
                                 retry_after=OUTBOX_RETRY_AFTER)
                     return
             for name, copy_id, copy in units:
-                r.qos.accept(None, agent.name, copy_id, name, copy)
+                self.qos.accept(None, agent.name, copy_id, name, copy)
             reached += len(durable)
         skip = set(durable)
-        for sub in r.directory.local_topics.get(topic, ()):
+        for sub in self.directory.local_topics.get(topic, ()):
             if sub.name in skip:
                 continue
             if self.deliver(sub, topic, msg):
                 reached += 1
-        local = r.directory.local
-        remote = r.directory.remote_subscribers(topic) - sum(1 for n in durable if n not in local)
+        local = self.directory.local
+        remote = self.directory.remote_subscribers(topic) - sum(1 for n in durable if n not in local)
         if remote > 0:
             try:
-                r.xpub.send_multipart([P.topic_key(topic), *msg], zmq.NOBLOCK)
+                self.xpub.send_multipart([P.topic_key(topic), *msg], zmq.NOBLOCK)
                 reached += remote
             except zmq.ZMQError:
-                r.stats["publish_remote_dropped"] += 1
-            r.reactor.kick(r.xpub)
-        r.stats["published"] += 1
+                self.stats["publish_remote_dropped"] += 1
+            self.reactor.kick(self.xpub)
+        self.stats["published"] += 1
         ack = {P.KIND: Kind.OK, P.CORR: header.id, P.COUNT: reached}
         if durable:  # confirmed once the durable copies are on disk
-            r.after_flush(functools.partial(r.link.send, agent.rid, ack))
+            self.qos.after_flush(functools.partial(self.link.send, agent.rid, ack))
         else:
-            r.link.send(agent.rid, ack)
+            self.link.send(agent.rid, ack)
 
     def on_topic(self, frames: list[bytes]) -> None:
         """A publication from a peer's XPUB: hand it to the local subscribers."""
-        r = self.router
-        subs = r.directory.local_topic_keys.get(frames[0])
+        subs = self.directory.local_topic_keys.get(frames[0])
         if not subs or len(frames) != 4 or frames[1] != P.SIGNATURE:  # [topic, SIG, header, payload]
-            r.stats["topic_dropped"] += 1
+            self.stats["topic_dropped"] += 1
             return
         msg = frames[1:]
         qos1: bool | None = None
@@ -190,7 +213,7 @@ class Publications:
             if qos1 and sub.durable and any(k == frames[0] for k in map(P.topic_key, sub.durable)):
                 continue  # it gets its own qos-1 copy from the publisher's outbox
             self.deliver(sub, frames[0], msg)
-        r.link.kick()
+        self.link.kick()
 
     def publication_dropped(self, subscriber: str, msg: list[bytes], held: int = 0) -> None:
         """A full inbox refused a qos-0 publication (or publishing batch). Dropped (``held`` 0):
@@ -199,7 +222,6 @@ class Publications:
         INBOX_FULL with ``topic`` and ``retry_after`` (and ``held`` in the error map when held),
         at most once per DROP_NOTICE_S (HELD_NOTICE_S) for each, so its client slows down before
         the hold overflows, and instead of losing more in silence."""
-        r = self.router
         try:
             header = P.unpack_header(msg[1])
         except FrameError:
@@ -210,7 +232,7 @@ class Publications:
         if held:
             self._held_last.pop(publisher, None)
             self._held_last[publisher] = (pub_id, topic, subscriber)
-            if len(self._held_last) > r.settings.publisher_notices_max:
+            if len(self._held_last) > self.settings.publisher_notices_max:
                 self._held_last.pop(next(iter(self._held_last)))
             if self._remind_timer is None:
                 self._remind_timer = asyncio.get_running_loop().call_later(HELD_REMIND_S, self._remind)
@@ -232,7 +254,6 @@ class Publications:
 
     def _notice(self, publisher: str, pub_id: str, topic: str, subscriber: str, held: int,
                 again: bool = False) -> None:
-        r = self.router
         now = time.monotonic()
         key = (publisher, held > 0)
         if not again and now < self._drop_notice_until.get(key, 0.0):
@@ -240,40 +261,38 @@ class Publications:
         pause = HELD_NOTICE_S if held else DROP_NOTICE_S
         self._drop_notice_until.pop(key, None)
         self._drop_notice_until[key] = now + pause
-        if len(self._drop_notice_until) > r.settings.publisher_notices_max:
+        if len(self._drop_notice_until) > self.settings.publisher_notices_max:
             self._drop_notice_until.pop(next(iter(self._drop_notice_until)))
         what = (f"{held} publication(s) wait for it at its daemon: pause" if held
                 else f"publications on {topic!r} were dropped")
         err = P.error_header(publisher, pub_id, P.ErrorCode.INBOX_FULL,
                              f"inbox of subscriber {subscriber!r} is full: {what}", retry=True,
-                             retry_after=pause, sender=f"meshd@{r.node_id}", notice=True)
+                             retry_after=pause, sender=f"meshd@{self.node_id}", notice=True)
         err[P.TOPIC] = topic
         if held:
             err[P.ERROR]["held"] = held
-            r.stats["publish_pause_notices"] += 1
-        r.route(publisher, P.header_from_map(err), P.frames(err))
+            self.stats["publish_pause_notices"] += 1
+        self.routing.route(publisher, P.header_from_map(err), P.frames(err))
 
     def missed(self, sub: LocalAgent, topic: str, count: int = 1) -> None:
         """``sub``'s inbox refused ``count`` publications on ``topic`` (a publishing batch holds
         several): count them (per topic), and tell the subscriber how many it missed in one gap
         notice per topic, soon (coalesced)."""
-        r = self.router
-        r.stats[f"publish_missed:{topic}"] += count
+        self.stats[f"publish_missed:{topic}"] += count
         key = (sub.rid, topic)
         self._gaps[key] = self._gaps.get(key, 0) + count
         if self._gap_timer is None:
             self._gap_timer = asyncio.get_running_loop().call_later(GAP_NOTICE_DELAY, self._send_gaps)
 
     def _send_gaps(self) -> None:
-        r = self.router
         self._gap_timer = None
         gaps, self._gaps = self._gaps, {}
         for (rid, topic), count in gaps.items():
-            agent = r.directory.local_by_rid.get(rid)
+            agent = self.directory.local_by_rid.get(rid)
             if agent is None:
                 continue  # it left
             err = P.error_header(agent.name, None, P.ErrorCode.PUBLICATIONS_MISSED,
                                  f"missed {count} publication(s) on topic {topic!r}: your inbox was full",
-                                 sender=f"meshd@{r.node_id}", notice=True)
+                                 sender=f"meshd@{self.node_id}", notice=True)
             err[P.ERROR].update(topic=topic, missed=count)
-            r.link.send(rid, err)  # the answer lane: ahead of later publications
+            self.link.send(rid, err)  # the answer lane: ahead of later publications

@@ -5,7 +5,7 @@ list of what waits for the next commit (a qos-1 publication's confirmation), and
 each action: ``Confirm`` -> ``ok`` on the agent link, ``Attempt`` -> ``Router.route``,
 ``SendAcks`` -> an ``ack`` to the origin daemon (or ourselves), ``Acked`` -> counters and
 outcomes, ``GiveUp`` -> a dead letter and ``UNDELIVERABLE`` to the sender. The machine itself
-(meshd/qos1.py) never touches a socket; routing, agents and admin call this driver, never the
+(meshd/qos1/machine.py) never touches a socket; routing, agents and admin call this driver, never the
 machine directly. It must not decide delivery policy: that is the machine's.
 """
 
@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from meshd.delivery.outcomes import Outcomes
 from meshd.qos1.machine import Acked, Action, Attempt, Confirm, GiveUp, NotStored, OutboxEntry, Qos1, SendAcks
+from meshd.util.shutdown import Shutdown
 from meshd.wire import protocol as P
 from meshd.wire.protocol import FrameError, Kind
 
 if TYPE_CHECKING:
+    from meshd.delivery.dead_letters import DeadLetters
     from meshd.delivery.local_agents import AgentLink
-    from meshd.delivery.router import Router
     from meshd.mesh.directory import Directory
     from meshd.mesh.peers import PeerTable
 
@@ -42,21 +43,29 @@ class Qos1Driver:
     """Runs :class:`Qos1` inside the daemon."""
 
     def __init__(self, machine: Qos1, *, node_id: str, stats: Counter[str], outcomes: Outcomes,
-                 qos1_ttl: float) -> None:
+                 qos1_ttl: float, link: AgentLink, peer_table: PeerTable, directory: Directory,
+                 dead_letters: DeadLetters, route: Callable[[str, P.Header, list[bytes]], Any],
+                 shutdown: Shutdown) -> None:
+        """``route``: how a unit due for (re)delivery goes out, ``Router.route``, through the node
+        (the router is built after this driver, which it calls)."""
         self.machine = machine
         self.node_id = node_id
         self.stats = stats
         self.outcomes = outcomes
         self.qos1_ttl = qos1_ttl
-        self.stopping = False
+        self.shutdown = shutdown
         self._flush_scheduled = False
         self._retry: asyncio.TimerHandle | None = None
         self._after_flush: list[Callable[[], Any]] = []
-        # Wired by node.py once the sockets exist.
-        self.router: Router
-        self.link: AgentLink
-        self.peer_table: PeerTable
-        self.directory: Directory
+        self.link = link
+        self.peer_table = peer_table
+        self.directory = directory
+        self.dead_letters = dead_letters
+        self.route = route
+
+    @property
+    def stopping(self) -> bool:
+        return self.shutdown.begun
 
     # ------------------------------------------------------------------ read-only
 
@@ -192,7 +201,7 @@ class Qos1Driver:
         if entry.header is None:  # stored by an older daemon and no longer decodable
             self.machine.remove(entry.id)
             return
-        self.router.route(entry.dest, entry.header, entry.frames)
+        self.route(entry.dest, entry.header, entry.frames)
 
     def _send_acks(self, origin: str, ids: list[str]) -> None:
         if origin == self.node_id:
@@ -200,7 +209,7 @@ class Qos1Driver:
             return
         peer = self.peer_table.get(origin)
         if peer is not None:
-            for chunk in P.chunk_ids(ids):  # each header within the peer's cap (issue 8, item 7)
+            for chunk in P.chunk_ids(ids):  # each header within the peer's cap, or it is refused
                 self.peer_table.send(peer, {P.KIND: Kind.ACK, P.FROM: self.node_id, P.IDS: chunk})
 
     def _acked(self, entry: OutboxEntry) -> None:
@@ -212,7 +221,7 @@ class Qos1Driver:
     def _not_stored(self, action: NotStored) -> None:
         entry, message = action.entry, f"qos-1 message not stored: {action.why}; it will not be sent"
         if action.rid is None:  # a durable copy of a publication: nobody waits for it, keep it
-            self.router.dead_letter(P.ErrorCode.STORAGE_FULL, f"to {entry.dest!r}: {message}", entry.frames,
+            self.dead_letters.record(P.ErrorCode.STORAGE_FULL, f"to {entry.dest!r}: {message}", entry.frames,
                                     entry.header)
             return
         ids: list[Any] = [entry.id]
@@ -225,7 +234,7 @@ class Qos1Driver:
 
     def _give_up(self, entry: OutboxEntry, why: str) -> None:
         header = entry.header
-        self.router.dead_letter(P.ErrorCode.UNDELIVERABLE, f"to {entry.dest!r}: {why}", entry.frames,
+        self.dead_letters.record(P.ErrorCode.UNDELIVERABLE, f"to {entry.dest!r}: {why}", entry.frames,
                                 header, attempts=entry.attempts)
         sender = self.directory.local.get(entry.sender)
         if sender is None:

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -28,7 +28,7 @@ from meshd.delivery.dead_letters import DeadLetters
 from meshd.delivery.local_agents import AgentLink, LocalAgents
 from meshd.delivery.open_requests import OpenRequests
 from meshd.delivery.outcomes import Outcomes
-from meshd.delivery.publications import OUTBOX_RETRY_AFTER, Publications
+from meshd.delivery.publications import OUTBOX_RETRY_AFTER, Publications, PublishRouting
 from meshd.mesh.directory import Directory, LocalAgent
 from meshd.mesh.liveness import PeerState
 from meshd.mesh.peers import PeerTable
@@ -36,6 +36,7 @@ from meshd.mesh.security import Security
 from meshd.plugins.host import PluginHost
 from meshd.plugins.policy import Authorizer
 from meshd.util.logonce import LogOnce
+from meshd.util.shutdown import Shutdown
 from meshd.wire import protocol as P
 from meshd.wire.protocol import FrameError, Kind
 from meshd.wire.system_names import system_agent_name
@@ -109,7 +110,7 @@ class Router:
                  peer_table: PeerTable, security: Security, agents: LocalAgents, link: AgentLink,
                  xpub: zmq.Socket[Any], reactor: transport.Reactor, outcomes: Outcomes,
                  dead_letters: DeadLetters, plugins: PluginHost, stats: Counter[str], quiet: LogOnce,
-                 after_flush: Callable[[Callable[[], Any]], None]) -> None:
+                 qos: Qos1Driver, shutdown: Shutdown) -> None:
         self.settings = settings
         self.node_id = node_id
         self.name = name
@@ -126,16 +127,23 @@ class Router:
         self.plugins = plugins
         self.stats = stats
         self.quiet = quiet
-        self.after_flush = after_flush
-        self.qos: Qos1Driver
+        self.qos = qos
+        self.after_flush = qos.after_flush
+        self.shutdown = shutdown
         # meshd_authorize on agents' own send/request/publish: None (no cost) unless a plugin has it
         self.authorizer = Authorizer(plugins.authorize) if plugins.wants_authorize() else None
         self._system_agent = system_agent_name(node_id)
         #: Requests handed to local agents and not answered yet: answers are checked against it.
         self.open_requests = OpenRequests(settings.max_open_requests, stats)
-        self.stopping = False  # set by node.py when the shutdown begins
         #: The publish path: fan-out, a peer's publications, gap notices, INBOX_FULL to publishers.
-        self.publications = Publications(self)
+        self.publications = Publications(
+            settings, node_id=node_id, directory=directory, link=link, qos=qos, xpub=xpub, reactor=reactor,
+            stats=stats, routing=PublishRouting(route=self.route, refuse=self.refuse))
+
+    @property
+    def stopping(self) -> bool:
+        """The node's shutdown has begun: only qos-1 units (stored, they survive) are taken."""
+        return self.shutdown.begun
 
     def on_mesh_checked(self, frames: list[Any]) -> None:
         """Keys mode: the ZAP User-Id (the authenticated key) must be the key the sender claims."""
@@ -152,11 +160,11 @@ class Router:
                 self.quiet.log(f"spoof:{peer.node_id}:{uid}", "dropped traffic claiming to be node %s "
                                "from key %s (its key is %s)", peer.node_id, uid, peer.pubkey)
             return
-        self.peer_table.authenticated_key = uid
-        self.on_mesh(raw)
+        self.on_mesh(raw, uid)
 
-    def on_mesh(self, frames: list[bytes]) -> None:
-        """Everything peers send us: control, routed messages and batches."""
+    def on_mesh(self, frames: list[bytes], key: str = "") -> None:
+        """Everything peers send us: control, routed messages and batches. ``key``: keys mode's
+        authenticated key of the sender (on_mesh_checked), which a HELLO must claim."""
         rid = frames[0]
         try:
             header = P.decode_routed_header(frames)
@@ -170,7 +178,7 @@ class Router:
             return
         peer = self.peer_table.for_rid(rid)
         if kind in P.PEER_CONTROL_KINDS:
-            self.peer_table.on_control(rid, peer, header, frames)
+            self.peer_table.on_control(rid, peer, header, frames, key)
             return
         if peer is None or not peer.greeted:
             self.stats["dropped_data_before_hello"] += 1  # of dropped_before_hello: not control
@@ -208,9 +216,10 @@ class Router:
         self.deliver_local(agent, header, frames[1:], peer.node_id)
 
     def on_agent(self, frames: list[bytes]) -> None:
-        """Everything local agents send us. No input may escape as an exception (issue 8, item
-        20): what the checks did not foresee is answered with VALIDATION_FAILED (when its id can
-        be read), counted (``agent_input_errors``) and logged once per cause."""
+        """Everything local agents send us. No input may escape as an exception (the sender would
+        wait for an answer forever): what the checks did not foresee is answered with
+        VALIDATION_FAILED (when its id can be read), counted (``agent_input_errors``) and logged
+        once per cause."""
         try:
             self._on_agent(frames)
         except Exception as exc:  # the last guard: one bad message, never a traceback per message
@@ -310,7 +319,7 @@ class Router:
         if kind == Kind.BATCH and _declares(header, _REQUEST_KIND):
             try:
                 inner = _split_checking_requests(frames)
-            except FrameError as exc:  # the ranges a single request is held to (issue 8, item 3)
+            except FrameError as exc:  # the ranges a single request is held to, batch or not
                 self.stats["malformed_bad_field"] += 1
                 self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"malformed batch: {exc}")
                 return
@@ -391,7 +400,7 @@ class Router:
         """Why an agent's reply, error, progress or delegation may not go to ``to`` (None: it may).
 
         It must answer a request this daemon delivered to ``responder`` from the agent ``to``
-        (issue 8: forged NAME_TAKEN errors and replies with a guessed correlation id). ``inner``:
+        (else any agent could forge NAME_TAKEN errors, or replies to a guessed correlation id). ``inner``:
         the batch already split by the caller.
         """
         if header.kind != Kind.BATCH:
@@ -419,7 +428,7 @@ class Router:
         return None
 
     def _send_handler_failed(self, agent: str, header: P.Header, frames: list[bytes]) -> None:
-        """An agent reports that its handler for a ``send`` raised (issue 8, item 13): a send is
+        """An agent reports that its handler for a ``send`` raised: a send is
         never answered, so the report is not routed; it becomes a dead letter ``HANDLER_ERROR``
         and a ``send`` outcome with that error for observer plugins."""
         err = header.get(P.ERROR)
@@ -456,7 +465,7 @@ class Router:
                 continue
             requester = fields.get(P.ORIGIN) or header.sender
             corr = fields.get(P.CORR) or fields.get(P.ID)
-            try:  # this host's monotonic deadline from the request's budget (issue 13)
+            try:  # this host's monotonic deadline from the budget (hosts' clocks differ)
                 deadline = P.local_deadline(fields)
             except FrameError:
                 deadline = None
@@ -609,6 +618,4 @@ class Router:
 
     def dead_letter(self, reason: str, detail: str, frames: list[bytes],
                      header: P.Header | Mapping[str, Any] | None, attempts: int = 0) -> None:
-        fields = header.fields if isinstance(header, P.Header) else header
-        letter = self.dead_letters.add(reason, detail, frames, dict(fields) if fields else None, attempts)
-        self.plugins.dead_letter(letter)
+        self.dead_letters.record(reason, detail, frames, header, attempts)

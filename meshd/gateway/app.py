@@ -1,8 +1,12 @@
 """The gateway's HTTP routes: the coms-net contract, meshd's own endpoints, SSE streams, the page.
 
-Owns: request parsing (JSON bodies, size limit, field checks), the bearer-token middleware, the
-mapping of typed errors to HTTP statuses and JSON error bodies, and the SSE stream writer
-(``Last-Event-ID`` resumption, gap reports, keep-alives, slow readers disconnected and counted).
+Owns: the routes (the same list as meshd.gateway.openapi.ROUTES; :func:`served_routes` lets a
+test compare them), request parsing (each body or query checked by its model from
+meshd.gateway.models; the size limit), the bearer-token middleware, the mapping of typed errors
+to HTTP statuses and JSON error bodies, the answer check of ``http_check_responses``
+(:func:`check_response`), the one-line log of requests aiohttp's parser refuses
+(:class:`ParserErrors`), and the SSE stream writer (``Last-Event-ID`` resumption, gap reports,
+keep-alives, slow readers disconnected and counted).
 Must not touch: the node's internals (it asks :class:`~meshd.gateway.dashboard.MeshInfo`), the
 token files (meshd.gateway.auth), how an HTTP agent talks to the mesh (meshd.gateway.sessions).
 """

@@ -4,9 +4,9 @@ Owns: binding ``http_host``:``http_port`` the way aiohttp's TCPSite does (``loop
 one socket per address the host resolves to, SO_REUSEADDR, IPV6_V6ONLY on IPv6, backlog 128,
 non-blocking), reporting the bound port, and calling its owner back once, when the first
 connection is pending. Until then the daemon has not imported aiohttp (about 9 MiB resident,
-issue 11 goal 6): the port is bound and the URL and token files are written at start as before,
-and a client that connects meanwhile waits in the kernel's backlog until aiohttp accepts it
-(``web.SockSite`` on these same sockets).
+which an idle daemon should not pay): the port is bound and the URL and token files are written
+at start as before, and a client that connects meanwhile waits in the kernel's backlog until
+aiohttp accepts it (``web.SockSite`` on these same sockets).
 
 Must not import aiohttp or the application (meshd/gateway/app.py) at import time, nor touch
 anything but its own sockets.

@@ -9,8 +9,8 @@ Start-up: 1. check the listen address and TLS; 2. make the token; 3. prepare the
 observer (registered on the node's plugin host only while a dashboard is open); 4. bind the
 listening sockets (meshd/gateway/listener.py); 5. write ``http.token`` then ``http.json`` (a
 client that finds the URL finds the token too); 6. start the watch task. aiohttp and the HTTP
-application are imported at the first connection, not at start (an idle daemon stays small,
-issue 11 goal 6): the connection waits in the listen backlog until the site serves the sockets.
+application are imported at the first connection, not at start (an idle daemon does not
+pay for aiohttp): the connection waits in the listen backlog until the site serves the sockets.
 Shutdown, the reverse: remove the files; stop the watch task; close every HTTP agent (their
 pending requests fail with UNDELIVERABLE); close the streams; stop the site (bounded), or close
 the listening sockets if nobody ever connected.

@@ -118,14 +118,14 @@ def _holder_keeps(holder_node: str, holder_rec: Mapping[str, Any], node: str,
 class Directory:
     """Local and remote agents of the mesh as this node knows them."""
 
-    def __init__(self, node_id: str = "") -> None:
+    def __init__(self, node_id: str = "", *, journal_max_bytes: int = 512 * 1024) -> None:
         self.node_id = node_id
         #: Bumped on every local change; peers resync when a heartbeat shows another version.
         self.version = 0
         #: The version peers were last told of (heartbeats carry it; the next delta starts there).
         self.announced = 0
         #: What changed in the local records since ``announced`` (meshd/mesh/directory_updates.py).
-        self.journal = ChangeJournal()
+        self.journal = ChangeJournal(journal_max_bytes)
         #: (node id, agent name) -> its remote record's topics and durable topics as sets, kept
         #: while deltas change that record (so applying one costs the change, not the record).
         self._topic_sets: dict[tuple[str, str], tuple[set[str], set[str]]] = {}

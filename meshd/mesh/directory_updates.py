@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from meshd.mesh.liveness import PeerState
 from meshd.wire import protocol as P
@@ -36,9 +36,9 @@ from meshd.wire.protocol import Kind
 
 if TYPE_CHECKING:
     from meshd.mesh.directory import Directory, LocalAgent
-    from meshd.mesh.peers import Peer, PeerTable
+    from meshd.mesh.peer_record import Peer
 
-__all__ = ["ChangeJournal", "DirectoryUpdates", "delta_window"]
+__all__ = ["ChangeJournal", "DirectoryUpdates", "DirectoryWire", "delta_window"]
 
 SYNC_EVERY = 0.5
 """Seconds between two ``sync`` requests to one peer (heartbeats and gaps share the limit)."""
@@ -158,17 +158,28 @@ def delta_window(known: int, body: dict[str, Any]) -> str | None:
     return "apply" if 0 <= base <= known else "gap"
 
 
+class DirectoryWire(Protocol):
+    """What directory updates need of the peer table: its peers, a way to send to one, and
+    whether the node is stopping (no announcements then)."""
+
+    peers: dict[str, Peer]
+
+    @property
+    def stopping(self) -> bool: ...
+    def send(self, peer: Peer, header: dict[str, Any], body: bytes = b"") -> bool: ...
+
+
 class DirectoryUpdates:
     """Tells peers of this node's directory changes, and applies what peers tell it."""
 
-    def __init__(self, directory: Directory, stats: Counter[str], *, max_bytes: int) -> None:
+    def __init__(self, directory: Directory, stats: Counter[str], *, peer_table: DirectoryWire,
+                 evict: Callable[[LocalAgent, str], None]) -> None:
+        """``evict``: called with a local agent that lost its name to a peer's record, and why."""
         self.directory = directory
         self.stats = stats
-        self.journal = ChangeJournal(max_bytes)
-        directory.journal = self.journal
-        self.peer_table: PeerTable | None = None
-        #: Called with a local agent that lost its name to a peer's record, and why.
-        self.evict: Callable[[LocalAgent, str], None] = lambda agent, why: None
+        self.journal = directory.journal
+        self.peer_table = peer_table
+        self.evict = evict
         #: Peers whose last full directory said they take deltas (``deltas: true``).
         self.delta_peers: set[str] = set()
         self._scheduled = False
@@ -192,7 +203,7 @@ class DirectoryUpdates:
         self._scheduled = False
         d = self.directory
         pt = self.peer_table
-        if pt is None or pt.stopping or (d.version == d.announced and not self.journal):
+        if pt.stopping or (d.version == d.announced and not self.journal):
             return
         delta: bytes | None = None
         if not self.journal.overflow:
@@ -247,7 +258,7 @@ class DirectoryUpdates:
             self.delta_peers.add(peer.node_id)
         else:
             self.delta_peers.discard(peer.node_id)
-        if self.peer_table is not None and len(self.delta_peers) > len(self.peer_table.peers):
+        if len(self.delta_peers) > len(self.peer_table.peers):
             self.delta_peers &= self.peer_table.peers.keys()
         self._evict(peer, losers)
 
@@ -273,7 +284,7 @@ class DirectoryUpdates:
     def ask_sync(self, peer: Peer) -> None:
         """Ask ``peer`` for its full directory (at most once per ``SYNC_EVERY`` seconds)."""
         now = time.monotonic()
-        if self.peer_table is None or now - peer.last_sync_request <= SYNC_EVERY:
+        if now - peer.last_sync_request <= SYNC_EVERY:
             return
         peer.last_sync_request = now
         self.peer_table.send(peer, {P.KIND: Kind.SYNC, P.FROM: self.directory.node_id})

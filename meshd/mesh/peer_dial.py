@@ -26,14 +26,12 @@ from zmq.utils.monitor import parse_monitor_message
 from meshd import transport
 from meshd.mesh.keys import key_from_hex
 from meshd.mesh.liveness import PeerState
+from meshd.mesh.peer_record import Peer, PeerEvents
 from meshd.mesh.security import Security
 from meshd.util.backoff import backoff_delay
 from meshd.util.logonce import LogOnce
 from meshd.wire import protocol as P
 from meshd.wire.protocol import Kind
-
-if TYPE_CHECKING:
-    from meshd.mesh.peers import Peer, PeerEvents
 
 __all__ = ["PeerDialer", "prefer_endpoint"]
 
@@ -63,11 +61,13 @@ class PeerDialer:
     peers: dict[str, Peer]
     pending_static: dict[str, zmq.Socket[Any]]
     static_keys: dict[str, str]
-    stopping: bool
     router_endpoints: list[str]
+    zmtp_beats: transport.ZmtpHeartbeat
     pub_endpoints: list[str]
 
     if TYPE_CHECKING:  # defined by PeerTable
+        @property
+        def stopping(self) -> bool: ...
         @property
         def ctx(self) -> zmq.Context[Any]: ...
         @property
@@ -92,7 +92,8 @@ class PeerDialer:
             return
         if server_key:
             self.static_keys[endpoint] = server_key
-        dealer = transport.peer_dealer(self.ctx, self.node_id, self.security.curve, server_key)
+        dealer = transport.peer_dealer(self.ctx, self.node_id, self.security.curve, server_key,
+                                       self.zmtp_beats)
         dealer.connect(endpoint)
         self.pending_static[endpoint] = dealer
         dealer.send_multipart(P.frames(self._seq_header(Kind.HELLO, None),
@@ -103,8 +104,6 @@ class PeerDialer:
         """The peer ``node_id``, created if new, (re)connected if its endpoints or key changed."""
         peer = self.peers.get(node_id)
         if peer is None:
-            from meshd.mesh.peers import Peer  # peers.py imports this module: the record type, at call time
-
             peer = Peer(node_id=node_id, source=source)
             self.peers[node_id] = peer
         if pubkey is not None and pubkey != peer.pubkey:
@@ -121,7 +120,7 @@ class PeerDialer:
             self.close_dealer(peer)
             adopted = self.pending_static.pop(router, None)
             peer.dealer = adopted or transport.peer_dealer(self.ctx, self.node_id, self.security.curve,
-                                                           peer.pubkey or None)
+                                                           peer.pubkey or None, self.zmtp_beats)
             # The monitor first, then connect: libzmq emits no event to a monitor attached later,
             # and a refusal can come back within a millisecond. (Attached after connect, a
             # preempted loop missed the HANDSHAKE_FAILED_AUTH of a redial, and the peer, trusting
@@ -140,7 +139,7 @@ class PeerDialer:
         if pub and pub != peer.connected_pub:
             self.close_sub(peer)
             peer.sub = transport.peer_sub(self.ctx, self.max_frame, self.security.curve,
-                                          peer.pubkey or None)
+                                          peer.pubkey or None, self.zmtp_beats)
             for key in self.events.topic_keys():
                 peer.sub.setsockopt(zmq.SUBSCRIBE, key)
             peer.sub.connect(pub)
@@ -149,7 +148,7 @@ class PeerDialer:
         return peer
 
     def _plaintext_refused(self, endpoint: str) -> bool:
-        """Insecure mode: refuse (count, log once) a dial outside loopback (issue 8)."""
+        """Insecure mode: refuse (count, log once) a dial outside loopback (plaintext on the LAN)."""
         if not self.security.plaintext_refused(endpoint):
             return False
         self.stats["refused_plaintext_dial"] += 1
@@ -193,6 +192,8 @@ class PeerDialer:
             return
         peer.link_up = event == zmq.EVENT_HANDSHAKE_SUCCEEDED or (peer.link_up and event not in (
             zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_AUTH))
+        if event == zmq.EVENT_DISCONNECTED:
+            self.stats["peer_connection_dropped"] += 1
         if event == zmq.EVENT_DISCONNECTED and peer.state is PeerState.ONLINE:
             # The connection dropped (killed daemon, reset): stale at once, offline by timer.
             log.info("peer %s (%s) connection dropped", peer.node_id, peer.name)

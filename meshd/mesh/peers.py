@@ -16,8 +16,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -28,95 +27,21 @@ from meshd.mesh.clones import CloneWatch
 from meshd.mesh.keys import key_to_hex
 from meshd.mesh.liveness import PeerState, next_state
 from meshd.mesh.peer_dial import PeerDialer
+from meshd.mesh.peer_record import Peer, PeerEvents
 from meshd.mesh.security import Security
 from meshd.mesh.sightings import Sightings
 from meshd.mesh.two_way import EchoClock
 from meshd.util.logonce import LogOnce
+from meshd.util.shutdown import Shutdown
 from meshd.wire import protocol as P
 from meshd.wire.protocol import FrameError, Kind
 
 if TYPE_CHECKING:  # meshd.config imports pydantic: not in the daemon's image (meshd/daemon/reexec.py)
     from meshd.config.settings import Settings
 
-__all__ = ["Peer", "PeerEvents", "PeerState", "PeerTable"]
+__all__ = ["Peer", "PeerEvents", "PeerState", "PeerTable"]  # Peer, PeerEvents: meshd/mesh/peer_record.py
 
 log = logging.getLogger("meshd.node")
-
-
-@dataclass(eq=False)
-class Peer:
-    """Another daemon of the same mesh."""
-
-    node_id: str
-    name: str = ""
-    routers: list[str] = field(default_factory=list)
-    pubs: list[str] = field(default_factory=list)
-    incarnation: str = ""
-    #: When the current incarnation's first HELLO arrived (our monotonic clock).
-    incarnation_at: float = 0.0
-    pubkey: str = ""
-    source: str = "mdns"
-    dealer: zmq.Socket[Any] | None = None
-    monitor: zmq.Socket[Any] | None = None
-    sub: zmq.Socket[Any] | None = None
-    connected_router: str = ""
-    connected_pub: str = ""
-    greeted: bool = False  # we have had its HELLO: its traffic is accepted
-    state: PeerState = PeerState.OFFLINE
-    last_seen: float = 0.0
-    dir_version: int = -1
-    last_sync_request: float = 0.0
-    telemetry: dict[str, Any] = field(default_factory=dict)  # agent name -> {state, telemetry}
-    redial_attempts: int = 0
-    redial_pending: bool = False
-    # Both-ways liveness (meshd/mesh/two_way.py): what it echoes of ours, and our DEALER's link to it.
-    heard_seq: int | None = None
-    last_echo: int = -1
-    confirmed_at: float = 0.0
-    congested_at: float = 0.0
-    link_up: bool = False
-    echoes: bool = False
-    #: The routing ids its DEALERs greeted us from (newest last, at most MAX_RIDS_PER_PEER).
-    rids: list[bytes] = field(default_factory=list)
-
-    def info(self, now: float, agents: int) -> dict[str, Any]:
-        return {
-            "node": self.node_id,
-            "name": self.name,
-            "state": str(self.state),
-            "router": self.connected_router,
-            "pub": self.connected_pub,
-            "source": self.source,
-            "agents": agents,
-            "last_seen_ago": round(now - self.last_seen, 3) if self.last_seen else None,
-            "confirmed_ago": round(now - self.confirmed_at, 3) if self.confirmed_at else None,
-            "key": self.pubkey or None,
-        }
-
-
-@dataclass(frozen=True)
-class PeerEvents:
-    """What the peer table tells the rest of the node, and what it asks of it."""
-
-    #: A peer changed state (old, new); offline means its agents are gone.
-    state_changed: Callable[[Peer, PeerState, PeerState], None]
-    #: A peer sent its directory (HELLO or ``dir``): apply the body.
-    directory: Callable[[Peer, Any], None]
-    #: A peer restarted (new incarnation): what we knew of it is stale.
-    restarted: Callable[[Peer], None]
-    #: qos-1 acks arrived from a peer.
-    acks: Callable[[list[str]], None]
-    #: A malformed control message: count it, keep it as a dead letter.
-    reject: Callable[[FrameError, list[bytes], str], None]
-    #: A publication arrived on a peer's SUB socket.
-    topic_message: Callable[[list[bytes]], None]
-    #: The PUB/SUB keys local agents subscribe to (a new SUB subscribes to each).
-    topic_keys: Callable[[], Iterable[bytes]]
-    #: This node's directory body and version (HELLO, SYNC answers, heartbeats).
-    directory_body: Callable[[], dict[str, Any]]
-    directory_version: Callable[[], int]
-    #: Local agents' telemetry, carried on heartbeats.
-    telemetry: Callable[[], dict[str, Any]]
 
 
 MAX_RIDS_PER_PEER = 4
@@ -128,8 +53,11 @@ class PeerTable(PeerDialer):
 
     def __init__(self, settings: Settings, *, node_id: str, name: str, incarnation: str,
                  security: Security, events: PeerEvents, stats: Counter[str], quiet: LogOnce,
-                 interfaces: list[str], max_frame: int) -> None:
+                 interfaces: list[str], max_frame: int, shutdown: Shutdown | None = None) -> None:
         self.settings = settings
+        self.shutdown = shutdown if shutdown is not None else Shutdown()
+        #: ZMTP heartbeats of every mesh socket: they follow heartbeat_interval and stale_after.
+        self.zmtp_beats = transport.zmtp_heartbeat_for(settings.heartbeat_interval, settings.stale_after)
         self.node_id = node_id
         self.name = name
         self.incarnation = incarnation
@@ -140,7 +68,7 @@ class PeerTable(PeerDialer):
         self.interfaces = interfaces
         self.max_frame = max_frame
         self.peers: dict[str, Peer] = {}
-        #: routing id -> the peer whose HELLO came from it (issue 8: never the id's own claim).
+        #: routing id -> the peer whose HELLO came from it (never the id's own claim, which anyone can make).
         self.by_rid: dict[bytes, Peer] = {}
         #: The boot id (HELLO ``incarnation``) and routers each routing id greeted us with: a
         #: heartbeat on a routing id of another boot id than its node's latest shows a clone.
@@ -148,9 +76,6 @@ class PeerTable(PeerDialer):
         self.pending_static: dict[str, zmq.Socket[Any]] = {}
         self.untrusted_ads: dict[str, PeerAdvert] = {}
         self.static_keys: dict[str, str] = {}
-        #: Keys mode: the ZAP User-Id of the mesh message being handled (set by the ingress).
-        self.authenticated_key = ""
-        self.stopping = False
         self.router_endpoints: list[str] = []
         self.pub_endpoints: list[str] = []
         self.started_at = time.monotonic()
@@ -164,11 +89,14 @@ class PeerTable(PeerDialer):
         #: Nodes discovered that are not peers: untrusted key, other mesh, other protocol.
         self.sightings = Sightings(bound)
 
+    @property
+    def stopping(self) -> bool:
+        return self.shutdown.begun
+
     def start(self, ctx: zmq.Context[Any], reactor: transport.Reactor, router_endpoints: list[str],
               pub_endpoints: list[str]) -> None:
         self._ctx, self._reactor = ctx, reactor
         self.router_endpoints, self.pub_endpoints = router_endpoints, pub_endpoints
-        self.clones.node_id = self.node_id
         self.started_at = time.monotonic()
 
     @property
@@ -343,14 +271,16 @@ class PeerTable(PeerDialer):
         if peer.state is not PeerState.ONLINE:
             self.set_state(peer, self._heard_state(peer, peer.last_seen))
 
-    def on_control(self, rid: bytes, peer: Peer | None, header: P.Header, frames: list[bytes]) -> None:
-        """HELLO, heartbeat, sync, dir, ack and bye from a peer."""
+    def on_control(self, rid: bytes, peer: Peer | None, header: P.Header, frames: list[bytes],
+                   key: str = "") -> None:
+        """HELLO, heartbeat, sync, dir, ack and bye from a peer. ``key``: in keys mode, the ZAP
+        User-Id (the authenticated key) the message arrived with, which a HELLO must claim."""
         kind = header.kind
         now = time.monotonic()
         if kind == Kind.HELLO:
             try:
                 body = P.unpack_body(frames[3])
-                self._on_hello(rid, header, body)
+                self._on_hello(rid, header, body, key)
             except (FrameError, KeyError, TypeError, ValueError) as exc:
                 self.events.reject(FrameError("bad_hello", str(exc)), frames, f"peer {rid[:32]!r}")
             return
@@ -389,7 +319,7 @@ class PeerTable(PeerDialer):
             log.info("peer %s (%s) left", peer.node_id, peer.name)
             self.set_state(peer, PeerState.OFFLINE)
 
-    def _on_hello(self, rid: bytes, header: P.Header, body: Any) -> None:
+    def _on_hello(self, rid: bytes, header: P.Header, body: Any, key: str) -> None:
         if self.stopping:
             return  # we said BYE: greeting back now would make the peer re-admit a leaving node
         if not isinstance(body, dict):
@@ -417,9 +347,9 @@ class PeerTable(PeerDialer):
         pubkey: str | None = None
         if self.security.curve is not None:
             claimed = body.get("pk")
-            if self.security.check_uid and claimed != self.authenticated_key:
+            if self.security.check_uid and claimed != key:
                 raise ValueError(f"HELLO from {node_id} claims key {claimed!r} but authenticated "
-                                 f"as {self.authenticated_key!r}")
+                                 f"as {key!r}")
             pubkey = self.security.server_key(claimed)
             if pubkey is None:
                 raise ValueError(f"HELLO from {node_id} with untrusted key {claimed!r}")
@@ -490,7 +420,8 @@ class PeerTable(PeerDialer):
                    if r != peer.connected_router][:4]
         for router in dict.fromkeys(routers):
             try:
-                dealer = transport.peer_dealer(self.ctx, self.node_id, self.security.curve, peer.pubkey)
+                dealer = transport.peer_dealer(self.ctx, self.node_id, self.security.curve, peer.pubkey,
+                                               self.zmtp_beats)
                 dealer.connect(router)
                 dealer.send_multipart(hello, zmq.NOBLOCK)
             except zmq.ZMQError as exc:

@@ -143,7 +143,7 @@ class Security:
                                   "if you really mean it")
             remote = [p for p in s.peers if self.plaintext_refused(p)]
             if remote:
-                # issue 8: HELLO and the directory would cross the LAN in plaintext
+                # HELLO and the directory would cross the LAN in plaintext
                 raise ConfigError("peers", f"plaintext mode with static peers outside loopback "
                                   f"({', '.join(remote)}) is refused; use CURVE (drop --insecure) or "
                                   "set allow_insecure_lan = true if you really mean it")

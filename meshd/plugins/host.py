@@ -112,6 +112,7 @@ class PluginHost(ToolHooks):
         hook_timeout: float = 5.0,
         environ: Mapping[str, str] | None = None,
         sections: Mapping[str, Mapping[str, Any]] | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         if queue_size < 1:
             raise ValueError(f"queue_size must be at least 1, not {queue_size}")
@@ -142,7 +143,9 @@ class PluginHost(ToolHooks):
         self._node: NodeSnapshot | None = None
         #: Called after :meth:`register` or :meth:`unregister` changed the hooks at run time (the
         #: node turns its outcome tracking on or off with it).
-        self.on_change: Callable[[], None] | None = None
+        #: Called after :meth:`register` or :meth:`unregister` changed the hooks at run time (the
+        #: node turns its outcome tracking on or off with it).
+        self.on_change = on_change
         env = os.environ if environ is None else environ
         if env.get(AUTOLOAD_ENV, "") not in ("", "0"):
             self.load_entrypoints = False
@@ -461,7 +464,7 @@ class PluginHost(ToolHooks):
         if "meshd_agent_state" in self._routes:
             self._offer("meshd_agent_state", {"agent": agent, "old": old, "new": new})
 
-    # -- tasks and spawning (issue 9, "tasks" block) ----------------------------------------------
+    # -- tasks and spawning ------------------------------------------------------------------------
 
     def task_event(self, event: str, data: Mapping[str, Any]) -> None:
         """Queue ``meshd_task_event(event, data)`` for the worker thread."""

@@ -119,7 +119,7 @@ class DeliveryStore:
         self.quarantined = 0
         try:
             if str(path) != ":memory:":
-                make_private_file(Path(path))  # 0600, and so its -wal and -shm (issue 8)
+                make_private_file(Path(path))  # 0600, and so -wal and -shm: it holds agents' messages
         except OSError as exc:
             fix = WRITABLE_FIX if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else DELIVERY_DB_FIX
             raise StateFileError(path, f"cannot be opened ({exc.strerror or exc})", fix) from None

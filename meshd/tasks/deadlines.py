@@ -1,4 +1,4 @@
-"""Task and plan deadlines on this host's monotonic clock (issue 13).
+"""Task and plan deadlines on this host's monotonic clock (wall clocks jump and differ between hosts).
 
 Owns: the monotonic end of each task and plan deadline this daemon drives, in memory, at most
 ``capacity`` of them (the oldest is forgotten first and read again from its record when next

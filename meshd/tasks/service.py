@@ -72,7 +72,7 @@ class TaskService:
         self._emit = emit
         self.store: TaskStore | None = None
         self.scheduler = Scheduler(agent, settings.tasks, self)
-        #: Deadlines on the monotonic clock: a wall-clock jump expires no task (issue 13).
+        #: Deadlines on the monotonic clock: a wall-clock jump expires no task.
         self.deadlines = Deadlines(2 * self.limits.max_stored_tasks)
         self._drivers: dict[str, asyncio.Task[None]] = {}
         self._changed: dict[str, asyncio.Event] = {}

@@ -66,7 +66,7 @@ class TaskStore:
         self.path = path
         self.max_tasks = max_tasks
         if str(path) != ":memory:":
-            make_private_file(Path(path))  # 0600, and so its -wal and -shm (issue 8)
+            make_private_file(Path(path))  # 0600, and so -wal and -shm: it holds task inputs and results
         self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")

@@ -2,7 +2,7 @@
 
 Owns: :func:`import_in_thread`, for what the daemon imports on first use rather than at start
 (aiohttp at the gateway's first connection, the built-in tools' pydantic models at the first tools
-list or call: issue 11, memory). A large import takes a few hundred milliseconds; on the loop it
+list or call: the daemon's idle memory). A large import takes a few hundred milliseconds; on the loop it
 would stall routing and heartbeats for that long. Must not touch anything but the import.
 """
 

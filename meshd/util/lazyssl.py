@@ -2,7 +2,7 @@
 
 asyncio imports ``ssl`` at import time, and with it OpenSSL (``_ssl``, libssl, libcrypto: ~4.5
 MiB resident), although the daemon does not speak TLS unless asked to (CurveZMQ on the mesh, a
-plain-HTTP gateway on loopback by default; issue 11, goal 6). :func:`activate` imports asyncio
+plain-HTTP gateway on loopback by default). :func:`activate` imports asyncio
 while ``ssl`` cannot be found, so asyncio notes ``ssl = None`` as on a Python built without it,
 and leaves a finder in ``sys.meta_path`` for the first later ``import ssl`` (aiohttp, an https
 client in a plugin, the gateway's TLS context): that import loads the real module, then hands it

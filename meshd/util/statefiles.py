@@ -1,5 +1,5 @@
 """The daemon's directories and private files: created with the right owner and mode, refused when
-another user owns them (issue 8, item 5: for root too).
+another user owns them (for root too: that user could move our socket or read our keys).
 
 Owns: ``make_dir`` (state and runtime directories) and ``make_private_file`` (0600 files such as
 ``node_id``, ``delivery.db`` and its -wal/-shm). Must not touch: what goes into those files.
@@ -23,9 +23,10 @@ def _refuse(key: str, path: Path, reason: str, fix: str) -> ConfigError:
 
 
 def make_private_file(path: Path) -> None:
-    """Create ``path`` 0600 if missing, or make an existing one 0600 (issue 8: a delivery.db that
-    others could read). SQLite gives a database's -wal and -shm files the database file's mode,
-    so calling this before ``sqlite3.connect`` makes all three private; existing ones are fixed."""
+    """Create ``path`` 0600 if missing, or make an existing one 0600 (a delivery.db that others
+    can read shows them every stored message). SQLite gives a database's -wal and -shm files the
+    database file's mode, so calling this before ``sqlite3.connect`` makes all three private;
+    existing ones are fixed."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         os.fchmod(fd, 0o600)  # an older file, or one created under another umask
@@ -52,7 +53,7 @@ def make_dir(path: Path, mode: int, key: str) -> None:
         raise ConfigError(key, f"cannot create directory {path}: {exc.strerror or exc}")
     if not stat.S_ISDIR(st.st_mode):
         raise ConfigError(key, f"{path} exists and is not a directory")
-    # Issue 8, for root too: another user's directory is refused (that user could move our socket
+    # For root too: another user's directory is refused (that user could move our socket
     # or read our keys). Our own directory with a looser mode (one made by `meshctl keys`, or by
     # an older meshd, 0755) is tightened to ``mode``, with a warning: from now on others can
     # neither write into it nor read the state (keys, delivery.db).

@@ -2,7 +2,7 @@
 
 Owns: :func:`supervised`, which runs a loop coroutine factory and, if it raises, logs it (with its
 traceback once per task and exception type), counts ``task_restarts_<name>`` and starts it again
-after a short pause (issue 8, item 21: a TypeError from one malformed qos-1 batch once stopped the
+after a short pause (a TypeError from one malformed qos-1 batch once stopped the
 qos-1 retry task silently, so later qos-1 sends were never retried). It must not know what the
 loops do; cancelling the task (``Node.stop``) still ends it.
 """

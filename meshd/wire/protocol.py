@@ -60,7 +60,7 @@ OP: Final = "op"  # an admin call's operation
 SEQ: Final = "seq"  # a daemon's HELLO/heartbeat sequence number (both-ways liveness, §9.5)
 ECHO: Final = "echo"  # the last SEQ the sender heard from the receiver (both-ways liveness, §9.5)
 NOTICE: Final = "notice"  # in an error map: it answers no call (the answer lane's notice room, §8.2)
-KINDS: Final = "kinds"  # on a batch header: the kinds of its inner messages (issue 8, item 1)
+KINDS: Final = "kinds"  # on a batch header: its inner kinds (only batches with answers/requests are opened)
 
 
 class Kind:
@@ -300,7 +300,7 @@ def _str_field(fields: dict[str, Any], key: str, limit: int) -> str | None:
 
 
 def header_from_map(fields: dict[str, Any]) -> Header:
-    """Check every routing field's type and range (issue 8: a negative ``hops`` once bypassed the
+    """Check every routing field's type and range (a negative ``hops`` once bypassed the
     hop limit); raise FrameError ``bad_field`` (with ``fields`` set) for the first one out of range."""
     hops = fields.get(HOPS, 0)
     if type(hops) is not int or not 0 <= hops <= MAX_HOPS:
@@ -382,8 +382,8 @@ ACK_IDS: Final = 256
 
 
 def chunk_ids(ids: list[str]) -> list[list[str]]:
-    """Split acked ids so that each ``ack`` header stays well within MAX_HEADER_BYTES (issue 8,
-    item 7: one ack of ~500 ids was 8.4 KB and refused, so those units were never acked)."""
+    """Split acked ids so that each ``ack`` header stays well within MAX_HEADER_BYTES (one
+    ack of ~500 ids was 8.4 KB and refused, so those units were never acked)."""
     chunks: list[list[str]] = []
     chunk: list[str] = []
     size = 0
@@ -453,7 +453,7 @@ def new_id() -> str:
 
 def new_request_id() -> str:
     """A request's id, which becomes its correlation id: 128 random bits, so no other agent can
-    guess it and forge an answer (issue 8; ``new_id``'s visible prefix plus counter is guessable)."""
+    guess it and forge an answer (``new_id``'s visible prefix plus counter is guessable)."""
     return os.urandom(16).hex()
 
 
@@ -502,7 +502,7 @@ def local_deadline(fields: Mapping[str, Any]) -> float | None:
 
     Call it when the message arrives: ``budget`` (ms left when it was sent) starts counting
     here, on this host's monotonic clock, so no two hosts' clocks are ever compared. The
-    deprecated ``deadline`` (an absolute Unix time, protocol 1 clients before issue 13) is still
+    deprecated ``deadline`` (an absolute Unix time, from older protocol 1 clients) is still
     accepted for one version, converted with this host's wall clock (so it is only as right as
     the two clocks agree); ``budget`` wins when both are present. Raises FrameError
     ``bad_field`` for a value that is not a finite, non-negative number.

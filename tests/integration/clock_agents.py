@@ -1,5 +1,5 @@
 """An agent for the clock tests, run as a subprocess so it can live under libfaketime with the
-daemon of the host whose clock is off (issue 13):
+daemon of the host whose clock is off (no behaviour may depend on hosts agreeing on the time):
 
     python clock_agents.py --socket S --name N [--ready FILE]
 

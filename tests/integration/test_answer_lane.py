@@ -1,4 +1,4 @@
-"""Issue 8, item 6: error notices and daemon answers have a lane the data inbox cap cannot
+"""Error notices and daemon answers have a lane the data inbox cap cannot
 silence. A client that keeps at most ``in_flight_max`` calls outstanding (the register answer
 says how many) gets every answer, even while it reads nothing. Real daemon, a raw client that
 follows docs/PROTOCOL.md (the way a non-Python client would)."""

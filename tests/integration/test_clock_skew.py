@@ -1,4 +1,4 @@
-"""Issue 13: nothing may depend on hosts agreeing on the time.
+"""Nothing may depend on hosts agreeing on the time (edge hosts often have no NTP and no RTC).
 
 Two real daemons on 127.0.0.1; daemon b and its agent run under libfaketime with the wall clock
 an hour behind or ahead (the monotonic clock untouched, as on a host without NTP). Requests,
@@ -106,7 +106,7 @@ def test_requests_and_delegations_across_an_hour_of_skew(meshd_factory: MeshdFac
             # a (true clock) -> b (skewed): the handler is told at most the 5 s it was given.
             reply = await echo_a.request("echo-b", "echo", {"x": 1}, timeout=5)
             assert reply["payload"] == {"x": 1} and 0 < reply["left"] <= 5.0, reply
-            # b (skewed) -> a, asked from b's host: the issue's failing direction.
+            # b (skewed) -> a, asked from b's host: the direction that once failed at once (TIMEOUT).
             answer = await echo_a.request("echo-b", "ask", {"to": "echo-a", "topic": "echo",
                                                              "timeout": 5, "payload": "hi"}, timeout=10)
             assert "error" not in answer, answer
@@ -128,7 +128,7 @@ def test_requests_and_delegations_across_an_hour_of_skew(meshd_factory: MeshdFac
 
     asyncio.run(scenario())
 
-    # The issue's repro: meshctl request from the host whose clock is off, to an agent on a.
+    # The first report: meshctl request from the host whose clock is off, to an agent on a.
     async def serve_and_ask() -> subprocess.CompletedProcess[str]:
         async with Agent("echo-a2", socket=a.socket) as echo_a2:
             @echo_a2.on("echo")

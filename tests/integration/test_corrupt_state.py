@@ -1,4 +1,4 @@
-"""Issue 8, item 22: corrupt state never ends in a raw traceback. Start-up says
+"""Corrupt state never ends in a raw traceback. Start-up says
 "cannot start: <file>: <reason> (fix: ...)" and exits 2 (the config-error code, which the systemd
 unit does not restart), and one bad outbox row is quarantined, not fatal. Real daemons."""
 

@@ -1,5 +1,5 @@
 """What a real idle ``meshd run`` has loaded (read from /proc/PID/maps), and that what it leaves
-out loads when it is first needed (issue 11, goal 6; meshd/util/lazyssl.py, meshd/daemon/reexec.py)."""
+out loads when it is first needed (idle memory; meshd/util/lazyssl.py, meshd/daemon/reexec.py)."""
 
 from __future__ import annotations
 

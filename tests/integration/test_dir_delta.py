@@ -1,5 +1,6 @@
-"""Issue 8, item 17: directory changes travel as deltas; the full directory only on greeting and
-resync. Real daemons on 127.0.0.1."""
+"""Directory changes travel as deltas; the full directory only on greeting and resync (a full
+list per change once sent hundreds of MB to one peer for one agent's 10,000 subscriptions).
+Real daemons on 127.0.0.1."""
 
 from __future__ import annotations
 

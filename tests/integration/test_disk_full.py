@@ -1,4 +1,4 @@
-"""Issue 8, item 14: a full disk on the sending daemon. qos-1 sends that cannot be stored fail at
+"""A full disk on the sending daemon. qos-1 sends that cannot be stored fail at
 once with STORAGE_FULL (never a 10 s DaemonUnreachable), exactly those are never delivered,
 what was stored is sent when space returns, and the log has one line per state change. The state
 dir is a real 4 MiB tmpfs (root only)."""
@@ -97,7 +97,7 @@ def test_sender_disk_full_refuses_at_once_and_resumes(meshd_factory: MeshdFactor
 
 
 def test_receiver_disk_full_still_acks_what_it_handled(meshd_factory: MeshdFactory) -> None:
-    """Item 15: the receiving daemon cannot write its done-marks. Its agent handled each message
+    """Receiver disk full: the receiving daemon cannot write its done-marks. Its agent handled each message
     once, so the sender must not call any of them UNDELIVERABLE: the acks go out from memory."""
     fast = {"MESHD_QOS1_ATTEMPTS": "2", "MESHD_QOS1_ACK_TIMEOUT": "0.5"}
     a = meshd_factory.spawn("a", env=fast)

@@ -1,4 +1,4 @@
-"""Edge-fleet problems named, on real daemons on 127.0.0.1 (issue 14): untrusted peers visible and
+"""Edge-fleet problems named, on real daemons on 127.0.0.1: untrusted peers visible and
 trusted by name, duplicate node ids from a cloned state dir, and ``meshctl doctor``."""
 
 from __future__ import annotations

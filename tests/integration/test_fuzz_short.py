@@ -1,4 +1,4 @@
-"""Issue 8, item 24: a short run of the fuzz campaign (bench/fuzz.py): generated frames at a
+"""A short run of the fuzz campaign (bench/fuzz.py): generated frames at a
 live daemon's agent socket and mesh ports (plaintext and CURVE, from a stranger and from a fake
 peer that greeted) while normal requests go on. No crash, no traceback, every addressable frame
 answered, every normal request served."""

@@ -1,4 +1,4 @@
-"""Issue 8, item 12: a receiving daemon that dies mid-stream while its agent survives must not
+"""A receiving daemon that dies mid-stream while its agent survives must not
 make the agent run a handler twice. The agent keeps a window of the qos-1 units it handled and
 acks a redelivered one again instead of running it.
 

@@ -1,4 +1,4 @@
-"""Backpressure end to end in the Python client (issue 8, items 10 and 6), with real daemons.
+"""Backpressure end to end in the Python client, with real daemons.
 
 * A slow ``async def`` handler runs at most ``max_concurrent_handlers`` at once; while they are all
   taken the agent stops reading, so the backlog stays in its daemon's inbox, where ``inbox_cap``

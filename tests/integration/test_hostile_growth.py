@@ -1,4 +1,4 @@
-"""Issue 8, unbounded growth: what a sender may pile up in a daemon is bounded, and the sender
+"""No unbounded growth: what a sender may pile up in a daemon is bounded, and the sender
 is told (a typed error), never silently absorbed. Real daemons on 127.0.0.1."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _pending(proc: MeshdProcess) -> int:
 
 
 def test_qos1_outbox_is_bounded_per_destination_and_in_total(meshd_factory: MeshdFactory) -> None:
-    """Item 16: qos-1 sends to agents that never read fill the outbox up to its configured
+    """qos-1 sends to agents that never read fill the outbox up to its configured
     bounds, then the sender gets OUTBOX_FULL (retryable) for exactly the refused units."""
     env = {"MESHD_QOS1_OUTBOX_PER_DEST_MAX": "100", "MESHD_QOS1_OUTBOX_MAX": "150"}
     a = meshd_factory.spawn("a", env=env)
@@ -64,7 +64,7 @@ def test_qos1_outbox_is_bounded_per_destination_and_in_total(meshd_factory: Mesh
                     counts["retryable"] += bool(exc.retryable)
                 else:
                     counts["other"] += 1
-        for start in range(0, n, 25):  # well under the flooder's own inbox cap (issue 8, item 6)
+        for start in range(0, n, 25):  # well under the flooder's own in-flight allowance
             await asyncio.gather(*(one(i) for i in range(start, min(n, start + 25))))
         return counts
 
@@ -96,7 +96,7 @@ def test_qos1_outbox_is_bounded_per_destination_and_in_total(meshd_factory: Mesh
 
 
 def test_no_legal_subscription_or_metadata_load_partitions_a_node(meshd_factory: MeshdFactory) -> None:
-    """Item 17: one agent subscribing to 5,000 topics of 250 characters (each legal) made the
+    """One agent subscribing to 5,000 topics of 250 characters (each legal) made the
     directory bigger than a peer accepts, and the node dropped off the mesh. Now the per-agent
     and per-node directory bounds refuse what does not fit with TOO_LARGE, and the node stays
     reachable throughout."""

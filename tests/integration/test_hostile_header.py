@@ -1,4 +1,4 @@
-"""Header fields out of range are refused at the edge (issue 8, item 3), on a real daemon.
+"""Header fields out of range are refused at the edge, on a real daemon.
 
 A raw DEALER speaks the local protocol directly (the client library would never send these): a
 request with ``hops = -1000000`` once slipped under the hop limit and could be delegated a million
@@ -144,7 +144,7 @@ def test_hop_limit_still_bounces_an_in_range_request(meshd_factory: MeshdFactory
 
 
 def test_out_of_range_fields_from_a_peer_are_refused_at_the_mesh_edge(meshd_factory: MeshdFactory) -> None:
-    """Issue 8, item 3, mesh side: a greeted (plaintext, loopback) raw peer sends requests with
+    """The mesh side: a greeted (plaintext, loopback) raw peer sends requests with
     hops = -1000000, hops = 2**40, qos 7 and a NaN deadline to a local agent: each is counted as
     malformed (bad_field) and dead-lettered, none reaches the handler, and a well-formed one from
     the same peer does."""

@@ -1,4 +1,4 @@
-"""An idle daemon with the default config loads only what it uses (issue 11, goal 6: memory).
+"""An idle daemon with the default config loads only what it uses (its idle memory).
 
 The HTTP gateway is on by default, but aiohttp is imported at its first connection: a real
 ``meshd run`` has its port bound and ``http.json`` written without aiohttp's compiled modules

@@ -1,5 +1,5 @@
-"""Malformed input from a local agent is answered, counted and logged once per cause (issue 8,
-item 20), on a real daemon through a raw DEALER (the client library never sends these).
+"""Malformed input from a local agent is answered, counted and logged once per cause,
+on a real daemon through a raw DEALER (the client library never sends these).
 
 Before: a ``kind`` that is a list or a map raised TypeError (unhashable) and a name or query
 nested 1,000 deep raised RecursionError while the error message was built: no answer (the sender
@@ -75,7 +75,7 @@ def test_malformed_kinds_and_deep_nesting_are_answered_and_counted(meshd_factory
 
 
 def test_a_bad_qos1_batch_never_stops_qos1_retries(meshd_factory: MeshdFactory) -> None:
-    """Issue 8, item 21: a qos-1 batch whose inner header is ``{kind: {}}`` once entered the
+    """A qos-1 batch whose inner header is ``{kind: {}}`` once entered the
     outbox, and its give-up raised TypeError that ended the qos-1 retry task silently: later
     qos-1 sends were never retried. Now the give-up reports UNDELIVERABLE, and a later qos-1 send
     to an agent that registers afterwards is retried and delivered."""
@@ -127,7 +127,7 @@ def test_a_bad_qos1_batch_never_stops_qos1_retries(meshd_factory: MeshdFactory) 
 
 
 def test_control_frame_count_enforced_and_register_tells_the_limits(meshd_factory: MeshdFactory) -> None:
-    """Issue 8, item 23: a 10,000-frame ``register`` was accepted (§4.1 was enforced for data
+    """A 10,000-frame ``register`` was accepted (§4.1 was enforced for data
     kinds only); and ``register``'s answer now tells a client the timers and limits it must
     respect, so a client written from docs/PROTOCOL.md alone need not guess them."""
     a = meshd_factory.spawn("a")

@@ -1,7 +1,7 @@
 """A client of the previous protocol revision is served or told why, never left waiting.
 
 A raw DEALER speaks the batch form of docs/PROTOCOL.md before batches declared ``kinds``
-(commit a30da3b, issue 8): ``{kind: "batch", id, from, to, count}`` with requests inside. Its
+(commit a30da3b): ``{kind: "batch", id, from, to, count}`` with requests inside. Its
 daemon used to forward such a batch undecoded and the receiving client dropped the requests (not
 declared), so the old client waited out its timeouts in silence. The version policy (§4.4) says
 the daemon keeps serving the old form: here each request is answered, across two daemons, a forged

@@ -1,4 +1,4 @@
-"""docs/PROTOCOL.md §4.1 on the mesh side (issue 8, items 23 and 24): a message has exactly three
+"""docs/PROTOCOL.md §4.1 on the mesh side: a message has exactly three
 frames, from a peer too. A greeted raw peer (plaintext, loopback) sends a ``send`` with a fourth
 frame, a heartbeat with five and a batch with a second body frame, on its DEALER, and a
 publication with an extra frame on its XPUB: each is dropped and counted, none reaches the agent,

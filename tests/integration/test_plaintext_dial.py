@@ -1,4 +1,4 @@
-"""Issue 8, item 4, the learned-address half: a daemon in insecure mode on 127.0.0.1 never dials
+"""Plaintext dials, the learned-address half: a daemon in insecure mode on 127.0.0.1 never dials
 a LAN address it learns from a peer (the HELLO's own endpoints or its gossip about other nodes)
 in plaintext; it counts ``refused_plaintext_dial`` and logs once. The static-peer half
 (``--peer`` outside loopback stops start-up) is test_security.py. A real daemon; the "peer" is a

@@ -1,4 +1,4 @@
-"""Issue 11, goal 3's rule "nothing lost": a plain ``await me.publish(...)`` loop to subscribers on
+"""Publish flow control loses nothing: a plain ``await me.publish(...)`` loop to subscribers on
 another daemon that are slower than the publisher loses nothing. Their daemon holds what a full
 inbox refuses (meshd/delivery/publication_hold.py) and asks the publisher to pause (INBOX_FULL with ``held``)
 before anything is dropped. A subscriber that reads nothing at all still misses publications,

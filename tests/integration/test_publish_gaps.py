@@ -1,4 +1,4 @@
-"""Issue 8, item 9: a subscriber whose inbox is full misses publications; it is told how many,
+"""A subscriber whose inbox is full misses publications; it is told how many,
 per topic (a gap notice, like NATS's slow-consumer signal), and the daemon counts them per topic.
 Real daemons; the subscriber is a raw client that reads nothing until the publisher is done."""
 

@@ -152,6 +152,12 @@ def test_kill9_sending_daemon(stream: Any, backlog: str) -> None:
     stats = stream.finish(f"kill -9 sending daemon (backlog: {backlog})")
     print(f"  (killed after {killed_at} confirmations, ~{backlog_at_kill} confirmed and not yet handled)")
     H.check(stats, 0)
+    # The restarted daemon refuses the sends in flight with NOT_REGISTERED (it stored nothing):
+    # the client sends them again once registered, so none raises NotRegistered any more.
+    log = stream.agent_log("sender").splitlines()
+    summary = next(line for line in log if line.startswith("sender: rounds="))
+    print(f"  {summary}")
+    assert "NotRegistered" not in summary, summary
 
 
 @pytest.mark.parametrize("trigger", TRIGGERS)

@@ -1,4 +1,4 @@
-"""Issue 8, item 22 ("corrupt or read-only state"): a state directory on a file system that was
+"""Read-only state: a state directory on a file system that was
 remounted read-only (a failing SD card does that on edge machines) stops start-up with
 "cannot start: <path>: ... (fix: ...)" and exit 2, never a raw traceback. Root only: it mounts a
 real tmpfs and remounts it read-only (root can write to a mode-0400 file, so chmod shows nothing)."""

@@ -1,4 +1,4 @@
-"""docs/PROTOCOL.md §8.2 (issue 8, item 23): the ``register`` answer tells a client the daemon's
+"""docs/PROTOCOL.md §8.2: the ``register`` answer tells a client the daemon's
 ``heartbeat_interval``, and agents MUST beat at least that often. The Python client used its own
 interval (1 s) whatever the daemon said; now it beats at the daemon's when that is shorter, and
 keeps its own when that is shorter."""

@@ -175,7 +175,7 @@ def test_insecure_on_non_loopback_interface_refused() -> None:
 
 
 def test_insecure_with_a_static_peer_outside_loopback_refused() -> None:
-    """Issue 8, item 4: --insecure on 127.0.0.1 with --peer on a LAN address once sent HELLO and
+    """--insecure on 127.0.0.1 with --peer on a LAN address once sent HELLO and
     the directory to the LAN in plaintext. Now refused at start-up (exit 2, naming the key)."""
     d = short_tempdir()
     try:
@@ -330,7 +330,7 @@ def _peak_rss_kib(pid: int) -> int:
 
 def test_a_huge_frame_on_the_agent_socket_is_cut_off_before_the_daemon_holds_it(
         meshd_factory: MeshdFactory) -> None:
-    """Issue 8, item 19: the agent socket had no size cap, so a 256 MiB frame was read whole
+    """The agent socket had no size cap, so a 256 MiB frame was read whole
     (peak RSS 557 MB) before TOO_LARGE. Now a frame over max_payload_bytes + 68 KiB disconnects
     that connection as it arrives: the daemon's peak RSS does not grow by the frame's size, and
     it goes on serving."""

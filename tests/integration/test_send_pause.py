@@ -1,4 +1,4 @@
-"""A plain ``await me.send(...)`` loop backs off by itself on INBOX_FULL (issue 11), real daemons:
+"""A plain ``await me.send(...)`` loop backs off by itself on INBOX_FULL, real daemons:
 the sends to a slow receiver whose inbox fills are paused (and every message is delivered or
 reported, in order), while the sends to a fast receiver in the same loop are never paused."""
 

@@ -1,4 +1,4 @@
-"""Issue 8, item 8: qos-0 sends while the sender's own daemon restarts are never lost in silence:
+"""qos-0 sends while the sender's own daemon restarts are never lost in silence:
 each one is delivered or reported to ``on_error``, and none is both. Real daemons; the sender's
 daemon gets SIGTERM and is started again while the agent keeps sending."""
 

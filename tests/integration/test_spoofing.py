@@ -1,4 +1,4 @@
-"""Spoofed answers between agents are refused (issue 8, item 1), on real daemons through CURVE.
+"""Spoofed answers between agents are refused, on real daemons through CURVE.
 
 The attacker is a raw DEALER on another node, speaking docs/PROTOCOL.md directly: it registers a
 name of its own and then sends (a) an ``error`` envelope with code NAME_TAKEN to the victim, which
@@ -127,7 +127,7 @@ def test_client_ignores_name_taken_not_from_its_own_daemon(meshd_factory: MeshdF
 
 
 def test_impostor_with_a_peers_node_id_does_not_cut_the_real_peer_off(meshd_factory: MeshdFactory) -> None:
-    """Issue 8, item 2: a trusted node (c's key) connects to a with b's node id as routing id,
+    """A trusted node (c's key) connects to a with b's node id as routing id,
     again and again, and greets as b, while b's agent streams requests to a's agent. Before: the
     impostor took the routing id over (ROUTER_HANDOVER) and 89 of 196 messages were lost with no
     error. Now: routing ids carry a random part, a live one is never handed over, and a HELLO for
@@ -175,11 +175,11 @@ def test_impostor_with_a_peers_node_id_does_not_cut_the_real_peer_off(meshd_fact
 
             await wait_listed(client, "server")
             for i in range(sent):
-                if i % 20 == 10:  # the issue's impostor (routing id = b's node id) and one with a suffix
+                if i % 20 == 10:  # the plain impostor (routing id = b's node id) and one with a suffix
                     impostor(b.node_id.encode() if i % 40 == 10 else f"{b.node_id}.{i:016x}".encode())
                 try:
                     assert await client.request("server", "echo", i, timeout=5) == i
-                except Exception as exc:  # counted: the figure the issue asks for
+                except Exception as exc:  # counted: messages lost to the impostor
                     lost.append(f"{i}: {exc!r}")
             assert "imp" not in served  # the impostor's own traffic never reached the agent
 
@@ -198,7 +198,7 @@ def test_impostor_with_a_peers_node_id_does_not_cut_the_real_peer_off(meshd_fact
 
 
 def test_a_raising_send_handler_is_a_dead_letter_not_an_answer(meshd_factory: MeshdFactory) -> None:
-    """Issue 8, item 13: a send handler that raised was reported nowhere. Now the client tells
+    """A send handler that raised was reported nowhere. Now the client tells
     its daemon, which keeps a dead letter HANDLER_ERROR (and emits a send outcome with that
     error); the report is never routed to the sender (a send is not answered)."""
     a, b = _two_secure_nodes(meshd_factory)
@@ -249,7 +249,7 @@ def test_a_send_with_no_handler_is_a_dead_letter_not_dropped(meshd_factory: Mesh
 
 
 def test_an_answer_hidden_in_a_batch_is_refused_or_dropped(meshd_factory: MeshdFactory) -> None:
-    """Issue 8, item 1, batches: a forged reply inside a batch is refused by the attacker's
+    """Batches: a forged reply inside a batch is refused by the attacker's
     daemon when the batch header declares it (``kinds``), and dropped by the victim's client
     when it does not (the daemon did not decode that batch)."""
     a, b = _two_secure_nodes(meshd_factory)

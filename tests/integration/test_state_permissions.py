@@ -1,6 +1,6 @@
-"""Runtime and state directories are checked for root too, and state files are 0600 (issue 8,
-item 5). Run as root (the daemon's uid matters): another user's 0777 runtime dir, where that
-user could move the socket, is refused at start-up with exit 2 and a "cannot start: <path>:
+"""Runtime and state directories are checked for root too, and state files are 0600 (they hold
+keys and messages). Run as root (the daemon's uid matters): another user's 0777 runtime dir, where
+that user could move the socket, is refused at start-up with exit 2 and a "cannot start: <path>:
 <reason> (fix: ...)" line; our own 0755 state dir is tightened to 0700 and its files to 0600."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13 on a netlab LAN: host 2's daemon runs with its wall clock an hour behind or ahead
+"""Clock independence on a netlab LAN: host 2's daemon runs with its wall clock an hour behind or ahead
 (libfaketime, monotonic clock untouched). A name taken before a partition and taken again on the
 cut-off side during it stays with its first holder after the heal, on every node: the
 registration counter orders it, not the clocks (with the wall clock an hour behind, the second

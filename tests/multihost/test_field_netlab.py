@@ -1,4 +1,4 @@
-"""Field problems on three netlab hosts (issue 14): an address that moves while meshd runs, an
+"""Field problems on three netlab hosts: an address that moves while meshd runs, an
 interface added after start, a link that works one way only, and the doctor naming a host
 without multicast or whose mDNS a firewall drops (and counting it where it flows). Host 3 runs
 with default interfaces (no --interface), as a DHCP host would.
@@ -204,7 +204,7 @@ def test_the_doctor_names_an_interface_whose_mdns_a_firewall_drops(field: FieldH
 
 
 def test_after_a_partition_heals_requests_succeed_or_fail_fast_never_time_out(field: FieldHosts) -> None:
-    """Issue 8 item 11: a peer is online only when the path works both ways; until then requests
+    """A peer is online only when the path works both ways; until then requests
     to it fail fast instead of timing out."""
     mh = field
     mh.wait_full_mesh(WAIT)

@@ -133,8 +133,8 @@ def test_heal(multihost) -> None:
 def test_name_taken_on_both_sides_of_a_partition_is_resolved_on_heal(multihost) -> None:
     """While h2 is cut off, an agent named "twin" registers on h1 and on h2: each side accepts
     it, since neither can see the other. After the heal exactly one survives mesh-wide: the one
-    with the smaller (registration counter, node id), the same on every node (issue 13: no wall
-    clock decides); the other agent is told NAME_TAKEN and removed."""
+    with the smaller (registration counter, node id), the same on every node (no wall
+    clock decides: hosts' clocks differ); the other agent is told NAME_TAKEN and removed."""
     from meshd.client import BlockingAgent
 
     mh = multihost

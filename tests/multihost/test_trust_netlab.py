@@ -1,4 +1,4 @@
-"""First contact in keys mode across netlab hosts (issue 14): two fresh hosts with CURVE on and
+"""First contact in keys mode across netlab hosts: two fresh hosts with CURVE on and
 nothing trusted discover each other, list each other as untrusted with a fingerprint, say the
 exact command in their logs, and after `meshctl keys trust NAME` on each (the key the daemon saw in
 discovery) form a mesh and answer requests, with no restart and no key copied by hand."""

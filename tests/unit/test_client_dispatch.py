@@ -152,7 +152,7 @@ def test_a_cancel_follows_a_delegation() -> None:
 
 
 def test_a_budget_counts_on_the_handlers_own_clock_and_a_bad_one_is_refused() -> None:
-    """Issue 13: the handler's deadline is its host's monotonic time plus the budget, whatever
+    """The handler's deadline is its host's monotonic time plus the budget, whatever
     the sender's clock said; a budget that is not a number is VALIDATION_FAILED, not a crash."""
     h = Harness()
     seen: list[Message] = []
@@ -319,7 +319,7 @@ def test_an_eager_handler_gets_a_context_of_its_own_like_a_task() -> None:
 
 
 def test_many_acks_at_once_are_split_so_each_header_fits() -> None:
-    """Issue 8, item 7: ~500 unit ids acked in one turn made one 8.4 KB header, refused by the
+    """~500 unit ids acked in one turn made one 8.4 KB header, refused by the
     daemon's 8 KiB header cap, so those units were never acked (and later UNDELIVERABLE). Here
     600 handled units come again in one turn (their daemon restarted before it wrote their
     done-marks): each is acked again, not run again, in headers that fit."""

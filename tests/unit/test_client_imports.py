@@ -1,5 +1,5 @@
 """Importing the client (``from meshd import Agent``) must not load the daemon's dependencies:
-an agent process stays small (issue 11, goal 6). ``hookimpl`` still resolves for plugin authors."""
+an agent process stays small (its idle memory). ``hookimpl`` still resolves for plugin authors."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The receiving agent's path alone (no sockets): frame sets as a sending client's ``Batcher``
 builds them (daemons forward them unchanged) fed to a real, unconnected ``Agent``'s
-``Incoming.on_frames``, the function its reactor calls. Guards the lean path of issue 11: every
+``Incoming.on_frames``, the function its reactor calls. Guards the lean path (one-way speed): every
 ``Message`` field from the header, handler slots taken in the middle of a batch, arrival order."""
 
 from __future__ import annotations

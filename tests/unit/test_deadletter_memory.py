@@ -1,4 +1,4 @@
-"""Dead letters count what they really cost in memory (issue 8, item 18): a malformed message of
+"""Dead letters count what they really cost in memory: a malformed message of
 10,000 tiny frames costs far more than its bytes, so a byte cap over payload bytes alone let
 1,100 such letters grow the daemon by 570 MB while the cap counted 20 MB."""
 

@@ -159,9 +159,9 @@ class _Wire:
 
 def _updates(*peers: Peer) -> tuple[DirectoryUpdates, _Wire, Counter[str]]:
     stats: Counter[str] = Counter()
-    updates = DirectoryUpdates(Directory("aaaa"), stats, max_bytes=64 * 1024)
     wire = _Wire(*peers)
-    updates.peer_table = wire  # type: ignore[assignment]
+    updates = DirectoryUpdates(Directory("aaaa", journal_max_bytes=64 * 1024), stats, peer_table=wire,
+                               evict=lambda agent, why: None)
     return updates, wire, stats
 
 

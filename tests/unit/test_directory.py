@@ -35,7 +35,7 @@ def test_a_record_without_a_usable_counter_never_wins() -> None:
 
 
 def test_every_node_decides_a_conflict_the_same_way() -> None:
-    """Issue 13: the decision uses only what both records carry, so both sides agree."""
+    """The decision uses only what both records carry (no clock), so both sides agree."""
     for reg_a, reg_b in [(3, 7), (7, 3), (5, 5)]:
         a_loses = loses_name(_agent("w", reg_a), "aaaa", _rec("w", "bbbb", reg_b))
         b_loses = loses_name(_agent("w", reg_b), "bbbb", _rec("w", "aaaa", reg_a))

@@ -170,8 +170,7 @@ def test_the_node_rechecks_the_ipc_router_only_after_sending_on_it(monkeypatch: 
     async def run() -> None:
         loop = asyncio.get_running_loop()
         sockets, router, _ = make(loop)
-        reactor = _Reactor(loop)
-        reactor.sockets = sockets
+        reactor = _Reactor(loop, sockets=lambda: sockets)
         kicked: list[Any] = []
         monkeypatch.setattr(transport.Reactor, "kick", lambda self, sock: kicked.append(sock))
         conn = sockets.attach(lambda frames: None)

@@ -1,4 +1,4 @@
-"""Both-ways liveness and duplicate node ids, sans sockets, on a fake clock (issue 14)."""
+"""Both-ways liveness and duplicate node ids, sans sockets, on a fake clock."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The qos-1 outbox's bounds (issue 8, item 16), on the sans-I/O machine with an SQLite file."""
+"""The qos-1 outbox's bounds (an agent that never reads must not fill disk and memory), on the
+sans-I/O machine with an SQLite file."""
 
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ def test_header_field_in_range_is_accepted(key: str, value: object) -> None:
 
 
 def test_a_budget_is_a_duration_on_the_local_monotonic_clock() -> None:
-    """Issue 13: no wall clock takes part in a budget; the wire carries milliseconds left."""
+    """No wall clock takes part in a budget (hosts' clocks differ); the wire carries milliseconds left."""
     assert P.budget_ms(5) == 5000 and P.budget_ms(0.0001) == 1 and P.budget_ms(-3) == 0
     deadline = time.monotonic() + 2.0
     assert 1900 <= P.budget_left(deadline) <= 2000
@@ -205,7 +205,7 @@ def test_one_error_body_builder() -> None:
 
 
 def test_chunk_ids_keeps_every_ack_header_within_the_cap() -> None:
-    """Issue 8, item 7: daemon-to-daemon and client acks are split; even 256-character ids fit."""
+    """Daemon-to-daemon and client acks are split (a header over the cap is refused); 256-char ids fit."""
     for ids in ([f"{n:x}" * 1 for n in range(2000)], ["x" * P.MAX_ID_LEN + str(n) for n in range(300)]):
         ids = [i[:P.MAX_ID_LEN] for i in ids]
         chunks = P.chunk_ids(ids)

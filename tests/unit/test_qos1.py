@@ -184,7 +184,7 @@ def test_group_commit_writes_many_units_in_one_transaction(clock: Clock) -> None
 
 
 def test_a_wall_clock_jump_neither_expires_units_nor_prunes_done_marks(clock: Clock) -> None:
-    """Issue 13: qos1_ttl and the done-marks' age run on the monotonic clock."""
+    """qos1_ttl and the done-marks' age run on the monotonic clock (a wall-clock jump moves neither)."""
     q = _machine(clock, attempts=100)
     q.accept(None, "planner", "u1", "researcher", _frames("u1"))
     q.admit("in1", "nodeB", b"a", rid_alive=lambda rid: True)

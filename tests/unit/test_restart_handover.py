@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -162,10 +163,12 @@ class FakeDirectory:
         self.local_by_rid: dict[bytes, object] = {rid: object() for rid in rids}
 
 
-def _handover(rids: list[bytes]) -> tuple[AgentHandover, FakeLink, FakeDirectory, list[Any]]:
+def _handover(rids: list[bytes], settled: Callable[[], bool] | None = None
+              ) -> tuple[AgentHandover, FakeLink, FakeDirectory, list[Any]]:
     link, directory, registered = FakeLink(), FakeDirectory(rids), []
     handover = AgentHandover(link, directory, Counter(),  # type: ignore[arg-type]
-                             register=lambda rid, msg_id, frames: registered.append((rid, msg_id)))
+                             register=lambda rid, msg_id, frames: registered.append((rid, msg_id)),
+                             settled=settled)
     return handover, link, directory, registered
 
 
@@ -252,9 +255,9 @@ def test_peers_settled_means_none_half_way() -> None:
 
 def test_ready_waits_for_the_peers_within_the_settle_time() -> None:
     async def run() -> None:
-        handover, _, _, registered = _handover([])
         peers = [FakePeer(PeerState.ONE_WAY)]
-        handover.hold_registrations(settle=60, settled=lambda: peers_settled(peers))
+        handover, _, _, registered = _handover([], settled=lambda: peers_settled(peers))
+        handover.hold_registrations(settle=60)
         assert handover.defer(b"p", "1", _register_frames("producer"))
         handover.ready()
         await asyncio.sleep(0.05)
@@ -262,8 +265,8 @@ def test_ready_waits_for_the_peers_within_the_settle_time() -> None:
         peers[0].state = PeerState.ONLINE
         await async_wait_until(lambda: registered == [(b"p", "1")], timeout=5, what="registered")
 
-        handover, _, _, registered = _handover([])
-        handover.hold_registrations(settle=0.05, settled=lambda: False)  # a peer that never settles
+        handover, _, _, registered = _handover([], settled=lambda: False)
+        handover.hold_registrations(settle=0.05)  # a peer that never settles
         assert handover.defer(b"q", "2", _register_frames("producer"))
         handover.ready()
         await async_wait_until(lambda: registered == [(b"q", "2")], timeout=5, what="settle time")

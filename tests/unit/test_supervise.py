@@ -1,4 +1,5 @@
-"""supervised(): a background loop that raises is logged, counted and restarted (issue 8, item 21)."""
+"""supervised(): a background loop that raises is logged, counted and restarted (one bad message
+must not stop it for good)."""
 
 from __future__ import annotations
 

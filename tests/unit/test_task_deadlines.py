@@ -1,4 +1,4 @@
-"""Task and plan deadlines on a fake clock: a wall-clock jump moves none of them (issue 13)."""
+"""Task and plan deadlines on a fake clock: a wall-clock jump moves none of them."""
 
 from __future__ import annotations
 
