@@ -377,8 +377,8 @@ def build_app(gateway: Gateway) -> tuple[web.Application, Routes]:
     the two agree); the body limit is http_max_body_bytes."""
     routes = Routes(gateway)
     middlewares = [routes.guard]
-    if gateway.settings.http_check_responses:
-        middlewares.append(routes.check_responses)
+    if gateway.settings.http_check_responses:  # outermost: it sees the guard's error answers too
+        middlewares.insert(0, routes.check_responses)
     app = web.Application(middlewares=middlewares, client_max_size=gateway.settings.http_max_body_bytes)
     r = app.router
     sid = _SESSION

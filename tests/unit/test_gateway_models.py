@@ -7,25 +7,30 @@ error naming the field; an answer of the wrong shape is caught by the check that
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
 from meshd.errors import ValidationFailed
 from meshd.gateway import models as M
-from meshd.gateway.app import build_app, check_response, served_routes
+from meshd.gateway.app import Routes, build_app, check_response, served_routes
 from meshd.gateway.errors import BadRequest
 from meshd.gateway.openapi import ROUTES, openapi_spec
 
 
 def _app(check: bool = False) -> web.Application:
+    return _built(check)[0]
+
+
+def _built(check: bool) -> tuple[web.Application, Routes]:
     gateway: Any = SimpleNamespace(settings=SimpleNamespace(http_check_responses=check,
                                                             http_max_body_bytes=4096))
-    app, _routes = build_app(gateway)
-    return app
+    return build_app(gateway)
 
 
 def test_the_routes_served_are_the_routes_documented() -> None:
@@ -101,3 +106,28 @@ def test_the_answer_check_catches_a_wrong_shape() -> None:
     text = web.Response(text="{}", content_type="text/plain")
     assert "content type" in str(check_response("GET", "/v1/node", text))
     assert check_response("GET", "/", web.Response(text="<html>", content_type="text/html")) is None
+
+
+def test_the_middleware_answers_500_for_a_wrong_shape() -> None:
+    """``http_check_responses``: a handler that answers an array where the document says object
+    is turned into 500 RESPONSE_INVALID (and counted); a right answer passes untouched."""
+    app, routes = _built(check=True)
+    assert app.middlewares[0] == routes.check_responses
+
+    async def go() -> tuple[web.StreamResponse, web.StreamResponse]:
+        request = make_mocked_request("GET", "/v1/node", app=app)
+        request._match_info = await app.router.resolve(request)  # what the server does first
+
+        async def wrong(_request: web.Request) -> web.StreamResponse:
+            return web.json_response([NODE])
+
+        async def right(_request: web.Request) -> web.StreamResponse:
+            return web.json_response(NODE)
+
+        return await routes.check_responses(request, wrong), await routes.check_responses(request, right)
+
+    bad, good = asyncio.run(go())
+    assert isinstance(bad, web.Response) and bad.status == 500 and isinstance(bad.body, bytes)
+    assert json.loads(bad.body)["error"]["code"] == "RESPONSE_INVALID"
+    assert good.status == 200
+    assert routes.invalid_responses == 1 and routes.checked_responses == 2
