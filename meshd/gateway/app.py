@@ -84,6 +84,13 @@ class Routes:
             return web.Response(status=401, headers={"WWW-Authenticate": 'Bearer realm="meshd"'})
         try:
             return await handler(request)
+        except web.HTTPMethodNotAllowed as exc:  # the JSON error body, and Allow: the methods served
+            resp = _error(405, "METHOD_NOT_ALLOWED", f"{request.method} is not served on {request.path}; "
+                          f"allowed: {', '.join(sorted(exc.allowed_methods))}")
+            resp.headers["Allow"] = ",".join(sorted(exc.allowed_methods))
+            return resp
+        except web.HTTPNotFound:
+            return _error(404, "NOT_FOUND", f"no route {request.path!r} (GET /v1/openapi.json lists them)")
         except web.HTTPRequestEntityTooLarge:
             return _error(413, "TOO_LARGE", f"body larger than {self.gw.settings.http_max_body_bytes} bytes "
                           "(http_max_body_bytes)")

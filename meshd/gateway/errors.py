@@ -57,6 +57,8 @@ class TooManyInFlight(GatewayError):
 
 _STATUS = {
     "BAD_REQUEST": 400,
+    "NOT_FOUND": 404,  # no such route
+    "METHOD_NOT_ALLOWED": 405,
     "VALIDATION_FAILED": 400,
     "TOO_LARGE": 413,
     "NO_SUCH_AGENT": 404,

@@ -138,12 +138,16 @@ def test_schemathesis_finds_nothing(meshd_factory: MeshdFactory) -> None:
     assert a.alive()
 
 
-def _status_and_allow(url: str, method: str, path: str, token: str) -> tuple[int, str]:
-    async def go() -> tuple[int, str]:
+def _answer(url: str, method: str, path: str, token: str) -> tuple[int, str, Any]:
+    async def go() -> tuple[int, str, Any]:
         async with aiohttp.ClientSession() as s, s.request(
                 method, url + path.lstrip("/"), headers={"Authorization": f"Bearer {token}"}) as r:
-            return r.status, r.headers.get("Allow", "")
+            return r.status, r.headers.get("Allow", ""), await r.json()
     return asyncio.run(go())
+
+
+def _status_and_allow(url: str, method: str, path: str, token: str) -> tuple[int, str]:
+    return _answer(url, method, path, token)[:2]
 
 
 def test_405_allows_only_the_methods_served(meshd_factory: MeshdFactory) -> None:
@@ -160,13 +164,16 @@ def test_405_allows_only_the_methods_served(meshd_factory: MeshdFactory) -> None
         for method in ("GET", "POST", "PUT", "DELETE", "PATCH"):
             if method in methods:
                 continue
-            status, allow = _status_and_allow(gw.url, method, real, gw.token)
+            status, allow, body = _answer(gw.url, method, real, gw.token)
             assert status == 405, (method, path, status)
             served = {m.strip() for m in allow.split(",") if m.strip()} - {"HEAD", "OPTIONS"}
             assert served == methods, (method, path, allow)
+            assert body["error"]["code"] == "METHOD_NOT_ALLOWED", body
     # the fixed segments beside /v1/agents/{session_id} are not session ids
     assert _status_and_allow(gw.url, "DELETE", "/v1/agents/register", gw.token) == (405, "POST")
     assert _status_and_allow(gw.url, "GET", "/v1/agents/heartbeat", gw.token) == (405, "POST")
+    status, _allow, body = _answer(gw.url, "GET", "/v1/nothing-here", gw.token)
+    assert status == 404 and body["error"]["code"] == "NOT_FOUND"
 
 
 def test_nul_byte_in_a_header_is_a_clean_400(meshd_factory: MeshdFactory) -> None:
