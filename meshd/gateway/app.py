@@ -100,6 +100,11 @@ class Routes:
                           field if isinstance(field, str) else None)
         except TimeoutError as exc:  # a wait the mesh did not turn into its own TIMEOUT
             return _error(504, "TIMEOUT", str(exc) or "timed out")
+        except web.HTTPException:
+            raise
+        except Exception as exc:  # a bug: the traceback for the log, the JSON error body for the client
+            log.exception("%s %s failed", request.method, request.path)
+            return _error(500, "INTERNAL", f"the gateway failed ({type(exc).__name__}); see the daemon's log")
 
     @web.middleware
     async def check_responses(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -90,6 +90,8 @@ _STATUS = {
     "TASK_FAILED": 502,
     "SPAWN_FAILED": 502,
     "NOT_WIRED": 501,
+    "INTERNAL": 500,  # a gateway bug (logged with its traceback)
+    "RESPONSE_INVALID": 500,  # http_check_responses: an answer that does not fit its model
 }
 
 

@@ -129,7 +129,7 @@ def _whole(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-Count = Annotated[int, Strict(), Ge(0), BeforeValidator(_whole)]
+Count = Annotated[int, Strict(), Ge(0), Le(10**9), BeforeValidator(_whole)]
 Qos = Annotated[int, Strict(), Ge(0), Le(1), BeforeValidator(_whole),
                 Field(description="0: at most once; 1: at least once (stored until acked).")]
 
@@ -567,12 +567,26 @@ def parse_model(model: type[M], data: Any) -> M:
         raise BadRequest(message, details=details) from None
 
 
+_INT_RANGE = range(-(2**63), 2**64)  # what msgpack carries as an integer
+
+
+def _json_int(text: str) -> int | float:
+    """A JSON integer; one past 64 bits becomes a float, as JavaScript reads every number (the mesh
+    carries msgpack, whose integers stop at 64 bits; a JSON number is a number either way)."""
+    value = int(text)
+    return value if value in _INT_RANGE else float(text)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_body(model: type[M], raw: bytes) -> M:
     """A request body (bytes) as ``model``: malformed JSON, a non-object or a bad field is a 400."""
     if not raw:
         raise BadRequest("empty body: send a JSON object")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_int=_json_int, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"malformed JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -78,6 +78,13 @@ def test_a_bad_field_is_named() -> None:
         M.parse_body(M.RegisterRequest, b'{"name":')
     ok = M.parse_body(M.HeartbeatRequest, b'{"queue_depth": 3.0, "unknown": 1}')  # 3.0 is an integer
     assert ok.queue_depth == 3
+    with pytest.raises(BadRequest, match="malformed JSON"):
+        M.parse_body(M.RequestRequest, b'{"session_id": "s", "target": "t", "payload": NaN}')
+    big = M.parse_body(M.RequestRequest, b'{"session_id": "s", "target": "t", "payload": [%d, 7]}' % 2**70)
+    assert big.payload == [float(2**70), 7]  # past 64 bits a JSON integer is read as JavaScript does
+    with pytest.raises(BadRequest) as err:
+        M.parse_body(M.HeartbeatRequest, b'{"queue_depth": %d}' % 2**70)
+    assert err.value.details == {"field": "queue_depth"}
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
