@@ -120,8 +120,9 @@ class Bench:
         h.wait("ready", 30)
         return h
 
-    def daemon(self, name: str, mesh: str | None = None, secure: bool = False) -> Daemon:
-        d = Daemon(name, mesh or self.mesh, self.workdir, secure)
+    def daemon(self, name: str, mesh: str | None = None, secure: bool = False,
+               env: dict[str, str] | None = None) -> Daemon:
+        d = Daemon(name, mesh or self.mesh, self.workdir, secure, env=env)
         self.daemons.append(d)
         return d
 

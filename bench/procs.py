@@ -129,9 +129,10 @@ class Daemon(DaemonProcess):
     authorized-keys folder in ``state_dir`` before ``start`` (see ``Bench.secure_pair``).
     """
 
-    def __init__(self, name: str, mesh: str, workdir: Path, secure: bool = False) -> None:
+    def __init__(self, name: str, mesh: str, workdir: Path, secure: bool = False,
+                 env: dict[str, str] | None = None) -> None:
         super().__init__(name, mesh, workdir / name, args=["--interface", LOOPBACK], insecure=not secure,
-                         cwd=REPO)
+                         cwd=REPO, env=env)
         self.state_dir.mkdir(parents=True, mode=0o700)
         self.node_id = os.urandom(8).hex()
         (self.state_dir / "node_id").write_text(self.node_id + "\n")

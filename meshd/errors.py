@@ -14,6 +14,10 @@ class MeshError(Exception):
 
     code: str = "ERROR"
     retryable: bool = False
+    #: Who sent the error envelope: ``meshd@<node id>`` when a daemon refused the message (it
+    #: reached no handler), else the agent that answered with the error; None for an error raised
+    #: in this process. Set by the client when the envelope arrives.
+    sender: str | None = None
 
     def __init__(
         self,

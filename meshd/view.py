@@ -17,7 +17,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["MetricsSnapshot", "NodeView"]
+__all__ = ["LatencyReading", "MetricsSnapshot", "NodeView"]
+
+
+@dataclass(frozen=True)
+class LatencyReading:
+    """One collaboration kind's latency histogram: non-cumulative counts per bucket (the last is
+    +Inf), their sum in seconds, and the most recent observations (seconds, oldest first)."""
+
+    buckets_s: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum_s: float
+    recent_s: tuple[float, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +56,13 @@ class MetricsSnapshot:
     #: Observer events waiting for plugins, and the plugin host's counters.
     plugin_queue: int = 0
     plugin_stats: Mapping[str, int] = field(default_factory=dict)
+    #: Collaborations (send, request, delegate, handoff) by ``(kind, outcome)``, counted by the
+    #: node itself, so that a metrics plugin need not receive every outcome (meshd_collaboration).
+    collaborations: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    #: Those that ended in an error, by ``(kind, error code)`` (bounded: past 64 codes, "other").
+    collaboration_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    #: Request (and qos-1 send) latency by kind.
+    latency: Mapping[str, LatencyReading] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -1,7 +1,9 @@
 """Bindings: the standards other frameworks speak, attached to the local daemon as agents.
 
-Holds the MCP server (``mcp``: ``meshd mcp``, on the official ``mcp`` SDK). Each binding runs in
-its own process and uses the agent library like any other agent.
+Holds the MCP server, ``meshd mcp``, on the official ``mcp`` SDK: ``mcp`` (the bridge to the
+mesh, the options, stdio), ``mcp_server`` (the SDK's server: progress, cancel, the inbox's
+announcements) and ``mcp_http`` (Streamable HTTP: bearer token, TLS, Host/Origin checks). Each
+binding runs in its own process and uses the agent library like any other agent.
 
 May import: ``client``, ``tools`` (names, schemas), ``config``, ``wire``, ``util``, ``errors``.
 Never ``daemon`` or ``cli``.

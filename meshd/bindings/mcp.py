@@ -14,23 +14,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from meshd.client import DEFER, Agent, Message
 from meshd.client.handlers import ANY_TOPIC
-from meshd.errors import MeshError, NoSuchTool, QueueFull, ValidationFailed
+from meshd.errors import ConfigError, MeshError, NoSuchTool, QueueFull, ValidationFailed
 
-__all__ = ["MCP_EXTRA_HINT", "MeshMcpBridge", "run_mcp_server"]
+__all__ = ["INBOX_URI", "MCP_EXTRA_HINT", "RESOURCES", "McpOptions", "MeshMcpBridge", "run_mcp_server",
+           "summary"]
 
 log = logging.getLogger("meshd.mcp")
 
-CALL_TIMEOUT: Final = 125.0
+CALL_TIMEOUT: Final = 125.0  # a call with no timeout_s: the default approval_timeout (120 s) and a little
+TIMEOUT_GRACE: Final = 0.5  # a tool's timeout_s plus this, for its answer to travel back
 MCP_EXTRA_HINT: Final = "the MCP server needs the 'mcp' extra: pip install 'meshd-daemon[mcp]'"
 
 _WAIT_SCHEMA: Final = {
@@ -52,21 +55,23 @@ LOCAL_TOOLS: Final = {
                      "answered with reply_message.", _WAIT_SCHEMA),
     "reply_message": ("Answer a request received with wait_message.", _REPLY_SCHEMA),
 }
+INBOX_URI: Final = "meshd://inbox"
 RESOURCES: Final = {
+    INBOX_URI: ("inbox", "Messages that arrived for this agent and are not read yet (wait_message "
+                "takes them); subscribe for notifications/resources/updated on each arrival."),
     "meshd://agents": ("agents", "Agents in the mesh: capabilities, state, context %, queue depth."),
     "meshd://tasks": ("tasks", "Tasks this daemon owns, newest first."),
     "meshd://tools": ("tools", "The daemon's tools with their JSON Schemas."),
 }
 
 
-@dataclass(slots=True)
-class _Inbound:
-    message: Message
-    answered: bool = False
-
-
 class MeshMcpBridge:
-    """The agent side of the MCP server: tools, messages and resources as plain data (no SDK)."""
+    """The agent side of the MCP server: tools, messages and resources as plain data (no SDK).
+
+    ``listeners`` are called (synchronously, never raising into the agent) with ``"arrived"``
+    and the message's summary when a message lands in the inbox, and with ``"read"`` and None
+    when ``wait_message`` takes one: the server turns them into resource-updated and pushed
+    notifications (meshd/bindings/mcp_server.py)."""
 
     def __init__(self, agent: Agent, inbox_cap: int = 100) -> None:
         self.agent = agent
@@ -74,8 +79,10 @@ class MeshMcpBridge:
         self.inbox: collections.deque[Message] = collections.deque()
         self.open_requests: collections.OrderedDict[str, Message] = collections.OrderedDict()
         self.dropped = 0
+        self.listeners: list[Callable[[str, dict[str, Any] | None], None]] = []
         self._arrived = asyncio.Event()
         self._failing: set[asyncio.Task[None]] = set()
+        self._wait_defaults: dict[str, float] | None = None  # tool name -> its timeout_s default
         agent.on(ANY_TOPIC)(self._on_message)
 
     def _on_message(self, msg: Message) -> Any:
@@ -91,27 +98,47 @@ class MeshMcpBridge:
             return None
         self.inbox.append(msg)
         self._arrived.set()
+        self._tell("arrived", summary(msg))
         return DEFER if msg.is_request else None
+
+    def _tell(self, event: str, item: dict[str, Any] | None) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(event, item)
+            except Exception:
+                log.exception("an inbox listener raised")
 
     async def tool_list(self) -> list[dict[str, Any]]:
         """Every tool as ``{name, description, inputSchema}``: the daemon's, then the local ones."""
         tools = await self.agent.tools(format="mcp")
+        self._wait_defaults = {str(t.get("name")): float(d) for t in tools
+                               if isinstance(d := _timeout_default(t.get("inputSchema")), int | float)}
         tools.extend({"name": name, "description": text, "inputSchema": schema}
                      for name, (text, schema) in LOCAL_TOOLS.items())
         return tools
 
-    async def call(self, name: str, args: dict[str, Any]) -> Any:
-        """Call a tool; raises typed errors."""
+    async def call_timeout(self, name: str, args: dict[str, Any]) -> float:
+        """How long this side waits for a call: a tool that waits (``timeout_s``, given or its
+        schema's default) gets that and a little, so no call outlives its ``timeout_s`` (issue
+        22); any other call gets the default approval timeout and a little, so a call held for a
+        person can be decided before this side gives up."""
+        wanted = args.get("timeout_s")
+        if not isinstance(wanted, int | float) or isinstance(wanted, bool) or wanted <= 0:
+            if self._wait_defaults is None:
+                with contextlib.suppress(MeshError):
+                    await self.tool_list()
+            wanted = (self._wait_defaults or {}).get(name)
+        return float(wanted) + TIMEOUT_GRACE if wanted else CALL_TIMEOUT
+
+    async def call(self, name: str, args: dict[str, Any], *,
+                   on_progress: Callable[[str], Any] | None = None) -> Any:
+        """Call a tool; raises typed errors. ``on_progress(note)`` sees the daemon's notes."""
         if name == "wait_message":
             return await self.wait_message(float(args.get("timeout_s", 30)))
         if name == "reply_message":
             return await self.reply_message(args.get("id"), args.get("payload"))
-        # A tool that waits (request_agent, wait_task) gets its own wait plus a margin; every call
-        # gets at least the default approval_timeout (120 s) and a little, so a held call can be
-        # decided by a person before this side gives up.
-        wanted = args.get("timeout_s")
-        timeout = float(wanted) + 5 if isinstance(wanted, int | float) and wanted > 0 else 0.0
-        return await self.agent.call_tool(name, args, timeout=max(CALL_TIMEOUT, timeout))
+        return await self.agent.call_tool(name, args, timeout=await self.call_timeout(name, args),
+                                          on_progress=on_progress)
 
     async def wait_message(self, timeout_s: float) -> dict[str, Any] | None:
         if not 0 < timeout_s <= 600:
@@ -128,9 +155,13 @@ class MeshMcpBridge:
             while len(self.open_requests) > self.inbox_cap:  # bounded: the oldest unanswered one fails
                 _, old = self.open_requests.popitem(last=False)
                 await self.agent.fail(old, "the MCP client did not answer in time", code="TIMEOUT")
-        return {"id": msg.id, "kind": msg.kind, "from": msg.sender, "topic": msg.topic,
-                "payload": msg.payload, "is_request": msg.is_request, "time_left_s": msg.time_left,
-                "tasks": getattr(msg, "tasks", None)}
+        self._tell("read", None)
+        return summary(msg)
+
+    def inbox_view(self) -> dict[str, Any]:
+        """The ``meshd://inbox`` resource: the unread messages (oldest first), not taken."""
+        return {"agent": self.agent.name, "unread": len(self.inbox), "cap": self.inbox_cap,
+                "dropped": self.dropped, "messages": [summary(m) for m in self.inbox]}
 
     async def reply_message(self, msg_id: Any, payload: Any) -> dict[str, Any]:
         msg = self.open_requests.pop(msg_id, None) if isinstance(msg_id, str) else None
@@ -141,6 +172,8 @@ class MeshMcpBridge:
 
     async def read_resource(self, uri: str) -> Any:
         kind = RESOURCES.get(uri, ("", ""))[0]
+        if kind == "inbox":
+            return self.inbox_view()
         if kind == "agents":
             return await self.agent.call_tool("list_agents", {})
         if kind == "tasks":
@@ -152,73 +185,85 @@ class MeshMcpBridge:
         raise NoSuchTool(f"no resource {uri!r}; known: {', '.join(RESOURCES)}")
 
 
-def _text(value: Any) -> str:
-    return json.dumps(value, default=str, ensure_ascii=False)
+def summary(msg: Message) -> dict[str, Any]:
+    """A message as ``wait_message`` returns it (and ``meshd://inbox`` lists it)."""
+    return {"id": msg.id, "kind": msg.kind, "from": msg.sender, "topic": msg.topic,
+            "payload": msg.payload, "is_request": msg.is_request, "time_left_s": msg.time_left,
+            "tasks": getattr(msg, "tasks", None)}
 
 
-def build_server(bridge: MeshMcpBridge, name: str) -> Any:
-    """The SDK's low-level ``Server`` with handlers over ``bridge``."""
-    import mcp_types as types
-    from mcp.server.lowlevel import Server
-
-    async def list_tools(ctx: Any, params: Any) -> Any:
-        return types.ListToolsResult(tools=[types.Tool(name=t["name"], description=t["description"],
-                                                       input_schema=t["inputSchema"])
-                                            for t in await bridge.tool_list()])
-
-    async def call_tool(ctx: Any, params: Any) -> Any:
-        try:
-            result = await bridge.call(params.name, dict(params.arguments or {}))
-        except MeshError as exc:
-            return types.CallToolResult(content=[types.TextContent(text=f"{exc.code}: {exc.message}")],
-                                        is_error=True)
-        return types.CallToolResult(content=[types.TextContent(text=_text(result))],
-                                    structured_content={"result": result})
-
-    async def list_resources(ctx: Any, params: Any) -> Any:
-        return types.ListResourcesResult(resources=[
-            types.Resource(uri=uri, name=kind, description=text, mime_type="application/json")
-            for uri, (kind, text) in RESOURCES.items()])
-
-    async def read_resource(ctx: Any, params: Any) -> Any:
-        uri = str(params.uri)
-        try:
-            text = _text(await bridge.read_resource(uri))
-        except MeshError as exc:
-            text = _text({"error": exc.code, "message": exc.message})
-        return types.ReadResourceResult(contents=[types.TextResourceContents(
-            uri=uri, mime_type="application/json", text=text)])
-
-    return Server(name, version="1", instructions=(
-        "meshd: this server is an agent on a peer mesh. list_agents shows who is there and how "
-        "loaded; request_agent asks one and waits; create_task / create_plan hand work to agents "
-        "by capability; wait_message reads what arrives for you, reply_message answers requests."),
-        on_list_tools=list_tools, on_call_tool=call_tool, on_list_resources=list_resources,
-        on_read_resource=read_resource)
+def _timeout_default(schema: Any) -> Any:
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    spec = props.get("timeout_s") if isinstance(props, dict) else None
+    return spec.get("default") if isinstance(spec, dict) else None
 
 
-async def _serve(socket: Path | None, name: str, capabilities: list[str], inbox_cap: int) -> None:
-    from mcp.server.stdio import stdio_server
+@dataclass(frozen=True, slots=True)
+class McpOptions:
+    """``meshd mcp``'s options (meshd/cli/main.py fills them from its flags).
 
-    async with Agent(name, socket=socket, capabilities=capabilities) as agent:
-        bridge = MeshMcpBridge(agent, inbox_cap)
-        server = build_server(bridge, f"meshd ({name})")
+    ``http``: serve Streamable HTTP on ``HOST:PORT`` (meshd/bindings/mcp_http.py) instead of
+    stdio; ``progress_every``: seconds between keep-alive progress notifications of a running
+    call; ``push``: announce each arrival with ``notifications/claude/channel`` too."""
+
+    socket: Path | None = None
+    name: str | None = None
+    capabilities: tuple[str, ...] = ()
+    inbox_cap: int = 100
+    progress_every: float = 5.0
+    push: bool = False
+    http: str | None = None
+    token_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    allowed_origins: tuple[str, ...] = ()
+
+
+async def _serve(opts: McpOptions, name: str) -> None:
+    from meshd.bindings.mcp_server import build_server
+
+    async with Agent(name, socket=opts.socket, capabilities=list(opts.capabilities)) as agent:
+        bridge = MeshMcpBridge(agent, opts.inbox_cap)
+        server, _ = build_server(bridge, f"meshd ({name})", progress_every=opts.progress_every,
+                                 push=opts.push)
         log.info("MCP server attached to meshd as %r (node %s)", name, agent.node_name)
+        if opts.http is not None:
+            from meshd.bindings.mcp_http import serve_http
+
+            await serve_http(server, opts, name)
+            return
+        from mcp.server.stdio import stdio_server
+
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-def run_mcp_server(socket: Path | None, name: str | None, capabilities: list[str] | None = None,
-                   inbox_cap: int = 100) -> int:
-    """``meshd mcp``: serve MCP on stdin/stdout until the client closes it; returns the exit code."""
+def run_mcp_server(opts: McpOptions) -> int:
+    """``meshd mcp``: serve MCP on stdin/stdout until the client closes it, or on Streamable
+    HTTP until SIGINT/SIGTERM; returns the exit code (2: the extra is missing or an option is bad)."""
+    if not 0 < opts.progress_every <= 600:
+        print("meshd mcp: --progress-every: must be > 0 and <= 600 seconds", file=sys.stderr)
+        return 2
+    if opts.http is not None:
+        from meshd.bindings.mcp_http import check_http
+
+        try:
+            check_http(opts)  # a bad address or TLS file stops here, before anything attaches or binds
+        except ConfigError as exc:
+            print(f"meshd mcp: {exc}", file=sys.stderr)
+            return 2
     try:
         import mcp  # noqa: F401
     except ImportError:
         print(f"meshd: {MCP_EXTRA_HINT}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="meshd mcp: %(message)s")
+    logging.getLogger("meshd.mcp").setLevel(logging.INFO)
     try:
-        asyncio.run(_serve(socket, name or f"mcp-{os.getpid()}", list(capabilities or []), inbox_cap))
+        asyncio.run(_serve(opts, opts.name or f"mcp-{os.getpid()}"))
+    except ConfigError as exc:
+        print(f"meshd mcp: {exc}", file=sys.stderr)
+        return 2
     except MeshError as exc:
         print(f"meshd mcp: {exc.code}: {exc.message}", file=sys.stderr)
         return 1

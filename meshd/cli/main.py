@@ -95,12 +95,26 @@ def meshd_main(argv: list[str] | None = None) -> int:
     demo.add_argument("--keep-logs", action="store_true", help="print the daemons' logs afterwards")
     demo.add_argument("--plan", action="store_true",
                       help="the plan scenario instead: tasks picked by capability and load (docs/tasks.md)")
-    mcp = sub.add_parser("mcp", help="stdio MCP server attached to the local daemon as an agent "
-                         "(needs the 'mcp' extra)")  # meshd/bindings/mcp.py
+    mcp = sub.add_parser("mcp", help="MCP server (stdio, or Streamable HTTP with --http) attached to "
+                         "the local daemon as an agent (needs the 'mcp' extra)")  # meshd/bindings/mcp.py
     mcp.add_argument("--socket", type=Path, default=None, help="the daemon's agent socket")
     mcp.add_argument("--name", default=None, help="agent name (default: mcp-<pid>)")
     mcp.add_argument("--capability", action="append", default=[], help="capability to register (repeatable)")
     mcp.add_argument("--inbox", type=int, default=100, help="unread messages kept for wait_message")
+    mcp.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
+                     help="keep-alive progress notification interval of a running tool call (default 5)")
+    mcp.add_argument("--push", action="store_true",
+                     help="also push each arriving message as notifications/claude/channel")
+    mcp.add_argument("--http", nargs="?", const="127.0.0.1:8767", default=None, metavar="HOST:PORT",
+                     help="serve Streamable HTTP at http://HOST:PORT/mcp instead of stdio "
+                          "(default 127.0.0.1:8767; port 0: any free port, see mcp-NAME.json)")
+    mcp.add_argument("--token-file", type=Path, default=None,
+                     help="bearer token file (0600; made if missing; default: mcp-NAME.token "
+                          "beside the socket)")
+    mcp.add_argument("--tls-cert", type=Path, default=None, help="TLS certificate (PEM) for --http")
+    mcp.add_argument("--tls-key", type=Path, default=None, help="TLS private key (PEM) for --http")
+    mcp.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                     help="a browser Origin allowed besides the listen address's own (repeatable)")
     for cmd, text in (("doctor", "check interfaces, multicast, peers and discovery; exit 1 on a problem"),
                       ("reset-identity", "delete this node's id and keypair (a cloned state dir); a "
                                          "new one is made at the next start")):
@@ -119,9 +133,13 @@ def meshd_main(argv: list[str] | None = None) -> int:
 
         return meshd_doctor(args) if args.command == "doctor" else meshd_reset_identity(args)
     if args.command == "mcp":
-        from meshd.bindings.mcp import run_mcp_server
+        from meshd.bindings.mcp import McpOptions, run_mcp_server
 
-        return run_mcp_server(args.socket, args.name, args.capability, max(1, args.inbox))
+        return run_mcp_server(McpOptions(
+            socket=args.socket, name=args.name, capabilities=tuple(args.capability),
+            inbox_cap=max(1, args.inbox), progress_every=args.progress_every, push=args.push,
+            http=args.http, token_file=args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
+            allowed_origins=tuple(args.allow_origin)))
     if args.command == "demo":
         if args.plan:  # the tasks scenario (meshd/cli/demo_plan.py)
             from meshd.cli.demo_plan import run_plan_demo

@@ -172,6 +172,8 @@ class Incoming:
     def on_error(self, header: dict[str, Any]) -> None:
         events, window, resend = self._events, self._window, self._resend
         err = error_from_wire(header.get(P.ERROR))
+        sender = header.get(P.FROM)
+        err.sender = sender if isinstance(sender, str) else None
         corr = header.get(P.CORR)
         loop = events.loop()
         if err.code == P.ErrorCode.INBOX_FULL and P.TOPIC in header and loop is not None:

@@ -263,6 +263,9 @@ class Node:
             events=dict(self.stats),
             plugin_queue=self.plugins.queued,
             plugin_stats=dict(self.plugins.stats),
+            collaborations=dict(self.outcomes.tally.counts),
+            collaboration_errors=dict(self.outcomes.tally.errors),
+            latency=self.outcomes.tally.readings(),
         )
         with self._snapshot_lock:
             self._snapshot = snap

@@ -214,9 +214,8 @@ class Qos1Driver:
 
     def _acked(self, entry: OutboxEntry) -> None:
         self.stats["qos1_delivered"] += 1
-        if self.outcomes.enabled:
-            topic = entry.header.topic if entry.header is not None else None
-            self.outcomes.delivered(entry.id, entry.sender, entry.dest, topic, entry.created_m)
+        topic = entry.header.topic if entry.header is not None else None
+        self.outcomes.delivered(entry.id, entry.sender, entry.dest, topic, entry.created_m)
 
     def _not_stored(self, action: NotStored) -> None:
         entry, message = action.entry, f"qos-1 message not stored: {action.why}; it will not be sent"

@@ -358,9 +358,6 @@ class Router:
                 self.bounce(header, frames[1:], P.ErrorCode.TIMEOUT,
                              "the request's deadline passed before it was delivered")
                 return
-        if not self.outcomes.enabled:
-            self.route(to, header, frames[1:])
-            return
         sends = self.outcomes.outgoing(header, frames[1:])
         self.outcomes.sends_routed(sends, self.route(to, header, frames[1:]))
 
@@ -436,9 +433,8 @@ class Router:
         self.stats["send_handler_errors"] += 1
         self.dead_letter(P.ErrorCode.HANDLER_ERROR, f"handler of {agent!r} for send {header.corr!r} from "
                          f"{header.to!r} raised: {text}", frames[1:], header)
-        if self.outcomes.enabled:
-            self.outcomes.emit("send", header.corr, header.to, agent, header.topic, "error",
-                               P.ErrorCode.HANDLER_ERROR)
+        self.outcomes.emit("send", header.corr, header.to, agent, header.topic, "error",
+                           P.ErrorCode.HANDLER_ERROR)
 
     def _check_answer(self, responder: str, kind: str, corr: str | None, origin: str | None,
                       to: str) -> str | None:

@@ -31,6 +31,7 @@ _AGENT = Field(description="Agent name, or name@node to pick one node's agent.",
 _TOPIC = Field(description="Topic the receiving agent's handler is selected by.", min_length=1,
                max_length=256)
 _TERMINAL: Final = frozenset({"done", "failed", "cancelled"})
+_WAIT_SLICE_S: Final = 2.0  # wait_task looks at its task this often, to tell the caller how it goes
 
 
 class _Args(BaseModel):
@@ -197,8 +198,11 @@ async def ask_agent(args: AskAgentArgs, ctx: ToolContext) -> dict[str, Any]:
 
 async def request_agent(args: RequestAgentArgs, ctx: ToolContext) -> Any:
     _may_message(ctx, args.agent, args.topic)
+    # The target's progress notes go on to the caller (MCP: progress notifications, which keep
+    # a client from timing the call out).
     return await ctx.agent.request(args.agent, args.topic, args.payload,
-                                   timeout=_bounded(ctx, args.timeout_s), headers=_headers(ctx))
+                                   timeout=_bounded(ctx, args.timeout_s), headers=_headers(ctx),
+                                   on_progress=ctx.progress)
 
 
 async def list_agents(args: ListAgentsArgs, ctx: ToolContext) -> list[dict[str, Any]]:
@@ -288,7 +292,17 @@ async def task_status(args: TaskStatusArgs, ctx: ToolContext) -> dict[str, Any]:
 
 async def wait_task(args: WaitTaskArgs, ctx: ToolContext) -> dict[str, Any]:
     tasks = _tasks(ctx, "wait_task")
-    return dict(await tasks.wait_task(args.task_id, _bounded(ctx, args.timeout_s)))
+    end = time.monotonic() + _bounded(ctx, args.timeout_s)
+    seen: tuple[Any, Any] | None = None
+    while True:  # in slices, so the caller hears how the task goes (progress notes)
+        left = end - time.monotonic()
+        record = dict(await tasks.wait_task(args.task_id, max(min(left, _WAIT_SLICE_S), 0.001)))
+        if record.get("state") in _TERMINAL or left <= _WAIT_SLICE_S:
+            return record
+        now = (record.get("state"), record.get("assignee"))
+        if now != seen:
+            seen = now
+            await ctx.note(f"task {args.task_id}: {now[0]}" + (f" (assignee {now[1]})" if now[1] else ""))
 
 
 async def list_tasks(args: ListTasksArgs, ctx: ToolContext) -> list[dict[str, Any]]:

@@ -41,6 +41,8 @@ class ToolContext:
     budget, counted from arrival; never a wall-clock time) or None. ``tasks`` and ``spawner`` are the
     daemon's task service and spawner, or None when not wired (a tool that needs them must raise
     :class:`meshd.errors.NotWired`). ``services`` holds anything else the daemon wires.
+    ``progress(note)`` tells the caller that a long call is still going (a progress note on its
+    request: MCP clients see it as a progress notification); None when nobody listens.
     """
 
     caller: str
@@ -50,6 +52,12 @@ class ToolContext:
     tasks: Any = None
     spawner: Any = None
     services: dict[str, Any] = field(default_factory=dict)
+    progress: Callable[[str], Awaitable[None]] | None = None
+
+    async def note(self, text: str) -> None:
+        """Send ``text`` as a progress note to the caller, if it listens (never raises)."""
+        if self.progress is not None:
+            await self.progress(text)
 
     def time_left(self, now: float) -> float | None:
         """Seconds until the caller's deadline (None if it set none); ``now`` is ``time.monotonic()``."""

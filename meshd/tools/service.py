@@ -21,6 +21,7 @@ import contextlib
 import logging
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -276,14 +277,17 @@ class SystemAgent:
                 raise ValidationFailed("a tool call is a map {name, args}")
             caller = self._local_caller(msg)
             await self._wait_started(msg)
-            result = await self.call(caller, name, body.get("args"), deadline=msg.deadline)
+            result = await self.call(caller, name, body.get("args"), deadline=msg.deadline,
+                                     progress=msg.progress)
         except MeshError as exc:
             return await self._fail(msg, exc)
         return result
 
-    async def call(self, caller: str, name: Any, raw_args: Any, *, deadline: float | None = None) -> Any:
+    async def call(self, caller: str, name: Any, raw_args: Any, *, deadline: float | None = None,
+                   progress: Callable[[str], Awaitable[None]] | None = None) -> Any:
         """Run one tool call for ``caller`` through every check; raises typed errors.
-        ``deadline`` is a ``time.monotonic()`` value of this host (``Message.deadline``), or None."""
+        ``deadline`` is a ``time.monotonic()`` value of this host (``Message.deadline``), or None;
+        ``progress(note)`` reaches the caller while the call takes long (a hold, the tool's notes)."""
         tool = (await self._tools()).get(name)
         try:
             self.authorizer.require("tool", caller, tool.name)
@@ -297,9 +301,10 @@ class SystemAgent:
             raise
         args = validate_args(tool, raw_args)
         if tool.side_effects:
-            await self._approve(tool.name, caller, args.model_dump(mode="json"), deadline)
+            await self._approve(tool.name, caller, args.model_dump(mode="json"), deadline, progress)
         ctx = ToolContext(caller=caller, agent=self._agent(), settings=self.settings, deadline=deadline,
-                          tasks=self.tasks, spawner=self.spawner, services=self.services)
+                          tasks=self.tasks, spawner=self.spawner, services=self.services,
+                          progress=progress)
         started = time.monotonic()
         try:
             result = await tool.handler(args, ctx)
@@ -310,7 +315,8 @@ class SystemAgent:
         self._tool_event("called", tool.name, caller, ms=round((time.monotonic() - started) * 1000, 3))
         return result
 
-    async def _approve(self, tool: str, caller: str, args: dict[str, Any], deadline: float | None) -> None:
+    async def _approve(self, tool: str, caller: str, args: dict[str, Any], deadline: float | None,
+                       progress: Callable[[str], Awaitable[None]] | None = None) -> None:
         answer = await self.node.plugins.approve_tool({"tool": tool, "caller": caller, "args": args,
                                                        "node": self.node.node_id})
         decision, reason = self.approvals.policy(tool, answer)
@@ -328,6 +334,9 @@ class SystemAgent:
         timeout = self.settings.tools.approval_timeout
         if deadline is not None:
             timeout = min(timeout, deadline - time.monotonic())  # Message.deadline is monotonic
+        if progress is not None:  # the caller hears why it waits (MCP: a progress notification)
+            await progress(f"held for approval {held.id}: meshctl approvals allow|deny {held.id} "
+                           f"(within {max(timeout, 0.0):.0f} s)")
         try:
             by = await self.approvals.wait(held, timeout)
         except MeshError as exc:

@@ -13,9 +13,11 @@ asks for it) and runs the threaded HTTP server; this module only decides what to
 
 Two kinds of metrics:
 
-* counters and a latency histogram kept by this plugin (:class:`Metrics`) from the observer hooks
-  (:func:`meshd_collaboration`, :func:`meshd_dead_letter`, :func:`meshd_peer_state`,
-  :func:`meshd_agent_state`); they count what happened since the plugin started;
+* counters kept by this plugin (:class:`Metrics`) from the observer hooks for rare events
+  (:func:`meshd_dead_letter`, :func:`meshd_peer_state`, :func:`meshd_agent_state`); they count
+  what happened since the plugin started. It implements no ``meshd_collaboration``: an observer
+  of that hook receives an event per message, which costs the routing path; the node counts
+  collaborations and their latency itself, and this plugin reads those counts;
 * gauges and counters read at scrape time from the node's documented face,
   :class:`meshd.view.NodeView`, through ``metrics_snapshot()`` only: an immutable reading the node
   rebuilds on its own loop, safe to take from the scrape thread. Nothing here touches the node's
@@ -28,7 +30,6 @@ threads, the lifecycle hooks in the daemon's event loop. :class:`Metrics` is gua
 from __future__ import annotations
 
 import asyncio
-import bisect
 import ipaddress
 import logging
 import math
@@ -36,7 +37,7 @@ import os
 import socket
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -56,14 +57,13 @@ from meshd.view import MetricsSnapshot, NodeView
 
 __all__ = [
     "ADDR_ENV",
-    "BUCKETS",
     "PORT_ENV",
     "PORT_FILE_ENV",
     "Exporter",
     "MeshdCollector",
     "Metrics",
+    "collaboration_families",
     "meshd_agent_state",
-    "meshd_collaboration",
     "meshd_dead_letter",
     "meshd_peer_state",
     "meshd_shutdown",
@@ -76,11 +76,7 @@ PORT_FILE_ENV = "MESHD_PROMETHEUS_PORT_FILE"
 DEFAULT_ADDR = "127.0.0.1"
 DEFAULT_PORT = 9464
 
-#: Upper bounds (seconds) of the latency histogram's buckets; ``+Inf`` is added when collecting.
-BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                              1.0, 2.5, 5.0, 10.0, 30.0)
-#: The p50/p99 gauges are computed over the last WINDOW latencies of each kind.
-WINDOW = 1024
+#: The p50/p99 gauges, over the recent latencies the node keeps of each kind.
 QUANTILES = (0.5, 0.99)
 #: Distinct label values kept per counter; past it, new values are counted under "other" (a guard
 #: against a label explosion, which would hurt the Prometheus server more than this daemon).
@@ -96,30 +92,6 @@ log = logging.getLogger("meshd_prometheus")
 # -- what the observer hooks count ----------------------------------------------------------------
 
 
-class _Histogram:
-    """Bucket counts (not cumulative), sum and count, plus the last WINDOW observations."""
-
-    def __init__(self, buckets: tuple[float, ...], window: int) -> None:
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)  # the last is +Inf
-        self.sum = 0.0
-        self.recent: deque[float] = deque(maxlen=window)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1  # le is inclusive
-        self.sum += value
-        self.recent.append(value)
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        """``(le, count)`` pairs as a histogram family wants them, ``+Inf`` last."""
-        out: list[tuple[str, float]] = []
-        total = 0
-        for bound, n in zip((*self.buckets, math.inf), self.counts, strict=True):
-            total += n
-            out.append((floatToGoString(bound), total))
-        return out
-
-
 def _quantile(ordered: list[float], q: float) -> float:
     """Nearest-rank quantile of an ascending list (not empty)."""
     rank = max(1, math.ceil(q * len(ordered)))
@@ -127,15 +99,11 @@ def _quantile(ordered: list[float], q: float) -> float:
 
 
 class Metrics:
-    """The counters and histograms fed by the observer hooks. Thread-safe."""
+    """The counters fed by the observer hooks (dead letters, state changes: rare events; the
+    per-message collaboration counts come from the node's snapshot). Thread-safe."""
 
-    def __init__(self, buckets: tuple[float, ...] = BUCKETS, window: int = WINDOW) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._buckets = buckets
-        self.window = window
-        self.collaborations: Counter[tuple[str, str]] = Counter()  # (kind, outcome)
-        self.collaboration_errors: Counter[tuple[str, str]] = Counter()  # (kind, code)
-        self.latency: dict[str, _Histogram] = {}  # kind -> histogram
         self.dead_letters: Counter[str] = Counter()  # reason
         self.peer_changes: Counter[str] = Counter()  # new state
         self.agent_changes: Counter[str] = Counter()  # new state
@@ -145,23 +113,6 @@ class Metrics:
         if key not in counter and len(counter) >= cap:
             key = tuple("other" for _ in key) if isinstance(key, tuple) else "other"
         counter[key] += 1
-
-    def collaboration(self, outcome: Mapping[str, Any]) -> None:
-        kind = str(outcome.get("kind") or "unknown")
-        result = str(outcome.get("outcome") or "unknown")
-        latency_ms = outcome.get("latency_ms")
-        with self._lock:
-            self._bump(self.collaborations, (kind, result))
-            if result == "error":
-                self._bump(self.collaboration_errors, (kind, str(outcome.get("error_code") or "ERROR")))
-            if isinstance(latency_ms, (int, float)) and not isinstance(latency_ms, bool) \
-                    and math.isfinite(latency_ms) and latency_ms >= 0:
-                histogram = self.latency.get(kind)
-                if histogram is None:
-                    if len(self.latency) >= MAX_LABEL_VALUES:
-                        return
-                    histogram = self.latency[kind] = _Histogram(self._buckets, self.window)
-                histogram.observe(latency_ms / 1000.0)
 
     def dead_letter(self, letter: Mapping[str, Any]) -> None:
         with self._lock:
@@ -178,35 +129,10 @@ class Metrics:
     def collect(self) -> Iterator[Metric]:
         """The hook-fed families, from a consistent copy taken under the lock."""
         with self._lock:
-            collaborations = sorted(self.collaborations.items())
-            errors = sorted(self.collaboration_errors.items())
-            latency = [(kind, h.cumulative(), h.sum, sorted(h.recent))
-                       for kind, h in sorted(self.latency.items())]
             dead = sorted(self.dead_letters.items())
             peers = sorted(self.peer_changes.items())
             agents = sorted(self.agent_changes.items())
 
-        yield _counter("meshd_collaborations_total",
-                       "Collaboration outcomes (send, request, delegate, handoff) seen by this daemon.",
-                       ("kind", "outcome"), ((list(k), n) for k, n in collaborations))
-        yield _counter("meshd_collaboration_errors_total",
-                       "Collaborations that ended in an error, by error code.",
-                       ("kind", "code"), ((list(k), n) for k, n in errors))
-        histogram = HistogramMetricFamily(
-            "meshd_request_latency_seconds",
-            "Time from a local agent's request (or qos-1 send) to its reply or acknowledgement.",
-            labels=("kind",))
-        recent = GaugeMetricFamily(
-            "meshd_request_latency_recent_seconds",
-            f"Latency quantiles (p50, p99) over the last {self.window} replies of each kind.",
-            labels=("kind", "quantile"))
-        for kind, buckets, total, ordered in latency:
-            histogram.add_metric([kind], buckets, total)
-            if ordered:
-                for q in QUANTILES:
-                    recent.add_metric([kind, repr(q)], _quantile(ordered, q))
-        yield histogram
-        yield recent
         yield _counter("meshd_dead_letters_total",
                        "Dead letters recorded since the plugin started, by reason.",
                        ("reason",), (([r], n) for r, n in dead))
@@ -276,9 +202,43 @@ def node_families(snap: MetricsSnapshot) -> Iterator[Metric]:
                    (([event], _number(snap.events.get(event, 0)) or 0) for event in NODE_EVENTS))
     yield GaugeMetricFamily("meshd_plugin_queue_depth", "Observer events waiting for the plugin worker.",
                             value=snap.plugin_queue)
+    yield from collaboration_families(snap)
     yield _counter("meshd_plugin_events_total",
                    "The plugin host's counters (called, dropped, failed:<plugin>, ...).", ("event",),
                    (([event], n) for event, n in sorted(snap.plugin_stats.items()) if _number(n) is not None))
+
+
+def collaboration_families(snap: MetricsSnapshot) -> Iterator[Metric]:
+    """Collaboration counts and latency, as the node itself tallies them (MetricsSnapshot): the
+    plugin receives no event per message, so installing it costs the routing path nothing."""
+    collaborations = sorted(getattr(snap, "collaborations", {}).items())
+    errors = sorted(getattr(snap, "collaboration_errors", {}).items())
+    yield _counter("meshd_collaborations_total",
+                   "Collaboration outcomes (send, request, delegate, handoff) seen by this daemon.",
+                   ("kind", "outcome"), ((list(k), n) for k, n in collaborations))
+    yield _counter("meshd_collaboration_errors_total",
+                   "Collaborations that ended in an error, by error code.",
+                   ("kind", "code"), ((list(k), n) for k, n in errors))
+    histogram = HistogramMetricFamily(
+        "meshd_request_latency_seconds",
+        "Time from a local agent's request (or qos-1 send) to its reply or acknowledgement.",
+        labels=("kind",))
+    recent = GaugeMetricFamily(
+        "meshd_request_latency_recent_seconds",
+        "Latency quantiles (p50, p99) over the most recent replies of each kind.",
+        labels=("kind", "quantile"))
+    for kind, reading in sorted(getattr(snap, "latency", {}).items()):
+        cumulative, total = [], 0
+        for bound, n in zip((*reading.buckets_s, math.inf), reading.counts, strict=True):
+            total += n
+            cumulative.append((floatToGoString(bound), total))
+        histogram.add_metric([kind], cumulative, reading.sum_s)
+        ordered = sorted(reading.recent_s)
+        if ordered:
+            for q in QUANTILES:
+                recent.add_metric([kind, repr(q)], _quantile(ordered, q))
+    yield histogram
+    yield recent
 
 
 class MeshdCollector:
@@ -432,12 +392,6 @@ async def meshd_shutdown(node: NodeView) -> None:
 
 
 # -- observers and sinks: on meshd's plugin worker thread -----------------------------------------
-
-
-@hookimpl
-def meshd_collaboration(outcome: dict[str, Any]) -> None:
-    """Count the outcome by kind and result; time it when it has a latency."""
-    METRICS.collaboration(outcome)
 
 
 @hookimpl

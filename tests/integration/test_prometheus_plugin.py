@@ -129,7 +129,9 @@ def test_prometheus_plugin_serves_metrics(meshd_factory: MeshdFactory, installed
         return s if ok >= REQUESTS and dead >= 2 and delivered >= 1 else None
     s = wait_until(settled, what="outcomes and dead letters in /metrics")
 
-    # outcomes and errors from the observer hooks
+    # outcomes and errors, as the node counts them; no event per message reached the plugin
+    called = a.info()["plugins"]["stats"].get("called", 0)
+    assert called < REQUESTS, f"{called} observer calls for {REQUESTS} requests"
     assert value(s, "meshd_collaborations_total", kind="request", outcome="ok") == REQUESTS
     assert value(s, "meshd_collaborations_total", kind="request", outcome="error") == 1
     assert value(s, "meshd_collaborations_total", kind="send", outcome="error") == 1
@@ -224,12 +226,9 @@ def test_exporter_serves_only_metrics_and_frees_its_port(monkeypatch: pytest.Mon
     exporter.start(View())
     try:
         port = read_port(port_file)
-        exporter.metrics.collaboration({"kind": "request", "outcome": "ok", "latency_ms": 2})
         s = scrape(port)
         assert value(s, "meshd_peers", state="online") == 1
         assert value(s, "meshd_node_info", node="n1", name="a", mesh="m") == 1
-        assert value(s, "meshd_collaborations_total", kind="request", outcome="ok") == 1
-        assert value(s, "meshd_request_latency_seconds_count", kind="request") == 1
         assert get(port, "/other")[0] == 404
     finally:
         exporter.stop()

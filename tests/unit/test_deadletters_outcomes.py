@@ -22,8 +22,13 @@ def test_dead_letters_are_bounded_by_count_and_bytes() -> None:
 
 
 class FakePlugins:
+    """A plugin host with one observer of meshd_collaboration."""
+
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
+
+    def wants(self, hook: str) -> bool:
+        return hook == "meshd_collaboration"
 
     def collaboration(self, event: dict[str, Any]) -> None:
         self.events.append(event)
@@ -36,6 +41,7 @@ def _header(**fields: Any) -> P.Header:
 def test_request_outcome_timed_from_send_to_reply() -> None:
     plugins = FakePlugins()
     out = Outcomes(plugins)  # type: ignore[arg-type]
+    out.follow_plugins()
     req = _header(kind=Kind.REQUEST, id="r1", **{"from": "planner"}, to="researcher", topic="ask")
     assert out.outgoing(req, []) == []
     assert ("planner", "r1") in out.inflight
@@ -48,6 +54,7 @@ def test_request_outcome_timed_from_send_to_reply() -> None:
 def test_send_outcome_reports_the_routing_error_and_handoff_rejection() -> None:
     plugins = FakePlugins()
     out = Outcomes(plugins)  # type: ignore[arg-type]
+    out.follow_plugins()
     send = _header(kind=Kind.SEND, id="s1", **{"from": "a"}, to="b", topic="t")
     out.sends_routed(out.outgoing(send, []), P.ErrorCode.NO_SUCH_AGENT)
     assert plugins.events[-1]["outcome"] == "error" and plugins.events[-1]["error_code"] == "NO_SUCH_AGENT"
@@ -60,6 +67,7 @@ def test_send_outcome_reports_the_routing_error_and_handoff_rejection() -> None:
 def test_unanswered_request_times_out_and_delegation_is_reported_once() -> None:
     plugins = FakePlugins()
     out = Outcomes(plugins)  # type: ignore[arg-type]
+    out.follow_plugins()
     out.outgoing(_header(kind=Kind.REQUEST, id="r1", **{"from": "a"}, to="b", deadline=0.0), [])
     out.expire()
     assert plugins.events[-1]["outcome"] == "error" and plugins.events[-1]["error_code"] == "TIMEOUT"
@@ -67,3 +75,18 @@ def test_unanswered_request_times_out_and_delegation_is_reported_once() -> None:
     assert plugins.events[-1]["kind"] == "delegate" and not out.inflight
     out.delivered("u1", "a", "b", "t", created=0.0)
     assert plugins.events[-1]["outcome"] == "delivered" and plugins.events[-1]["qos"] == 1
+
+
+def test_without_observers_outcomes_are_counted_and_a_batch_of_sends_is_not_opened() -> None:
+    """No plugin observes: no event, but the tally counts; a batch that declares only sends is
+    counted from its header's ``count`` (its body here is not even a valid batch)."""
+    plugins = FakePlugins()
+    plugins.wants = lambda hook: False  # type: ignore[method-assign]
+    out = Outcomes(plugins)  # type: ignore[arg-type]
+    out.follow_plugins()
+    batch = _header(kind=Kind.BATCH, id="b1", **{"from": "a"}, to="b", count=51, kinds=["send"])
+    out.sends_routed(out.outgoing(batch, [P.SIGNATURE, b"", b"not a batch"]), None)
+    out.sends_routed(out.outgoing(batch, [P.SIGNATURE, b"", b"not a batch"]), "NO_SUCH_AGENT")
+    assert plugins.events == []
+    assert out.tally.counts[("send", "sent")] == 51 and out.tally.counts[("send", "error")] == 51
+    assert out.tally.errors[("send", "NO_SUCH_AGENT")] == 51

@@ -1,8 +1,10 @@
 """plugins/meshd-prometheus's collector alone: a fake NodeView with a frozen MetricsSnapshot, the
-observer hooks' counters, rendered by prometheus_client and parsed back (no daemon, no socket)."""
+node's collaboration tally and the observer hooks' counters, rendered by prometheus_client and
+parsed back (no daemon, no socket)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import sys
@@ -15,6 +17,7 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from meshd.delivery.outcomes import LATENCY_BUCKETS_S, LATENCY_WINDOW, MAX_TALLY_KEYS, Tally  # noqa: E402
 from meshd.view import MetricsSnapshot, NodeView  # noqa: E402
 
 # Loaded from its file, not by putting the plugin's folder on sys.path: a pip build leaves
@@ -112,27 +115,39 @@ def test_without_a_node_only_the_hook_counters_are_collected() -> None:
     assert not any(name.startswith(("meshd_peers", "meshd_node_")) for name, _ in s)
 
 
-def test_hook_counters_histogram_and_quantiles() -> None:
-    m = mp.Metrics()
+class SnapshotView(FakeView):
+    def __init__(self, snap: MetricsSnapshot) -> None:
+        self.snap = snap
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        return self.snap
+
+
+def test_collaborations_histogram_and_quantiles_come_from_the_nodes_tally() -> None:
+    """The node counts collaborations itself (meshd.delivery.outcomes.Tally); the plugin renders
+    the snapshot's counts and histograms, and its own counters for the rare observer events."""
+    tally = Tally()
     for ms in (0.2, 3, 3, 40, 40_000):
-        m.collaboration({"kind": "request", "outcome": "ok", "latency_ms": ms})
-    m.collaboration({"kind": "request", "outcome": "error", "error_code": "NO_SUCH_AGENT", "latency_ms": 1})
-    m.collaboration({"kind": "send", "outcome": "sent"})  # no latency: counted, not timed
-    m.collaboration({"kind": "send", "outcome": "ok", "latency_ms": float("nan")})  # ignored for timing
+        tally.add("request", "ok", latency_ms=ms)
+    tally.add("request", "error", "NO_SUCH_AGENT", latency_ms=1)
+    tally.add("send", "sent", n=50)  # a batch of sends, counted from its header: no latency
+    snap = dataclasses.replace(SNAPSHOT, collaborations=dict(tally.counts),
+                               collaboration_errors=dict(tally.errors), latency=tally.readings())
+    m = mp.Metrics()
     m.dead_letter({"reason": "NO_SUCH_AGENT"})
     m.peer_state("online")
     m.agent_state("stale")
-    s, types = scrape(m, None)
+    s, types = scrape(m, SnapshotView(snap))
     assert types["meshd_request_latency_seconds"] == "histogram"
     assert v(s, "meshd_collaborations_total", kind="request", outcome="ok") == 5
-    assert v(s, "meshd_collaborations_total", kind="send", outcome="sent") == 1
+    assert v(s, "meshd_collaborations_total", kind="send", outcome="sent") == 50
     assert v(s, "meshd_collaboration_errors_total", kind="request", code="NO_SUCH_AGENT") == 1
     assert v(s, "meshd_dead_letters_total", reason="NO_SUCH_AGENT") == 1
     assert v(s, "meshd_peer_state_changes_total", state="online") == 1
     assert v(s, "meshd_agent_state_changes_total", state="stale") == 1
     buckets = sorted((float(dict(labels)["le"]), n) for (name, labels), n in s.items()
                      if name == "meshd_request_latency_seconds_bucket" and ("kind", "request") in labels)
-    assert [b for b, _ in buckets] == [*mp.BUCKETS, float("inf")]
+    assert [b for b, _ in buckets] == [*LATENCY_BUCKETS_S, float("inf")]
     assert all(x[1] <= y[1] for x, y in itertools.pairwise(buckets)), "cumulative"
     assert v(s, "meshd_request_latency_seconds_bucket", kind="request", le="0.0005") == 1
     assert v(s, "meshd_request_latency_seconds_bucket", kind="request", le="30.0") == 5, "40 s is past 30"
@@ -142,6 +157,22 @@ def test_hook_counters_histogram_and_quantiles() -> None:
     p50 = v(s, "meshd_request_latency_recent_seconds", kind="request", quantile="0.5")
     p99 = v(s, "meshd_request_latency_recent_seconds", kind="request", quantile="0.99")
     assert p50 == pytest.approx(0.003) and p99 == pytest.approx(40.0)
+
+
+def test_the_tally_is_bounded() -> None:
+    tally = Tally()
+    for i in range(MAX_TALLY_KEYS + 10):
+        tally.add("request", "error", f"CODE_{i}")  # error codes can come from peers
+    assert len(tally.errors) == MAX_TALLY_KEYS + 1 and tally.errors[("other", "other")] == 10
+    for _ in range(LATENCY_WINDOW + 5):
+        tally.add("request", "ok", latency_ms=1.0)
+    assert len(tally.readings()["request"].recent_s) == LATENCY_WINDOW
+
+
+def test_the_plugin_observes_no_collaboration() -> None:
+    """An observer of meshd_collaboration gets an event per message (the routing path pays):
+    the metrics plugin reads the node's tally instead."""
+    assert not hasattr(mp, "meshd_collaboration")
 
 
 def test_label_values_are_capped() -> None:
