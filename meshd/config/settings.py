@@ -322,6 +322,11 @@ class Settings(BaseModel):
     http_max_body_bytes: int = Field(
         default=1048576, ge=1024, description="Largest request body accepted, in bytes; past it, 413."
     )
+    http_check_responses: bool = Field(
+        default=False,
+        description="For tests: check every gateway response against its model in the OpenAPI document; "
+        "a mismatch is answered 500 RESPONSE_INVALID and logged.",
+    )
     # plugins
     plugins: list[str] = Field(
         default_factory=list,

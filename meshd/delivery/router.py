@@ -61,6 +61,20 @@ def _declares(header: P.Header, kinds: frozenset[str]) -> bool:
     sends costs nothing more (decoding every body cost ~0.8 us per message)."""
     declared = header.get(P.KINDS)
     return isinstance(declared, list) and any(isinstance(k, str) and k in kinds for k in declared)
+def _declare_kinds(header: P.Header, frames: list[bytes]) -> tuple[P.Header, list[bytes]]:
+    """A batch in the previous revision's form (no ``kinds``, docs/PROTOCOL.md §4.2 and the
+    version policy, §4.4): its body decoded here, as every batch body was then, and its header
+    completed with the kinds it holds, so the checks below and the receiving client treat it as
+    a current batch. Only such batches pay the decoding. Raises FrameError (an undecodable body)."""
+    inner = P.split_batch(frames[1:])
+    fields = dict(header.fields)
+    fields[P.KINDS] = sorted({str(h[P.KIND]) for h, _ in inner})
+    packed = P.pack(fields)
+    if len(packed) > P.MAX_HEADER_BYTES:
+        raise FrameError("bad_field", f"the batch header with 'kinds' would pass {P.MAX_HEADER_BYTES} bytes")
+    return P.header_from_map(fields), [frames[0], frames[1], packed, frames[3]]
+
+
 def _split_checking_requests(frames: list[bytes]) -> list[tuple[dict[str, Any], bytes]]:
     """Split a batch that declares requests, holding each request inside it to the header ranges
     of a single request (``hops``, ``qos``, ``budget``...). Raises FrameError. Only batches
@@ -81,7 +95,7 @@ _LANE_KINDS = frozenset({Kind.ERROR, Kind.REPLY})
 def _id_of(frames: list[bytes]) -> Any:
     """The ``id`` of a refused frame set whose header still decodes (a wrong frame count), so the
     sender's call is answered instead of timing out; None if there is none."""
-    if len(frames) < 3 or frames[1] != P.SIGNATURE:
+    if len(frames) < 3 or frames[1][:3] != P.SIGNATURE[:3]:  # another version's too: it is told why
         return None
     try:
         return P.unpack_header(frames[2]).get(P.ID)
@@ -182,6 +196,17 @@ class Router:
             return
         if header.qos == 1 and self.qos.reack_if_done(str(header.id), peer.node_id):
             return  # handled already (maybe by an agent that has left since): ack, never bounce
+        if kind == Kind.BATCH and not isinstance(header.get(P.KINDS), list):
+            # From a daemon of the previous revision (it checked every batch body it took from its
+            # agents): completed here, so the receiving client does not drop its requests unseen.
+            try:
+                header, frames = _declare_kinds(header, frames)
+            except FrameError as exc:
+                self.stats["malformed_batch"] += 1
+                self.bounce(header, frames[1:], P.ErrorCode.VALIDATION_FAILED, f"malformed batch: {exc}",
+                            origin=peer.node_id)
+                return
+            self.stats["batches_without_kinds"] += 1
         name, _, node = to.partition("@")
         agent = self.directory.local.get(name)
         if agent is None or (node and node not in (self.node_id, self.name)):
@@ -265,6 +290,14 @@ class Router:
                          f"{kind} of {len(frames[3])} bytes exceeds max_payload_bytes="
                          f"{self.settings.max_payload_bytes}")
             return
+        if kind == Kind.BATCH and not isinstance(header.get(P.KINDS), list):
+            try:  # served, never dropped: the previous revision's batch (protocol version policy)
+                header, frames = _declare_kinds(header, frames)
+            except FrameError as exc:
+                self.stats["malformed_batch"] += 1
+                self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"malformed batch: {exc}")
+                return
+            self.stats["batches_without_kinds"] += 1
         topic = header.topic
         if kind == Kind.PUBLISH or (kind == Kind.BATCH and header.to is None):
             if not P.valid_topic(topic):

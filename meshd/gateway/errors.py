@@ -57,6 +57,8 @@ class TooManyInFlight(GatewayError):
 
 _STATUS = {
     "BAD_REQUEST": 400,
+    "NOT_FOUND": 404,  # no such route
+    "METHOD_NOT_ALLOWED": 405,
     "VALIDATION_FAILED": 400,
     "TOO_LARGE": 413,
     "NO_SUCH_AGENT": 404,
@@ -88,6 +90,8 @@ _STATUS = {
     "TASK_FAILED": 502,
     "SPAWN_FAILED": 502,
     "NOT_WIRED": 501,
+    "INTERNAL": 500,  # a gateway bug (logged with its traceback)
+    "RESPONSE_INVALID": 500,  # http_check_responses: an answer that does not fit its model
 }
 
 

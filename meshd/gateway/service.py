@@ -97,6 +97,7 @@ class Gateway:
         self._watch_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.outcome_feed: OutcomeFeed | None = None
+        self._parser_errors: logging.Filter | None = None  # meshd.gateway.app.ParserErrors, once serving
 
     async def start(self) -> None:
         s = self.settings
@@ -131,7 +132,10 @@ class Gateway:
             from aiohttp import web  # already imported by meshd.gateway.app, in the thread
 
             app, self.routes = app_module.build_app(self)
-            runner = web.AppRunner(app, access_log=None, handle_signals=False,
+            self._parser_errors = app_module.ParserErrors()
+            http_log = logging.getLogger("meshd.gateway.http")
+            http_log.addFilter(self._parser_errors)
+            runner = web.AppRunner(app, access_log=None, handle_signals=False, logger=http_log,
                                    shutdown_timeout=SHUTDOWN_TIMEOUT_S)
             await runner.setup()
             self._runner = runner
@@ -164,6 +168,8 @@ class Gateway:
         self.dashboard.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._parser_errors is not None:
+            logging.getLogger("meshd.gateway.http").removeFilter(self._parser_errors)
         log.info("HTTP gateway stopped")
 
     def rotate_token(self) -> None:
@@ -187,7 +193,10 @@ class Gateway:
         r = self.routes
         return {"sessions": len(self.sessions.by_id), "streams": r.streams if r else 0,
                 "slow_disconnects": r.slow_disconnects if r else 0,
-                "closed_streams": r.closed_streams if r else 0, "auth_refused": self.guard.refused}
+                "closed_streams": r.closed_streams if r else 0, "auth_refused": self.guard.refused,
+                "bad_requests": getattr(self._parser_errors, "count", 0),
+                "checked_responses": r.checked_responses if r else 0,
+                "invalid_responses": r.invalid_responses if r else 0}
 
     def _publish_snapshot(self) -> None:
         self.dashboard.append("snapshot", self.watch.snapshot(self.stats()))

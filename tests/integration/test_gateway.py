@@ -141,8 +141,9 @@ def test_files_and_auth_on_every_endpoint(meshd_factory: MeshdFactory) -> None:
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as s:
-            for method, path, _summary, _req, _opt in ROUTES:
-                if path == "/":
+            for route in ROUTES:
+                method, path = route.method, route.path
+                if route.public:
                     continue
                 concrete = path.replace("{session_id}", "x").replace("{msg_id}", "y").replace("{name}", "z")
                 for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token},
@@ -157,7 +158,7 @@ def test_files_and_auth_on_every_endpoint(meshd_factory: MeshdFactory) -> None:
                 assert "<script>" in await r.text()
             async with s.get(url + "v1/openapi.json", headers={"Authorization": f"Bearer {token}"}) as r:
                 spec = await r.json()
-            documented = {(m, p) for m, p, *_ in ROUTES}
+            documented = {(r.method, r.path) for r in ROUTES}
             assert {(m, p) for p, ops in spec["paths"].items() for m in ops} == documented
 
     asyncio.run(scenario())

@@ -95,9 +95,11 @@ def test_a_bad_qos1_batch_never_stops_qos1_retries(meshd_factory: MeshdFactory) 
         assert _answers(raw)["kind"] == "ok"
         body = msgpack.packb([[{"kind": {}, "id": "i1"}, b"x"], [{"kind": "send", "id": "i2"}, b"y"]])
         raw.send_multipart([P.SIGNATURE, msgpack.packb({"kind": "batch", "id": "b1", "from": "sender",
-                                                        "to": "ghost", "qos": 1, "count": 2}), body])
+                                                        "to": "ghost", "qos": 1, "count": 2,
+                                                        "kinds": ["send"]}), body])
         first = _answers(raw)
-        # A qos-1 batch of sends is not decoded at the edge (docs/PROTOCOL.md §4.2, `kinds`): it is
+        # A qos-1 batch declared as sends is not decoded at the edge (docs/PROTOCOL.md §4.2, `kinds`;
+        # one without `kinds` would be, and refused: the previous revision's form, §4.4): it is
         # stored ("ok"), and gives up after qos1_ttl; that give-up once raised TypeError and ended
         # the retry task. Wait for it before the next send, so a dead task would show.
         assert first["kind"] == "ok" and first["corr"] == "b1", first
