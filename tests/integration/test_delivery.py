@@ -212,8 +212,12 @@ def _rss_kib(pid: int) -> int:
 
 
 def test_inbox_full_backpressure_and_bounded_memory(meshd_factory: MeshdFactory) -> None:
-    a = meshd_factory.spawn("a")
-    b = meshd_factory.spawn("b")
+    # Liveness at the default pace, not the suite's fast one: the flood queues the mesh heartbeats
+    # behind 50,000 sends on a loaded CI machine, and at stale_after = 1 s the link was once
+    # declared one-way mid-flood (PEER_UNREACHABLE), which is not what this test is about.
+    slow = ("--heartbeat-interval", "0.5", "--stale-after", "4", "--offline-after", "8")
+    a = meshd_factory.spawn("a", *slow)
+    b = meshd_factory.spawn("b", *slow)
     meshd_factory.wait_mesh([a, b])
     # an agent that registers and then never reads again
     ctx = zmq.Context()
@@ -245,7 +249,7 @@ def test_inbox_full_backpressure_and_bounded_memory(meshd_factory: MeshdFactory)
                 if i % 100 == 0:
                     await asyncio.sleep(0)  # read the INBOX_FULL errors as they come back
                     # Alive, just not reading: it still heartbeats, by the clock (a count of
-                    # sends took over its 2 s offline limit on a loaded machine).
+                    # sends took over the suite's 2 s offline limit on a loaded machine).
                     if time.monotonic() - beat_at > 0.25:
                         heartbeat()
                         beat_at = time.monotonic()
