@@ -323,9 +323,14 @@ class Router:
                 self.stats["malformed_bad_field"] += 1
                 self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"malformed batch: {exc}")
                 return
-        if kind in _ANSWER_KINDS or (kind == Kind.BATCH and _declares(header, _CHECKED_KINDS)) or (
-                header.origin is not None and header.origin.partition("@")[0] != agent.name):
-            why = self._unanswerable(agent.name, to, header, frames, inner)
+        foreign = header.origin is not None and header.origin.partition("@")[0] != agent.name
+        if kind == Kind.BATCH and (foreign or _declares(header, _CHECKED_KINDS)):
+            checked = self._drop_unanswerable(rid, agent.name, to, header, frames, inner)
+            if checked is None:
+                return
+            header, frames = checked
+        elif kind in _ANSWER_KINDS or foreign:
+            why = self._check_answer(agent.name, kind, header.corr, header.origin, to)
             if why is not None:
                 self.stats["refused_forged_answer"] += 1
                 self.dead_letter("forged_answer", f"from local agent {agent.name!r}: {why}", frames[1:],
@@ -392,37 +397,48 @@ class Router:
                                      "at": time.time(), "reason": reason})
             return True
         return False
-    def _unanswerable(self, responder: str, to: str, header: P.Header, frames: list[bytes],
-                      inner: list[tuple[dict[str, Any], bytes]] | None = None) -> str | None:
-        """Why an agent's reply, error, progress or delegation may not go to ``to`` (None: it may).
-
-        It must answer a request this daemon delivered to ``responder`` from the agent ``to``
-        (else any agent could forge NAME_TAKEN errors, or replies to a guessed correlation id). ``inner``:
-        the batch already split by the caller.
-        """
-        if header.kind != Kind.BATCH:
-            return self._check_answer(responder, header.kind, header.corr, header.origin, to)
+    def _drop_unanswerable(self, rid: bytes, responder: str, to: str, header: P.Header, frames: list[bytes],
+                           inner: list[tuple[dict[str, Any], bytes]] | None,
+                           ) -> tuple[P.Header, list[bytes]] | None:
+        """A batch's replies, errors, progress notes and delegations, checked one by one as single
+        ones are (each must answer a request this daemon delivered to ``responder`` from ``to``, else
+        any agent could forge answers). An item that may not go, most often a reply that came after
+        its request expired, is refused alone with its own error and dead letter; the rest of the
+        batch goes on (refusing the whole batch once cost an unrelated request batched beside a late
+        reply). Returns the batch to route, rebuilt when items were taken out; None: nothing is left.
+        ``inner``: the batch already split by the caller."""
         if inner is None:
             try:
                 inner = P.split_batch(frames[1:])
             except FrameError as exc:
-                return f"bad batch: {exc}"
-        checks: list[tuple[str, str | None, str]] = []
-        for fields, _ in inner:
-            kind, origin = fields.get(P.KIND), fields.get(P.ORIGIN)
-            if kind in _ANSWER_KINDS or (origin is not None and origin != responder):
-                corr = fields.get(P.CORR)
-                checks.append((str(kind), corr if isinstance(corr, str) else None,
-                               origin if isinstance(origin, str) else "?"))
-        for kind, corr, origin in checks:  # refused whole, so nothing of a bad batch goes out
-            why = self.open_requests.check(responder, corr, origin if kind == Kind.REQUEST else to,
-                                           closes=False)
-            if why is not None:
-                return why
-        for kind, corr, _origin in checks:
-            if kind in (Kind.REPLY, Kind.ERROR):
-                self.open_requests.check(responder, corr, to, closes=True)
-        return None
+                self.stats["malformed_batch"] += 1
+                self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"malformed batch: {exc}")
+                return None
+        kept: list[tuple[dict[str, Any], bytes]] = []
+        for fields, payload in inner:
+            kind, origin, corr = fields.get(P.KIND), fields.get(P.ORIGIN), fields.get(P.CORR)
+            origin = origin if isinstance(origin, str) else None
+            why = None
+            if kind in _ANSWER_KINDS or (origin is not None and origin.partition("@")[0] != responder):
+                why = self._check_answer(responder, str(kind), corr if isinstance(corr, str) else None,
+                                         origin, to)
+            if why is None:
+                kept.append((fields, payload))
+                continue
+            self.stats["refused_forged_answer"] += 1
+            self.stats["refused_validation_failed"] += 1
+            self.dead_letter("forged_answer", f"from local agent {responder!r} (in a batch): {why}",
+                             [frames[1], P.pack(fields), payload], fields)
+            self.quiet.log(f"forged:{responder}", "refused an answer from agent %s: %s", responder, why)
+            self.link.send_error(rid, fields.get(P.ID), P.ErrorCode.VALIDATION_FAILED, why)
+        if not kept:
+            return None
+        if len(kept) == len(inner):
+            return header, frames
+        fields = dict(header.fields)
+        fields[P.COUNT] = len(kept)
+        fields[P.KINDS] = sorted({str(h[P.KIND]) for h, _ in kept})
+        return P.header_from_map(fields), [frames[0], frames[1], P.pack(fields), P.pack_batch(kept)]
 
     def _send_handler_failed(self, agent: str, header: P.Header, frames: list[bytes]) -> None:
         """An agent reports that its handler for a ``send`` raised: a send is
