@@ -69,8 +69,12 @@ def test_a_publish_the_daemon_refuses_reaches_on_error(meshd_factory: MeshdFacto
 def test_a_full_subscriber_inbox_tells_the_publisher_inbox_full(meshd_factory: MeshdFactory) -> None:
     """qos-0 publications a full inbox refuses are lost for that subscriber, but not in silence:
     the publisher hears INBOX_FULL (with the topic) through on_error, and its publish loop pauses."""
-    a = meshd_factory.spawn("a")
-    b = meshd_factory.spawn("b")
+    # The stuck handler blocks the subscriber's loop, so it stops heartbeating too: at the suite's
+    # 2 s offline limit a loaded machine removed it before its inbox filled (and then nothing is
+    # refused). Agent liveness here is slow enough to outlast the whole scenario.
+    slow = ("--heartbeat-interval", "0.5", "--stale-after", "45", "--offline-after", "60")
+    a = meshd_factory.spawn("a", *slow)
+    b = meshd_factory.spawn("b", *slow)
     meshd_factory.wait_mesh([a, b])
     release = threading.Event()
     got: list[int] = []
