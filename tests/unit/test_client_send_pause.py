@@ -5,6 +5,7 @@ while refusals continue and starts small again after a quiet spell, and the tabl
 from __future__ import annotations
 
 import asyncio
+from typing import Any, cast
 
 from meshd.client.send_pause import (
     SEND_PAUSE_DESTINATIONS,
@@ -44,22 +45,48 @@ def test_a_refusal_pauses_that_destination_only_and_waiters_resume_in_order() ->
     asyncio.run(scenario())
 
 
-def test_the_pause_grows_while_refusals_continue_and_is_capped_by_retry_after() -> None:
-    async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        pauses = SendPauses()
-        _sent(pauses, ("m", "slow"))
-        lengths = []
-        for _ in range(8):
-            pauses.refused(["m"], 0.01, loop)
-            pauses.refused(["m"], 0.01, loop)  # while paused: the same pause
-            lengths.append(pauses._by_dest["slow"].length)
-            await pauses.wait("slow")  # refused again as soon as the pause ends
-        assert lengths[0] == SEND_PAUSE_MIN
-        assert lengths == sorted(lengths) and lengths[-1] == 0.01, "doubling, at most retry_after"
-        assert pauses.started == 8
+class _StepClock:
+    """The two loop methods a pause uses, on a clock the test moves: "refused again as soon as the
+    pause ends" is exact here, where a busy machine's real loop wakes milliseconds late (and a
+    wake 2 pause lengths late is, rightly, a quiet spell that starts the pause small again)."""
 
-    asyncio.run(scenario())
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.timers: list[tuple[float, Any, tuple[Any, ...]]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Any, *args: Any) -> None:
+        self.timers.append((when, callback, args))
+
+    def run_next_timer(self) -> None:
+        self.timers.sort(key=lambda t: t[0])
+        when, callback, args = self.timers.pop(0)
+        self.now = when
+        callback(*args)
+
+
+def test_the_pause_grows_while_refusals_continue_and_is_capped_by_retry_after() -> None:
+    clock = _StepClock()
+    loop = cast(asyncio.AbstractEventLoop, clock)
+    pauses = SendPauses()
+    _sent(pauses, ("m", "slow"))
+    lengths = []
+    for _ in range(8):
+        pauses.refused(["m"], 0.01, loop)
+        pauses.refused(["m"], 0.01, loop)  # while paused: the same pause
+        lengths.append(pauses._by_dest["slow"].length)
+        assert pauses.paused("slow")
+        clock.run_next_timer()  # the pause ends; refused again at once
+        assert not pauses.paused("slow")
+    assert lengths[0] == SEND_PAUSE_MIN
+    assert lengths == sorted(lengths) and lengths[-1] == 0.01, "doubling, at most retry_after"
+    assert lengths[1] == 2 * SEND_PAUSE_MIN
+    assert pauses.started == 8
+    clock.now += 1.0  # a quiet spell: the next refusal starts small again
+    pauses.refused(["m"], 0.01, loop)
+    assert pauses._by_dest["slow"].length == SEND_PAUSE_MIN
 
 
 def test_the_pause_starts_small_again_after_a_quiet_spell() -> None:
