@@ -57,7 +57,8 @@ def skip_reason(need_nft: bool = False) -> str | None:
 
 def random_prefix(start: str = "mt") -> str:
     """A prefix no other test run uses at the same time (letters only)."""
-    return start + "".join(random.choices(string.ascii_lowercase, k=4))
+    # From the OS, not the `random` module's state, which tests may seed alike in every worker.
+    return start + "".join(random.SystemRandom().choices(string.ascii_lowercase, k=4))
 
 
 def _run(args: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:

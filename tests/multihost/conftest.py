@@ -149,6 +149,16 @@ class MultiHost:
             sys.stderr.write(f"\n--- log of meshd {d.name} ({d.netns}) ---\n{d.log()}\n")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every netlab test in one xdist group (``--dist loadgroup``): they run one after another on
+    one worker, so two labs of several daemons each never load the machine at once and a module's
+    lab is built once, not once per worker."""
+    here = str(Path(__file__).parent)
+    for item in items:
+        if str(item.path).startswith(here):
+            item.add_marker(pytest.mark.xdist_group("netlab"))
+
+
 def _prefix() -> str:
     return random_prefix("mt")
 

@@ -8,8 +8,6 @@ Figures are printed (``-s``), never asserted; bounds only say when to give up.
 from __future__ import annotations
 
 import json
-import random
-import string
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ import pytest
 from meshd.client import BlockingAgent, Message
 from meshd.errors import MeshError, PeerUnreachable
 from meshd.testing import short_tempdir, wait_until
+from meshd.testing.netlab import random_prefix
 
 from .conftest import AGENT_HEARTBEAT, FAST, HOSTS, MultiHost, Netlab, NetnsDaemon, running, skip_reason
 
@@ -62,7 +61,7 @@ def field(request: pytest.FixtureRequest) -> Iterator[FieldHosts]:
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    prefix = "fd" + "".join(random.choices(string.ascii_lowercase, k=4))  # this helper's prefix: fd
+    prefix = random_prefix("fd")  # this helper's prefix: fd
     mh = FieldHosts(Netlab(prefix), short_tempdir("mshfd-"), mesh=f"fd{uuid.uuid4().hex[:12]}")
     with running(request, mh):
         yield mh
