@@ -46,6 +46,7 @@ import zmq
 
 from meshd.client.batching import Batcher, BatchKey
 from meshd.client.call_slots import CallSlots
+from meshd.client.contracts import Contract, TypedTopic, is_model_class, to_wire
 from meshd.client.handler_slots import DEFAULT_MAX_CONCURRENT_HANDLERS, HandlerSlots
 from meshd.client.handlers import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from meshd.client.incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
@@ -63,11 +64,13 @@ from meshd.errors import (
     MeshError,
     NotRegistered,
     RequestTimeout,
+    SchemaVersionUnsupported,
     ValidationFailed,
 )
 from meshd.transport import Reactor, SendQueue, agent_dealer
 from meshd.util.paths import find_agent_socket
 from meshd.wire import protocol as P
+from meshd.wire.contracts import SCHEMA_VERSION, check_records, format_version, parse_version, schema_errors
 from meshd.wire.payloads import payload_encoder
 from meshd.wire.protocol import Kind
 
@@ -79,6 +82,9 @@ SEND_QUEUE_LIMIT = 10_000
 QOS1_RESENDS = 3
 """Times a qos-1 send goes again after NOT_REGISTERED (its daemon restarted and stored nothing),
 each after the agent has registered again; a daemon restarting more often than that raises."""
+
+_PLAIN = frozenset({dict, list, tuple, str, int, float, bool, bytes, type(None)})
+"""Payload types sent as they are; anything else may be a model instance (``to_wire``)."""
 
 FrameHandler = Callable[[list[bytes]], None]
 """Takes one frame set from the daemon (``Incoming.on_frames``)."""
@@ -309,18 +315,60 @@ class Agent:
 
     # ----------------------------------------------------------------------------- handlers
 
-    def on(self, topic: str = ANY_TOPIC) -> Callable[[Handler], Handler]:
+    def on(self, topic: str = ANY_TOPIC, *, accepts: Any = None, returns: Any = None,
+           version: str | None = None, description: str = "",
+           examples: list[Any] | None = None) -> Callable[[Handler], Handler]:
         """Decorator: handle messages on ``topic`` ("*" = any topic without its own handler).
 
         A handler gets a ``Message``; for a request, its return value (or awaited result) is
         the reply, and an exception it raises goes back to the requester as HANDLER_ERROR.
+
+        Typed (docs/contracts.md): with ``accepts`` (a pydantic model class, or a JSON Schema
+        map), ``returns``, ``version`` ("MAJOR.MINOR", default "1.0"), ``description`` and
+        ``examples``, the topic has a contract. The payload is validated before the handler runs
+        (it gets the model instance in ``msg.payload``); one that fails never reaches it: the
+        sender gets VALIDATION_FAILED naming the field. A message for another major gets
+        SCHEMA_VERSION; one per major may be served side by side (one ``on`` each). The reply is
+        checked against ``returns``. Contracts travel with the registration: declare them
+        before ``connect`` (one declared later is advertised at the next registration).
         """
+        typed = accepts is not None or returns is not None or version is not None or bool(description)
+        if typed:
+            if topic == ANY_TOPIC or not P.valid_topic(topic):
+                raise ValidationFailed(f"a typed handler needs a topic of its own, not {topic!r}")
+            parsed = parse_version(version or "1.0")
+            if parsed is None:
+                raise ValidationFailed(f"version must be 'MAJOR.MINOR', not {version!r}")
+            for name, model in (("accepts", accepts), ("returns", returns)):
+                if model is not None and not isinstance(model, dict) and not is_model_class(model):
+                    raise ValidationFailed(f"{name} must be a model class (model_validate, "
+                                           f"model_json_schema) or a JSON Schema map")
 
         def register(fn: Handler) -> Handler:
-            self._dispatch.handlers[topic] = fn
+            handlers = self._dispatch.handlers
+            if not typed:
+                handlers[topic] = fn
+                return fn
+            assert parsed is not None
+            table = handlers.get(topic)
+            if not isinstance(table, TypedTopic):
+                table = TypedTopic(topic, DEFER)
+                handlers[topic] = table
+            table.add(Contract(topic, parsed, fn, accepts, returns, description, list(examples or [])))
             return fn
 
         return register
+
+    def contracts(self) -> list[dict[str, Any]]:
+        """This agent's contract records, as they travel with its registration."""
+        return [c.record() for h in self._dispatch.handlers.values() if isinstance(h, TypedTopic)
+                for c in (h.majors[m] for m in sorted(h.majors))]
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Messages this agent's handlers did not complete, by code: VALIDATION_FAILED and
+        SCHEMA_VERSION (refused by a contract before the handler ran), NACK, HANDLER_ERROR."""
+        return dict(self._dispatch.refused)
 
     def set_telemetry(self, **values: Any) -> None:
         """Telemetry sent with every heartbeat (context_used_pct, queue_depth, tasks_summary...)."""
@@ -334,7 +382,8 @@ class Agent:
     # ----------------------------------------------------------------------------- primitives
 
     async def send(self, to: str, topic: str, payload: Any = None, *, qos: int = 0,
-                   headers: dict[str, Any] | None = None) -> str:
+                   headers: dict[str, Any] | None = None, version: str | None = None,
+                   check: bool = False) -> str:
         """Send without waiting for an answer.
 
         qos 0 (default): at most once; failures arrive later through ``on_error``.
@@ -344,6 +393,10 @@ class Agent:
         NOT_REGISTERED (the daemon restarted and stored nothing), it is sent again once the
         agent has registered again (docs/DELIVERY.md).
         Returns the message id, which a later ``on_error`` (e.g. UNDELIVERABLE) names.
+
+        ``payload`` may be a model instance (sent as ``model_dump(mode="json")``); ``version``
+        names the contract version it was written for (header ``sv``); ``check=True`` checks
+        it against the receiver's advertised contract first (``request`` has both too).
         """
         if qos not in (0, 1):
             raise ValidationFailed("qos must be 0 or 1")
@@ -351,6 +404,8 @@ class Agent:
         header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic}
         if headers:
             header[P.HEADERS] = headers
+        if version is not None or check or type(payload) not in _PLAIN:
+            payload = await self._typed(header, to, topic, payload, version, check)
         data = self._encode(payload, self.max_payload_bytes)  # as _payload, one call less
         if qos == 0:  # the README's loop: no coroutine but this one, no loop turn unless one is due
             key: BatchKey = (P.TO, to, 0)
@@ -398,7 +453,8 @@ class Agent:
     async def request(self, to: str, topic: str, payload: Any = None, *,
                       timeout: float = DEFAULT_REQUEST_TIMEOUT,
                       headers: dict[str, Any] | None = None,
-                      on_progress: Callable[[str], Any] | None = None) -> Any:
+                      on_progress: Callable[[str], Any] | None = None,
+                      version: str | None = None, check: bool = False) -> Any:
         """Send a request and return the reply's payload; never waits longer than ``timeout``.
 
         ``on_progress(note)`` is called when the handler reports progress. Cancelling the
@@ -411,6 +467,8 @@ class Agent:
         header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic}
         if headers:
             header[P.HEADERS] = headers
+        if version is not None or check or type(payload) not in _PLAIN:
+            payload = await self._typed(header, to, topic, payload, version, check)
         data = self._payload(payload)
         if not self._calls.try_take():  # in_flight_max calls await answers: wait for room, in order
             timeout -= await self._calls.wait(timeout, RequestTimeout(f"no reply from {to!r} on "
@@ -418,6 +476,54 @@ class Agent:
         header[P.BUDGET] = P.budget_ms(timeout)  # a duration, never a clock reading
         return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
                                        lambda: self._enqueue((P.TO, to, 0), header, data))
+
+    async def _typed(self, header: dict[str, Any], to: str, topic: str, payload: Any,
+                     version: str | None, check: bool) -> Any:
+        """A typed send or request: the version into the header, a model into plain data, and
+        with ``check`` the payload checked against the receiver's advertised contract."""
+        if version is not None:
+            if parse_version(version) is None:
+                raise ValidationFailed(f"version must be 'MAJOR.MINOR', not {version!r}")
+            header[SCHEMA_VERSION] = version
+        payload = to_wire(payload)
+        if check:
+            await self.check_contract(to, topic, payload, version)
+        return payload
+
+    async def describe(self, name: str) -> list[dict[str, Any]]:
+        """The contract records agent ``name`` advertises (from the mesh directory; [] if untyped).
+        Raises NoSuchAgent if the directory has no such agent."""
+        result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "contracts", P.TO: name})
+        records = list(result or [])
+        return records if check_records(records) is None else []
+
+    async def check_contract(self, to: str, topic: str, payload: Any, version: str | None = None) -> None:
+        """Check ``payload`` against the contract ``to`` advertises for ``topic`` (its version's
+        major, or the oldest when ``version`` is None), without sending anything: raises
+        ValidationFailed naming the field, or SchemaVersionUnsupported listing what is served.
+        A topic without a contract passes (nothing to check)."""
+        records = [r for r in await self.describe(to.partition("@")[0]) if r.get("topic") == topic]
+        if not records:
+            return
+        by_major = {v[0]: r for r in records if (v := parse_version(r.get("version"))) is not None}
+        wanted = parse_version(version) if version is not None else (min(by_major), 0)
+        rec = by_major.get(wanted[0]) if wanted is not None else None
+        if rec is None:
+            supported = [format_version(parse_version(by_major[m]["version"]) or (m, 0))
+                         for m in sorted(by_major)]
+            refusal = SchemaVersionUnsupported(f"{topic}: {to!r} serves no version {version!r}; "
+                                               f"supported: {', '.join(supported)}")
+            refusal.details = {"topic": topic, "version": version, "supported": supported}
+            raise refusal
+        schema = rec.get("accepts")
+        if isinstance(schema, dict):
+            problems = schema_errors(schema, payload, 1)
+            if problems:
+                where, text = problems[0]
+                err = ValidationFailed(f"{topic} v{rec['version']}: field {where!r}: {text} "
+                                       "(checked before sending)")
+                err.details = {"field": where, "topic": topic, "version": rec["version"]}
+                raise err
 
     async def _await_reply(self, loop: asyncio.AbstractEventLoop, msg_id: str, to: str, topic: str,
                            timeout: float, on_progress: Callable[[str], Any] | None,
@@ -708,8 +814,13 @@ class Agent:
         self.forged_errors += 1
 
     def _hello(self) -> dict[str, Any]:
-        """The register body (``Session.register``)."""
-        return {"name": self.name, "capabilities": self.capabilities, "metadata": self.metadata}
+        """The register body (``Session.register``), with the contract records of typed topics."""
+        body: dict[str, Any] = {"name": self.name, "capabilities": self.capabilities,
+                                "metadata": self.metadata}
+        contracts = self.contracts()
+        if contracts:
+            body["contracts"] = contracts
+        return body
 
     def _registered(self, node: str | None, node_name: str | None, beat: float | None) -> None:
         """What the register answer said (``Session.register``): the daemon's node, and the

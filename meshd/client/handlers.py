@@ -18,15 +18,17 @@ import functools
 import inspect
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from types import CoroutineType
 from typing import Any
 
 from meshd.client.batching import BatchKey, to_agent
-from meshd.errors import MeshError
+from meshd.client.contracts import ContractRefused, to_wire
+from meshd.errors import MeshError, Nack
 from meshd.wire import protocol as P
+from meshd.wire.contracts import SCHEMA_VERSION
 from meshd.wire.payloads import decode_payload
 from meshd.wire.protocol import Kind
 
@@ -83,6 +85,8 @@ class Message:
     _dispatcher: Dispatcher | None = None
     _answered: bool = False
     _cancelled: asyncio.Event | None = None
+    #: The contract version the sender wrote the message for (header ``sv``), None if it named none.
+    schema_version: str | None = None
 
     @property
     def cancelled(self) -> asyncio.Event:
@@ -191,6 +195,10 @@ class Dispatcher:
         self._ack_scheduled = False
         self._handled_unacked = 0  # messages whose unit's ack has not left yet (see ACK_EVERY)
         self._on_handler_task = on_handler_task
+        #: Messages refused before or instead of their handler, by code: ``VALIDATION_FAILED``
+        #: and ``SCHEMA_VERSION`` (a typed topic's contract refused them), ``NACK`` (the handler
+        #: refused explicitly), ``HANDLER_ERROR`` (it raised).
+        self.refused: Counter[str] = Counter()
 
     # ------------------------------------------------------------------------ incoming
 
@@ -265,6 +273,9 @@ class Dispatcher:
                       (str(corr) if corr else msg_id) if is_request else corr,
                       deadline, get(P.HEADERS) or {}, str(get(P.ORIGIN) or sender),
                       hops if isinstance(hops, int) else 0, 0 if unit is None else 1, self)
+        if SCHEMA_VERSION in header:
+            sv = header[SCHEMA_VERSION]
+            msg.schema_version = sv if type(sv) is str else None
         if bad_budget:
             if is_request:
                 self.reply_error(msg, P.ErrorCode.VALIDATION_FAILED, bad_budget)
@@ -288,7 +299,8 @@ class Dispatcher:
                     self._no_handler_logged.add(topic)
                     log.warning("%s (sends to it are dead letters HANDLER_ERROR at this agent's daemon; "
                                 "register handlers before connecting)", reason)
-                self._report_send_failure(msg, reason, "NoHandler")
+                self._report_send_failure(msg, P.error_body(P.ErrorCode.HANDLER_ERROR, reason[:500],
+                                                            remote_type="NoHandler"))
             self.unit_done(unit)
             return
         if is_request and deadline is not None and deadline <= time.monotonic():
@@ -423,23 +435,45 @@ class Dispatcher:
         self.reply(msg, value)
 
     def _handler_failed(self, msg: Message, exc: Exception) -> None:
+        if type(exc) is ContractRefused:  # refused before the handler ran: counted, not logged
+            self._refuse(msg, exc.error)
+            return
+        if isinstance(exc, Nack):  # the handler's explicit refusal, with its hints
+            self._refuse(msg, exc)
+            return
+        self.refused[P.ErrorCode.HANDLER_ERROR] += 1
         log.warning("agent %s: handler for %r raised %s: %s", self.agent_name, msg.topic,
                     type(exc).__name__, exc)
         if msg.is_request:
             self.reply_error(msg, P.ErrorCode.HANDLER_ERROR, str(exc) or type(exc).__name__,
                              remote_type=type(exc).__name__)
         else:
-            self._report_send_failure(msg, str(exc) or type(exc).__name__, type(exc).__name__)
+            self._report_send_failure(msg, P.error_body(P.ErrorCode.HANDLER_ERROR,
+                                                        (str(exc) or type(exc).__name__)[:500],
+                                                        remote_type=type(exc).__name__))
 
-    def _report_send_failure(self, msg: Message, text: str, remote_type: str) -> None:
-        """A send that no handler completed is reported to our daemon (never routed: a send is not
-        answered), which keeps it as a dead letter HANDLER_ERROR and tells observers (else a failed send would
-        leave no trace). Never batched."""
+    def _refuse(self, msg: Message, err: MeshError) -> None:
+        """A contract's refusal or a ``Nack``: to the requester, or reported for a send (the
+        daemon dead-letters it and tells the sender)."""
+        self.refused[err.code] += 1
+        body = P.error_body(err.code, err.message[:500], retry=err.retry, retry_after=err.retry_after,
+                            fallback=err.fallback, details=err.details)
+        if msg.is_request:
+            self.reply_error_body(msg, body)
+        else:
+            self._report_send_failure(msg, body)
+
+    def _report_send_failure(self, msg: Message, err: dict[str, Any]) -> None:
+        """A send that no handler completed is reported to our daemon (never answered: the daemon
+        keeps it as a dead letter, HANDLER_ERROR or ``validation``, tells observers, and passes a
+        contract's refusal or a NACK on to the sender as a notice). Never batched."""
         if msg.kind != Kind.SEND or self._closed():
             return
-        err = P.error_body(P.ErrorCode.HANDLER_ERROR, text[:500], remote_type=remote_type)
-        self._push(P.frames({P.KIND: Kind.ERROR, P.ID: P.new_id(), P.FROM: self.agent_name,
-                             P.TO: msg.sender, P.CORR: msg.id, P.TOPIC: msg.topic, P.ERROR: err}))
+        header: dict[str, Any] = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.FROM: self.agent_name,
+                                  P.TO: msg.sender, P.CORR: msg.id, P.TOPIC: msg.topic, P.ERROR: err}
+        if msg.qos:
+            header[P.QOS] = 1  # its sender hears from the outbox, not from a notice
+        self._push(P.frames(header))
 
     def reply(self, msg: Message, value: Any, status: str | None = None) -> None:
         """The reply to ``msg``, to its original requester; a handoff reply gets its verdict."""
@@ -453,7 +487,7 @@ class Dispatcher:
             value = ({**value, "accepted": accepted} if isinstance(value, dict) else {"accepted": accepted})
             status = "accepted" if accepted else "rejected"
         try:
-            data = self._encode(value)
+            data = self._encode(to_wire(value))
         except MeshError as exc:
             self.reply_error(msg, exc.code, f"reply refused: {exc.message}")
             return
@@ -468,8 +502,14 @@ class Dispatcher:
         """An error envelope for ``msg`` to its original requester (once per message)."""
         if self._closed() or not msg.sender or msg._answered:
             return
+        self.reply_error_body(msg, P.error_body(code, message, retry=retry, retry_after=retry_after,
+                                                remote_type=remote_type))
+
+    def reply_error_body(self, msg: Message, err: dict[str, Any]) -> None:
+        """``reply_error`` with the ``error`` map built already (``P.error_body``)."""
+        if self._closed() or not msg.sender or msg._answered:
+            return
         msg._answered = True
-        err = P.error_body(code, message, retry=retry, retry_after=retry_after, remote_type=remote_type)
         header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id, P.ERROR: err}
         self._enqueue(to_agent(msg.reply_to or msg.sender), header, b"")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Mapping
 from itertools import count
@@ -60,6 +61,7 @@ OP: Final = "op"  # an admin call's operation
 SEQ: Final = "seq"  # a daemon's HELLO/heartbeat sequence number (both-ways liveness, §9.5)
 ECHO: Final = "echo"  # the last SEQ the sender heard from the receiver (both-ways liveness, §9.5)
 NOTICE: Final = "notice"  # in an error map: it answers no call (the answer lane's notice room, §8.2)
+SCHEMA_VERSION: Final = "sv"  # the contract version a message was written for, "MAJOR.MINOR" (§17)
 KINDS: Final = "kinds"  # on a batch header: its inner kinds (only batches with answers/requests are opened)
 
 
@@ -132,6 +134,8 @@ class ErrorCode:
     STORAGE_FULL: Final = "STORAGE_FULL"
     PUBLICATIONS_MISSED: Final = "PUBLICATIONS_MISSED"
     DAEMON_STOPPING: Final = "DAEMON_STOPPING"
+    SCHEMA_VERSION: Final = "SCHEMA_VERSION"
+    NACK: Final = "NACK"
 
 
 HANDOFF_TOPIC: Final = "handoff-task"
@@ -312,6 +316,11 @@ def header_from_map(fields: dict[str, Any]) -> Header:
     if type(qos) is not int or qos not in (0, 1):
         raise FrameError("bad_field", f"'qos' must be 0 or 1, not {qos!r}"[:120], fields=fields)
     deadline = local_deadline(fields)
+    if SCHEMA_VERSION in fields:
+        sv = fields[SCHEMA_VERSION]
+        if schema_version(sv) is None:
+            raise FrameError("bad_field", f"'sv' must be a version 'MAJOR.MINOR', not {sv!r}"[:120],
+                             fields=fields)
     return Header(  # positional: kind, id, sender, to, topic, corr, origin, hops, deadline, qos, fields
         fields[KIND],
         _str_field(fields, ID, MAX_ID_LEN),
@@ -325,6 +334,24 @@ def header_from_map(fields: dict[str, Any]) -> Header:
         qos,
         fields,
     )
+
+
+_SCHEMA_VERSION_RE: Final = re.compile(r"([0-9]{1,5})\.([0-9]{1,5})")
+MAX_VERSION_PART: Final = 65535
+
+
+def schema_version(value: Any) -> tuple[int, int] | None:
+    """``"1.2"`` -> ``(1, 2)``; None for anything else (not a string, "1", "1.2.3", a part past
+    65535): the range check of the header's ``sv`` and of a contract record's ``version``."""
+    if type(value) is not str or len(value) > 11:
+        return None
+    m = _SCHEMA_VERSION_RE.fullmatch(value)
+    if m is None:
+        return None
+    major, minor = int(m.group(1)), int(m.group(2))
+    if major > MAX_VERSION_PART or minor > MAX_VERSION_PART:
+        return None
+    return major, minor
 
 
 def decode_header(data: bytes | memoryview) -> Header:
@@ -404,14 +431,26 @@ def frames(header: Mapping[str, Any], payload: bytes = b"") -> list[bytes]:
 
 
 def error_body(code: str, message: str, *, retry: bool = False, retry_after: float | None = None,
-               remote_type: str | None = None) -> dict[str, Any]:
-    """The one error-body builder: the ``error`` map of an error envelope (docs/PROTOCOL.md §7)."""
+               remote_type: str | None = None, fallback: str | None = None,
+               details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The one error-body builder: the ``error`` map of an error envelope (docs/PROTOCOL.md §7).
+    ``details``: a contract's refusal names ``field``, ``topic``, ``version``, ``supported``."""
     err: dict[str, Any] = {"code": code, "message": message, "retry": retry}
     if retry_after is not None:
         err["retry_after"] = retry_after
     if remote_type:
         err["type"] = remote_type
+    if fallback:
+        err["fallback"] = fallback
+    if details:
+        for key in ERROR_DETAIL_KEYS:
+            if key in details:
+                err[key] = details[key]
     return err
+
+
+ERROR_DETAIL_KEYS: Final = ("field", "topic", "version", "supported")
+"""Optional keys of an ``error`` map that say what a contract refused (docs/PROTOCOL.md §7)."""
 
 
 def error_header(
