@@ -553,13 +553,15 @@ class Agent:
 
     async def fail(self, msg: Message, error: BaseException | str, *, code: str = "HANDLER_ERROR") -> None:
         """Answer a request later with an error (HANDLER_ERROR unless ``code`` says otherwise); a
-        :class:`MeshError`'s ``retryable`` and ``retry_after`` travel with it."""
+        :class:`MeshError`'s ``retry``, ``retry_after``, ``fallback`` and details travel with it."""
         text = str(error) or type(error).__name__
         remote_type = type(error).__name__ if isinstance(error, BaseException) else None
-        retry = isinstance(error, MeshError) and error.retryable
-        retry_after = error.retry_after if isinstance(error, MeshError) else None
-        self._dispatch.reply_error(msg, code, text, remote_type=remote_type, retry=retry,
-                                   retry_after=retry_after)
+        if isinstance(error, MeshError):  # its hints travel: retry, retry_after, fallback, details
+            self._dispatch.reply_error_body(msg, P.error_body(
+                code, text, retry=error.retry, retry_after=error.retry_after, remote_type=remote_type,
+                fallback=error.fallback, details=error.details))
+            return
+        self._dispatch.reply_error(msg, code, text, remote_type=remote_type)
 
     async def delegate(self, msg: Message, to: str, *, topic: str | None = None,
                        payload: Any = DEFER) -> None:

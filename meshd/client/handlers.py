@@ -186,6 +186,8 @@ class Dispatcher:
         self._running: dict[str, tuple[asyncio.Task[Any], Message]] = {}
         self._delegated: dict[str, tuple[str, str]] = {}  # corr -> (delegate, who asked us)
         self._unit_left: dict[str, int] = {}
+        #: qos-1 units a handler refused (``Nack``), with its error map: nacked, not acked, when done.
+        self._unit_nack: dict[str, dict[str, Any]] = {}
         #: The last ``HANDLED_WINDOW`` qos-1 units this agent handled: a daemon that died before
         #: writing their done-marks redelivers them, and they are acked again, not run again.
         self._handled: OrderedDict[str, None] = OrderedDict()
@@ -311,7 +313,7 @@ class Dispatcher:
         try:
             result = handler(msg)
         except Exception as exc:
-            self._handler_failed(msg, exc)
+            self._handler_failed(msg, exc, unit)
             self.unit_done(unit)
             return
         if type(result) is CoroutineType:
@@ -339,7 +341,7 @@ class Dispatcher:
                 self.unit_done(unit)
             return
         except Exception as exc:
-            self._handler_failed(msg, exc)
+            self._handler_failed(msg, exc, unit)
             self.unit_done(unit)
             return
         self._start_task(msg, self._finish(msg, _Resume(coro, first), unit), ctx)
@@ -366,7 +368,7 @@ class Dispatcher:
                 return
             raise
         except Exception as exc:
-            self._handler_failed(msg, exc)
+            self._handler_failed(msg, exc, unit)
             self.unit_done(unit)
             return
         if msg.is_request:
@@ -402,6 +404,13 @@ class Dispatcher:
             self._unit_left[unit] = left
             return
         self._unit_left.pop(unit, None)
+        nack = self._unit_nack.pop(unit, None) if self._unit_nack else None
+        if nack is not None:
+            if nack.get("retry") is not True:
+                self._handled[unit] = None  # not retried: a late copy is acked, not run
+            if not self._closed():
+                self._push(P.frames({P.KIND: Kind.NACK, P.ID: unit, P.ERROR: nack}))
+            return
         self._handled[unit] = None
         if len(self._handled) > HANDLED_WINDOW:
             self._handled.popitem(last=False)
@@ -434,12 +443,12 @@ class Dispatcher:
             return
         self.reply(msg, value)
 
-    def _handler_failed(self, msg: Message, exc: Exception) -> None:
+    def _handler_failed(self, msg: Message, exc: Exception, unit: str | None = None) -> None:
         if type(exc) is ContractRefused:  # refused before the handler ran: counted, not logged
             self._refuse(msg, exc.error)
             return
         if isinstance(exc, Nack):  # the handler's explicit refusal, with its hints
-            self._refuse(msg, exc)
+            self._refuse(msg, exc, unit)
             return
         self.refused[P.ErrorCode.HANDLER_ERROR] += 1
         log.warning("agent %s: handler for %r raised %s: %s", self.agent_name, msg.topic,
@@ -452,12 +461,16 @@ class Dispatcher:
                                                         (str(exc) or type(exc).__name__)[:500],
                                                         remote_type=type(exc).__name__))
 
-    def _refuse(self, msg: Message, err: MeshError) -> None:
+    def _refuse(self, msg: Message, err: MeshError, unit: str | None = None) -> None:
         """A contract's refusal or a ``Nack``: to the requester, or reported for a send (the
-        daemon dead-letters it and tells the sender)."""
+        daemon dead-letters it and tells the sender). A qos-1 unit's NACK goes instead of its
+        ack, once all its messages are done (``unit_done``): the outbox honours its hints."""
         self.refused[err.code] += 1
         body = P.error_body(err.code, err.message[:500], retry=err.retry, retry_after=err.retry_after,
                             fallback=err.fallback, details=err.details)
+        if unit is not None and err.code == P.ErrorCode.NACK:
+            self._unit_nack.setdefault(unit, body)
+            return
         if msg.is_request:
             self.reply_error_body(msg, body)
         else:

@@ -243,6 +243,12 @@ class LocalAgents:
             if isinstance(ids, list):
                 self.qos.agent_acked([i for i in ids if isinstance(i, str)])
             return
+        if kind == Kind.NACK:
+            err = header.get(P.ERROR)
+            if isinstance(header.id, str) and isinstance(err, dict):
+                self.stats["agent_nacks"] += 1
+                self.qos.agent_nacked(header.id, err)
+            return
         if kind == Kind.ADMIN:
             self.admin.handle(rid, msg_id, header, frames)
             return

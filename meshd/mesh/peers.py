@@ -315,6 +315,10 @@ class PeerTable(PeerDialer):
             ids = header.get(P.IDS)
             if isinstance(ids, list):
                 self.events.acks([i for i in ids if isinstance(i, str)])
+        elif kind == Kind.NACK:
+            ids, err = header.get(P.IDS), header.get(P.ERROR)
+            if isinstance(ids, list) and isinstance(err, dict):
+                self.events.nacks([i for i in ids if isinstance(i, str)][:P.ACK_IDS], err)
         elif kind == Kind.BYE:
             log.info("peer %s (%s) left", peer.node_id, peer.name)
             self.set_state(peer, PeerState.OFFLINE)

@@ -78,6 +78,7 @@ class Kind:
     OK: Final = "ok"
     PING: Final = "ping"
     ACK: Final = "ack"
+    NACK: Final = "nack"  # a qos-1 unit refused by its handler (with retry hints), agent and mesh
     ADMIN: Final = "admin"
     # routed between agents
     SEND: Final = "send"
@@ -101,10 +102,10 @@ ROUTED_KINDS: Final = frozenset(
 )
 AGENT_CONTROL_KINDS: Final = frozenset(
     {Kind.REGISTER, Kind.UNREGISTER, Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.QUERY, Kind.AGENT_HEARTBEAT,
-     Kind.ACK, Kind.ADMIN}
+     Kind.ACK, Kind.NACK, Kind.ADMIN}
 )
 PEER_CONTROL_KINDS: Final = frozenset(
-    {Kind.HELLO, Kind.HEARTBEAT, Kind.DIRECTORY, Kind.SYNC, Kind.BYE, Kind.ACK}
+    {Kind.HELLO, Kind.HEARTBEAT, Kind.DIRECTORY, Kind.SYNC, Kind.BYE, Kind.ACK, Kind.NACK}
 )
 KNOWN_KINDS: Final = (
     ROUTED_KINDS

@@ -4,12 +4,13 @@ NACKs, contracts in the directory (docs/contracts.md)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, Field
 
-from meshd import Agent, HandlerError, MeshError, SchemaVersionUnsupported, ValidationFailed
+from meshd import Agent, HandlerError, MeshError, Nack, SchemaVersionUnsupported, ValidationFailed
 from meshd.testing import MeshdFactory, async_wait_until, wait_listed
 
 
@@ -180,3 +181,69 @@ def test_malformed_schema_version_refused_at_the_edge(meshd_factory: MeshdFactor
 
     asyncio.run(scenario())
     assert a.query("node")["stats"]["malformed_bad_field"] >= 1
+
+
+def test_nack_with_hints_for_requests_and_qos0_sends(meshd_factory: MeshdFactory) -> None:
+    a, b = two_nodes(meshd_factory)
+
+    async def scenario() -> None:
+        async with Agent("worker", socket=b.socket) as worker, Agent("boss", socket=a.socket) as boss:
+            @worker.on("job")
+            def job(msg: Any) -> Any:
+                if msg.payload == "busy":
+                    raise Nack("busy", retry=True, retry_after=5)
+                raise Nack("not mine", retry=False, fallback="expert")
+
+            errors: asyncio.Queue[tuple[MeshError, str | None]] = asyncio.Queue()
+            boss.on_error = lambda err, msg_id: errors.put_nowait((err, msg_id))
+            await wait_listed(boss, "worker")
+            with pytest.raises(Nack) as info:
+                await boss.request("worker", "job", "busy", timeout=5)
+            assert (info.value.retry, info.value.retry_after, info.value.fallback) == (True, 5.0, None)
+            assert info.value.message == "busy" and info.value.sender == "worker"
+            with pytest.raises(Nack) as info:
+                await boss.request("worker", "job", "other", timeout=5)
+            assert (info.value.retry, info.value.fallback) == (False, "expert")
+            sent = await boss.send("worker", "job", "busy")
+            err, msg_id = await asyncio.wait_for(errors.get(), 5)
+            assert isinstance(err, Nack) and msg_id == sent
+            assert (err.retry, err.retry_after) == (True, 5.0)
+            assert worker.refused == {"NACK": 3}
+
+    asyncio.run(scenario())
+    assert [d["reason"] for d in b.dead_letters()].count("nack") == 1  # the send
+
+
+def test_nack_on_qos1_redelivers_after_the_delay_or_dead_letters_at_once(meshd_factory: MeshdFactory) -> None:
+    a, b = two_nodes(meshd_factory)
+
+    async def scenario() -> None:
+        async with Agent("worker", socket=b.socket) as worker, Agent("boss", socket=a.socket) as boss:
+            runs: list[tuple[Any, float]] = []
+
+            @worker.on("job")
+            def job(msg: Any) -> Any:
+                runs.append((msg.payload, time.monotonic()))
+                if msg.payload == "later" and len([r for r in runs if r[0] == "later"]) == 1:
+                    raise Nack("busy", retry=True, retry_after=1.5)
+                if msg.payload == "never":
+                    raise Nack("not mine", retry=False, fallback="expert")
+
+            errors: asyncio.Queue[tuple[MeshError, str | None]] = asyncio.Queue()
+            boss.on_error = lambda err, msg_id: errors.put_nowait((err, msg_id))
+            await wait_listed(boss, "worker")
+            await boss.send("worker", "job", "later", qos=1)
+            await async_wait_until(lambda: len(runs) == 2, 15, what="the NACKed unit delivered again")
+            assert [r[0] for r in runs] == ["later", "later"]
+            assert runs[1][1] - runs[0][1] >= 1.4  # not before the handler's retry_after
+            qos_a = (await boss.node_info())["qos1"]
+            assert qos_a["nack_retries"] == 1 and qos_a["pending"] == 0
+            sent = await boss.send("worker", "job", "never", qos=1)
+            err, msg_id = await asyncio.wait_for(errors.get(), 10)
+            assert isinstance(err, Nack) and msg_id == sent and err.fallback == "expert"
+            assert [r[0] for r in runs].count("never") == 1  # not retried
+            assert (await boss.node_info())["qos1"]["pending"] == 0
+
+    asyncio.run(scenario())
+    letters = [d for d in a.dead_letters() if d["reason"] == "nack"]
+    assert len(letters) == 1, a.dead_letters()
