@@ -310,6 +310,24 @@ class AgentRecord(_Record):
     telemetry: dict[str, Any] = Field(default_factory=dict)
 
 
+class ContractRecord(_Record):
+    """One typed topic an agent serves, at one version (docs/contracts.md, PROTOCOL.md §17.1)."""
+
+    topic: str
+    version: str = Field(description="MAJOR.MINOR")
+    description: str = ""
+    accepts: dict[str, Any] | None = Field(default=None, description="JSON Schema of the payload.")
+    returns: dict[str, Any] | None = Field(default=None, description="JSON Schema of the reply.")
+    examples: list[Any] = Field(default_factory=list)
+
+
+class AgentContracts(_Answer):
+    name: str
+    node: str | None = None
+    node_name: str | None = None
+    contracts: list[ContractRecord]
+
+
 class PeerRecord(_Record):
     node: str
     name: str | None = None

@@ -461,6 +461,7 @@ class PeerTable(PeerDialer):
         # The beat carries the local agents' latest telemetry (small: a few numbers each),
         # so every node sees load and state mesh-wide without versioning the directory.
         body = P.pack(self.events.telemetry())
+        self.stats["hb_body_bytes"] = len(body)  # a gauge: the last round's (contracts never ride here)
         seq = self.echo.next(time.monotonic())  # one SEQ per round; each peer gets its own ECHO
         for peer in list(self.peers.values()):
             self.beat_one(peer, body, seq)

@@ -4,14 +4,29 @@ NACKs, contracts in the directory (docs/contracts.md)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, Field
 
-from meshd import Agent, HandlerError, MeshError, Nack, SchemaVersionUnsupported, ValidationFailed
+from meshd import (
+    Agent,
+    HandlerError,
+    MeshError,
+    Nack,
+    NoSuchAgent,
+    SchemaVersionUnsupported,
+    TooLarge,
+    ValidationFailed,
+)
 from meshd.testing import MeshdFactory, async_wait_until, wait_listed
+from meshd.wire import protocol as P
 
 
 class VerifyRequest(BaseModel):
@@ -247,3 +262,152 @@ def test_nack_on_qos1_redelivers_after_the_delay_or_dead_letters_at_once(meshd_f
     asyncio.run(scenario())
     letters = [d for d in a.dead_letters() if d["reason"] == "nack"]
     assert len(letters) == 1, a.dead_letters()
+
+
+def restart(proc: Any) -> None:
+    proc.stop()
+    proc.start()
+
+
+def _hb_bytes(proc: Any) -> int:
+    return int(proc.query("node")["stats"]["hb_body_bytes"])
+
+
+def test_contracts_travel_to_a_third_daemon_and_survive_restarts(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    c = meshd_factory.spawn("c")
+    meshd_factory.wait_mesh([a, b, c])
+
+    async def scenario() -> None:
+        # the same name untyped, then typed: what a heartbeat carries must not change
+        async with Agent("researcher", socket=b.socket):
+            async with Agent("probe-c", socket=c.socket) as probe:
+                await wait_listed(probe, "researcher")
+            before = await asyncio.to_thread(_hb_bytes, b)
+        runs: list[Any] = []
+        async with typed_researcher(b, runs) as researcher:
+            assert len(P.pack(researcher.contracts())) > 300  # two JSON Schemas, an example
+            async with Agent("watcher", socket=c.socket) as watcher:
+                async def typed_seen() -> bool:
+                    return bool(await watcher.describe("researcher"))
+                await async_wait_until(typed_seen, 10, what="the contracts at c")
+                [rec] = await watcher.describe("researcher")
+                assert rec["topic"] == "verify" and rec["version"] == "1.2"
+                assert rec["accepts"]["required"] == ["claim"] and rec["description"] == "Check a claim"
+                assert rec["examples"] == [{"claim": "water is wet", "confidence": 0.5}]
+                listed = {x["name"]: x for x in await watcher.agents()}
+                assert listed["researcher"]["contracts"] == [rec]
+                after = await asyncio.to_thread(_hb_bytes, b)
+                # heartbeats never carry contracts: the same bytes for the typed agent (the
+                # telemetry's queue_depth is one small integer either way)
+                assert after == before, (before, after)
+                # check=True fails at the sender, with no round trip to the receiver
+                with pytest.raises(ValidationFailed) as info:
+                    await watcher.request("researcher", "verify", {"claim": 3}, check=True, timeout=5)
+                assert info.value.details["field"] == "claim" and "before sending" in info.value.message
+                with pytest.raises(SchemaVersionUnsupported):
+                    await watcher.request("researcher", "verify", {"claim": "x"}, version="4.0", check=True,
+                                          timeout=5)
+                assert researcher.refused == {} and runs == []
+                assert await watcher.request("researcher", "verify", VerifyRequest(claim="ok"), check=True,
+                                             timeout=5) == {"ok": True, "claim": "ok"}
+
+            # c restarts: it learns the contracts again from b's full directory (HELLO)
+            await asyncio.to_thread(restart, c)
+            await asyncio.to_thread(meshd_factory.wait_mesh, [a, b, c])
+            async with Agent("watcher", socket=c.socket) as watcher:
+                await async_wait_until(lambda: watcher.describe("researcher"), 10,
+                                       what="the contracts at c after its restart")
+            # b restarts: the agent registers again with its contracts, and c sees them again
+            await asyncio.to_thread(restart, b)
+            await asyncio.to_thread(meshd_factory.wait_mesh, [a, b, c])
+            async with Agent("watcher", socket=c.socket) as watcher:
+                async def again() -> bool:
+                    try:
+                        return bool(await watcher.describe("researcher"))
+                    except MeshError:
+                        return False
+                await async_wait_until(again, 15, what="the contracts at c after b's restart")
+
+    asyncio.run(scenario())
+
+
+def test_contracts_over_the_bound_are_refused_too_large(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a", env={"MESHD_CONTRACTS_MAX_BYTES": "256"})
+
+    async def scenario() -> None:
+        runs: list[Any] = []
+        with pytest.raises(TooLarge) as info:
+            async with typed_researcher(a, runs):
+                pass
+        assert "contracts_max_bytes=256" in info.value.message
+        async with Agent("plain", socket=a.socket) as plain:  # untyped agents are not affected
+            assert await plain.describe("plain") == []
+            with pytest.raises(NoSuchAgent):
+                await plain.describe("nobody")
+
+    asyncio.run(scenario())
+
+
+CTL = [sys.executable, "-c", "import sys; from meshd.cli import meshctl_main; sys.exit(meshctl_main())"]
+
+
+def _ctl(proc: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CTL, "--socket", str(proc.socket), *args], capture_output=True, text=True,
+                          timeout=30)
+
+
+def _get(url: str, token: str) -> tuple[int, Any]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_meshctl_gateway_and_tools_show_contracts(meshd_factory: MeshdFactory) -> None:
+    a, b = two_nodes(meshd_factory)
+
+    async def scenario() -> None:
+        runs: list[Any] = []
+        async with typed_researcher(b, runs), Agent("asker", socket=a.socket) as asker:
+            await wait_listed(asker, "researcher")
+            await async_wait_until(lambda: asker.describe("researcher"), 10, what="contracts at a")
+            described = await asyncio.to_thread(_ctl, a, "describe", "researcher")
+            assert described.returncode == 0, described.stderr
+            text = described.stdout
+            assert "verify v1.2: Check a claim" in text and "claim: string (required)" in text
+            assert "confidence: number = 0.5" in text and "ok: boolean (required)" in text
+            assert "meshctl request researcher verify" in text and "--version 1.2" in text
+            listed = await asyncio.to_thread(_ctl, a, "agents", "--contracts")
+            assert "verify@1.2" in listed.stdout
+            plain = await asyncio.to_thread(_ctl, a, "agents", "--json")
+            assert "contracts" not in json.loads(plain.stdout)[0]
+            # a request with --check refused before it leaves, exit code non-zero, field named
+            bad = await asyncio.to_thread(_ctl, a, "request", "researcher", "verify", '{"claim": 1}',
+                                          "--check")
+            assert bad.returncode != 0 and "claim" in (bad.stderr + bad.stdout)
+            # the gateway
+            gw = a.gateway()
+            status, body = await asyncio.to_thread(_get, gw.url + "v1/agents/researcher/contracts", gw.token)
+            assert status == 200 and body["name"] == "researcher" and body["contracts"][0]["version"] == "1.2"
+            status, body = await asyncio.to_thread(_get, gw.url + "v1/agents/nobody/contracts", gw.token)
+            assert status == 404 and body["error"]["code"] == "NO_SUCH_AGENT"
+            # the tools: capability search matches a contract's topic; describe_agent has the schemas
+            found = await asyncio.wait_for(asker.call_tool("list_agents", {"capability": "verify"}), 10)
+            assert [x["name"] for x in found] == ["researcher"]
+            assert found[0]["skills"] == [{"topic": "verify", "version": "1.2",
+                                           "description": "Check a claim"}]
+            assert await asker.call_tool("list_agents", {"capability": "nothing-like-it"}) == []
+            described_tool = await asker.call_tool("describe_agent", {"agent": "researcher"})
+            assert described_tool["skills"][0]["accepts"]["required"] == ["claim"]
+            reply = await asker.call_tool("request_agent", {"agent": "researcher", "topic": "verify",
+                                                            "payload": {"claim": "t"}, "version": "1.0"})
+            assert reply == {"ok": True, "claim": "t"}
+            with pytest.raises(ValidationFailed):
+                await asker.call_tool("request_agent", {"agent": "researcher", "topic": "verify",
+                                                        "payload": {"claim": ""}})
+
+    asyncio.run(scenario())
