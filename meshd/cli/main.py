@@ -116,6 +116,10 @@ def meshd_main(argv: list[str] | None = None) -> int:
     mcp.add_argument("--tls-key", type=Path, default=None, help="TLS private key (PEM) for --http")
     mcp.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                      help="a browser Origin allowed besides the listen address's own (repeatable)")
+    mcp.add_argument("--skills-max", type=int, default=64, metavar="N",
+                     help="typed topics of the mesh shown as tools of their own (agent__topic; 0: none)")
+    mcp.add_argument("--skill", dest="skills_allow", action="append", default=[], metavar="PATTERN",
+                     help="only skills whose tool name or agent matches this shell pattern (repeatable)")
     for cmd, text in (("doctor", "check interfaces, multicast, peers and discovery; exit 1 on a problem"),
                       ("reset-identity", "delete this node's id and keypair (a cloned state dir); a "
                                          "new one is made at the next start")):
@@ -140,7 +144,8 @@ def meshd_main(argv: list[str] | None = None) -> int:
             socket=args.socket, name=args.name, capabilities=tuple(args.capability),
             inbox_cap=max(1, args.inbox), progress_every=args.progress_every, push=args.push,
             http=args.http, token_file=args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
-            allowed_origins=tuple(args.allow_origin)))
+            allowed_origins=tuple(args.allow_origin), skills_max=max(0, args.skills_max),
+            skills_allow=tuple(args.skills_allow)))
     if args.command == "demo":
         if args.plan:  # the tasks scenario (meshd/cli/demo_plan.py)
             from meshd.cli.demo_plan import run_plan_demo

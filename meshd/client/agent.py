@@ -205,6 +205,7 @@ class Agent:
         self._sendq: SendQueue | None = None
         self._hb_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._advertising = False  # a registration with new contracts is scheduled
         self._window = PublishWindow(CONTROL_TIMEOUT)  # publishes nobody awaits (publish_window.py)
         #: qos-0 sends to a destination whose inbox said INBOX_FULL wait a moment (meshd/client/send_pause.py)
         self.send_pauses = SendPauses()
@@ -329,8 +330,8 @@ class Agent:
         (it gets the model instance in ``msg.payload``); one that fails never reaches it: the
         sender gets VALIDATION_FAILED naming the field. A message for another major gets
         SCHEMA_VERSION; one per major may be served side by side (one ``on`` each). The reply is
-        checked against ``returns``. Contracts travel with the registration: declare them
-        before ``connect`` (one declared later is advertised at the next registration).
+        checked against ``returns``. Contracts travel with the registration; one declared after
+        ``connect`` makes the agent register again (a refusal, e.g. TOO_LARGE, goes to ``on_error``).
         """
         typed = accepts is not None or returns is not None or version is not None or bool(description)
         if typed:
@@ -355,9 +356,25 @@ class Agent:
                 table = TypedTopic(topic, DEFER)
                 handlers[topic] = table
             table.add(Contract(topic, parsed, fn, accepts, returns, description, list(examples or [])))
+            self._contracts_changed()
             return fn
 
         return register
+
+    def _contracts_changed(self) -> None:
+        """A typed handler was declared on a connected agent: advertise it (once per loop turn)."""
+        if self._sock is None or self._closed or self._advertising:
+            return
+        self._advertising = True
+        self._dispatch.spawn(self._advertise())
+
+    async def _advertise(self) -> None:
+        await asyncio.sleep(0)  # the other declarations of this turn go in the same registration
+        self._advertising = False
+        try:
+            await self._session.register()
+        except MeshError as exc:
+            self._report(exc, None)
 
     def contracts(self) -> list[dict[str, Any]]:
         """This agent's contract records, as they travel with its registration."""

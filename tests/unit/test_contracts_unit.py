@@ -108,3 +108,30 @@ def test_records_and_wire_shapes() -> None:
     err = error_from_wire(body)
     assert (err.code, err.retry, err.retry_after, err.fallback) == ("NACK", True, 5.0, "expert")
     assert err.details == {"field": "x"}
+
+
+def test_skill_tools_one_per_topic_and_major_bounded_and_filtered() -> None:
+    from meshd.bindings.mcp_skills import SkillTools
+
+    class FakeAgent:
+        name = "llm"
+
+    records = [
+        {"name": "researcher", "contracts": [
+            {"topic": "verify", "version": "1.2", "accepts": {"type": "object"}, "description": "Check"},
+            {"topic": "verify", "version": "2.0", "accepts": {"type": "object"}},
+            {"topic": "count", "version": "1.0", "accepts": {"type": "integer"}}]},
+        {"name": "odd.name", "contracts": [{"topic": "a b", "version": "1.0"}]},
+        {"name": "llm", "contracts": [{"topic": "self", "version": "1.0"}]},  # itself: not a tool
+        {"name": "plain"},
+    ]
+    skills = SkillTools(FakeAgent(), max_tools=10).build(records)  # type: ignore[arg-type]
+    assert set(skills) == {"researcher__verify", "researcher__verify__v1", "researcher__count",
+                           "odd.name__a_b"}
+    assert skills["researcher__verify"].version == "2.0" and skills["researcher__verify__v1"].version == "1.2"
+    assert skills["researcher__count"].wrapped and skills["researcher__count"].payload({"payload": 3}) == 3
+    assert not skills["researcher__verify"].wrapped
+    bounded = SkillTools(FakeAgent(), max_tools=2)  # type: ignore[arg-type]
+    assert len(bounded.build(records)) == 2 and bounded.left_out == 2
+    only = SkillTools(FakeAgent(), allow=("odd.*",)).build(records)  # type: ignore[arg-type]
+    assert set(only) == {"odd.name__a_b"}
