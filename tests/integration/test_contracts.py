@@ -441,35 +441,35 @@ def test_mcp_sees_one_tool_per_skill_calls_it_and_hears_list_changed(meshd_facto
             await old_era.initialize()
             before = {t.name for t in (await old_era.list_tools()).tools}
             assert not any("__" in name for name in before)
-            async with new_era.listen(tools_list_changed=True) as sub:
-                async with typed_researcher(b, runs), Agent("other", socket=b.socket) as other:
-                    @other.on("count", accepts={"type": "integer"}, version="3.1")
-                    def count(msg: Any) -> Any:
-                        return msg.payload + 1
+            async with new_era.listen(tools_list_changed=True) as sub, typed_researcher(b, runs), \
+                    Agent("other", socket=b.socket) as other:
+                @other.on("count", accepts={"type": "integer"}, version="3.1")
+                def count(msg: Any) -> Any:
+                    return msg.payload + 1
 
-                    event = await asyncio.wait_for(anext(aiter(sub)), 15)
-                    assert event == ToolsListChanged()
-                    await asyncio.wait_for(changed.wait(), 15)
+                event = await asyncio.wait_for(anext(aiter(sub)), 15)
+                assert event == ToolsListChanged()
+                await asyncio.wait_for(changed.wait(), 15)
 
-                    async def both_listed() -> Any:
-                        listed = {t.name: t for t in (await old_era.list_tools()).tools}
-                        return listed if {"researcher__verify", "other__count"} <= set(listed) else None
-                    tools = await async_wait_until(both_listed, 10, what="both skills listed")
-                    skill = tools["researcher__verify"]
-                    assert skill.input_schema["required"] == ["claim"]
-                    assert "Check a claim" in (skill.description or "")
-                    res = await old_era.call_tool("researcher__verify", {"claim": "the sky is blue"})
-                    assert not res.is_error, res.content[0].text
-                    assert json.loads(res.content[0].text) == {"ok": True, "claim": "the sky is blue"}
-                    bad = await old_era.call_tool("researcher__verify", {"claim": ""})
-                    assert bad.is_error and bad.content[0].text.startswith("VALIDATION_FAILED")
-                    # a non-object payload is wrapped as {"payload": ...}
-                    assert tools["other__count"].input_schema["required"] == ["payload"]
-                    res = await old_era.call_tool("other__count", {"payload": 41})
-                    assert json.loads(res.content[0].text) == 42
-                    # the allow-list: the second server shows the researcher's skills only
-                    names = {t.name for t in (await new_era.list_tools()).tools}
-                    assert "researcher__verify" in names and "other__count" not in names
+                async def both_listed() -> Any:
+                    listed = {t.name: t for t in (await old_era.list_tools()).tools}
+                    return listed if {"researcher__verify", "other__count"} <= set(listed) else None
+                tools = await async_wait_until(both_listed, 10, what="both skills listed")
+                skill = tools["researcher__verify"]
+                assert skill.input_schema["required"] == ["claim"]
+                assert "Check a claim" in (skill.description or "")
+                res = await old_era.call_tool("researcher__verify", {"claim": "the sky is blue"})
+                assert not res.is_error, res.content[0].text
+                assert json.loads(res.content[0].text) == {"ok": True, "claim": "the sky is blue"}
+                bad = await old_era.call_tool("researcher__verify", {"claim": ""})
+                assert bad.is_error and bad.content[0].text.startswith("VALIDATION_FAILED")
+                # a non-object payload is wrapped as {"payload": ...}
+                assert tools["other__count"].input_schema["required"] == ["payload"]
+                res = await old_era.call_tool("other__count", {"payload": 41})
+                assert json.loads(res.content[0].text) == 42
+                # the allow-list: the second server shows the researcher's skills only
+                names = {t.name for t in (await new_era.list_tools()).tools}
+                assert "researcher__verify" in names and "other__count" not in names
             assert len(runs) == 1  # the invalid call never reached the handler
 
     asyncio.run(scenario())
