@@ -82,6 +82,16 @@ class Contract:
     description: str = ""
     examples: list[Any] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        model = self.accepts
+        # pydantic's core validator when there is one (what model_validate calls, ~0.3 us less
+        # per message); else the duck-typed model_validate.
+        core = getattr(model, "__pydantic_validator__", None) if model is not None else None
+        validate = getattr(core, "validate_python", None)
+        self._validate: Callable[[Any], Any] | None = (
+            validate if callable(validate) else None if model is None or isinstance(model, dict)
+            else model.model_validate)
+
     @property
     def version_text(self) -> str:
         return format_version(self.version)
@@ -108,18 +118,18 @@ class Contract:
 
     def accept(self, payload: Any) -> Any:
         """The payload as the handler gets it (a model instance); raises ContractRefused."""
+        validate = self._validate
+        if validate is not None:
+            try:
+                return validate(payload)
+            except ValueError as exc:  # pydantic's ValidationError is one
+                raise self._refused(*_first_error(exc)) from None
         model = self.accepts
-        if model is None:
-            return payload
         if isinstance(model, dict):
             problems = schema_errors(model, payload, 1)
             if problems:
                 raise self._refused(*problems[0])
-            return payload
-        try:
-            return model.model_validate(payload)
-        except ValueError as exc:  # pydantic's ValidationError is one
-            raise self._refused(*_first_error(exc)) from None
+        return payload
 
     def answer(self, value: Any) -> Any:
         """The handler's return value checked against ``returns`` and made plain data. A mismatch
@@ -151,10 +161,12 @@ class TypedTopic:
         """``defer``: the value a request handler returns to answer later (``meshd.DEFER``)."""
         self.topic = topic
         self.majors: dict[int, Contract] = {}
+        self._oldest: Contract | None = None
         self._defer = defer
 
     def add(self, contract: Contract) -> None:
         self.majors[contract.version[0]] = contract
+        self._oldest = self.majors[min(self.majors)]
 
     @property
     def supported(self) -> list[str]:
@@ -162,8 +174,8 @@ class TypedTopic:
 
     def pick(self, version: Any) -> Contract:
         """The contract for a message's ``sv``: its major, or the oldest served when it has none."""
-        if version is None:
-            return self.majors[min(self.majors)]
+        if version is None and self._oldest is not None:
+            return self._oldest
         parsed = parse_version(version)
         contract = self.majors.get(parsed[0]) if parsed is not None else None
         if contract is None:
@@ -178,6 +190,8 @@ class TypedTopic:
         contract = self.pick(msg.schema_version)
         msg.payload = contract.accept(msg.payload)
         result = contract.handler(msg)
+        if not msg.is_request:
+            return result  # a send's or publication's result is no reply: nothing to check
         if inspect.isawaitable(result):
             return self._finish(contract, result, msg.is_request)
         return self._answer(contract, result, msg.is_request)
