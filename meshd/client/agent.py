@@ -418,7 +418,7 @@ class Agent:
         if qos not in (0, 1):
             raise ValidationFailed("qos must be 0 or 1")
         msg_id = P.new_id()
-        header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic}
+        header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic, P.TIMESTAMP: P.timestamp()}
         if headers:
             header[P.HEADERS] = headers
         if version is not None or check or type(payload) not in _PLAIN:
@@ -481,7 +481,8 @@ class Agent:
             raise ValidationFailed("timeout must be a positive number of seconds")
         loop = self._require_loop()
         msg_id = P.new_request_id()
-        header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic}
+        header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic,
+                                  P.TIMESTAMP: P.timestamp()}
         if headers:
             header[P.HEADERS] = headers
         if version is not None or check or type(payload) not in _PLAIN:
@@ -638,7 +639,8 @@ class Agent:
             raise ValidationFailed("qos must be 0 or 1")
         loop = self._require_loop()
         msg_id = P.new_id()
-        header: dict[str, Any] = {P.KIND: Kind.PUBLISH, P.ID: msg_id, P.TOPIC: topic}
+        header: dict[str, Any] = {P.KIND: Kind.PUBLISH, P.ID: msg_id, P.TOPIC: topic,
+                                  P.TIMESTAMP: P.timestamp()}
         if headers:
             header[P.HEADERS] = headers
         data = self._payload(payload)

@@ -87,6 +87,9 @@ class Message:
     _cancelled: asyncio.Event | None = None
     #: The contract version the sender wrote the message for (header ``sv``), None if it named none.
     schema_version: str | None = None
+    #: When the sender made it (header ``ts``, ISO-8601 UTC): for people and logs, never compared
+    #: with this host's clock (use ``time_left`` for deadlines). None from senders that omit it.
+    timestamp: str | None = None
 
     @property
     def cancelled(self) -> asyncio.Event:
@@ -278,6 +281,9 @@ class Dispatcher:
         if SCHEMA_VERSION in header:
             sv = header[SCHEMA_VERSION]
             msg.schema_version = sv if type(sv) is str else None
+        ts = get(P.TIMESTAMP)
+        if type(ts) is str:
+            msg.timestamp = ts
         if bad_budget:
             if is_request:
                 self.reply_error(msg, P.ErrorCode.VALIDATION_FAILED, bad_budget)
@@ -504,7 +510,8 @@ class Dispatcher:
         except MeshError as exc:
             self.reply_error(msg, exc.code, f"reply refused: {exc.message}")
             return
-        header = {P.KIND: Kind.REPLY, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id,
+        header = {P.KIND: Kind.REPLY, P.ID: P.new_id(), P.TIMESTAMP: P.timestamp(),
+                  P.CORR: msg.correlation_id or msg.id,
                   P.TOPIC: msg.topic}
         if status is not None:
             header[P.STATUS] = status
@@ -523,11 +530,13 @@ class Dispatcher:
         if self._closed() or not msg.sender or msg._answered:
             return
         msg._answered = True
-        header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id, P.ERROR: err}
+        header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id, P.ERROR: err,
+                  P.TIMESTAMP: P.timestamp()}
         self._enqueue(to_agent(msg.reply_to or msg.sender), header, b"")
 
     def progress(self, msg: Message, note: str) -> None:
-        header = {P.KIND: Kind.PROGRESS, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id,
+        header = {P.KIND: Kind.PROGRESS, P.ID: P.new_id(), P.TIMESTAMP: P.timestamp(),
+                  P.CORR: msg.correlation_id or msg.id,
                   P.NOTE: note[:PROGRESS_NOTE_CHARS]}
         self._enqueue(to_agent(msg.reply_to or msg.sender), header, b"")
 

@@ -61,6 +61,7 @@ OP: Final = "op"  # an admin call's operation
 SEQ: Final = "seq"  # a daemon's HELLO/heartbeat sequence number (both-ways liveness, §9.5)
 ECHO: Final = "echo"  # the last SEQ the sender heard from the receiver (both-ways liveness, §9.5)
 NOTICE: Final = "notice"  # in an error map: it answers no call (the answer lane's notice room, §8.2)
+TIMESTAMP: Final = "ts"  # when the message was made: ISO-8601 UTC, for people and logs only (§5)
 SCHEMA_VERSION: Final = "sv"  # the contract version a message was written for, "MAJOR.MINOR" (§17)
 KINDS: Final = "kinds"  # on a batch header: its inner kinds (only batches with answers/requests are opened)
 
@@ -154,6 +155,8 @@ MAX_ADDRESS_LEN: Final = MAX_NAME_LEN + 1 + 256
 """``to``, ``from`` and ``origin``: ``name`` or ``name@node`` (a node id or a host name)."""
 MAX_ID_LEN: Final = 256
 MAX_HOPS: Final = 255
+MAX_TIMESTAMP_LEN: Final = 40
+"""The longest ``ts`` a header may carry (``2026-12-03T06:35:47.123Z`` is 24)."""
 MAX_BUDGET_MS: Final = 10**12  # about 31 years: any finite budget a client means fits
 """The largest ``hops`` a header may carry; the configured ``hop_limit`` (at most 64) is lower."""
 
@@ -317,6 +320,11 @@ def header_from_map(fields: dict[str, Any]) -> Header:
     if type(qos) is not int or qos not in (0, 1):
         raise FrameError("bad_field", f"'qos' must be 0 or 1, not {qos!r}"[:120], fields=fields)
     deadline = local_deadline(fields)
+    if TIMESTAMP in fields:
+        ts = fields[TIMESTAMP]
+        if type(ts) is not str or len(ts) > MAX_TIMESTAMP_LEN:
+            raise FrameError("bad_field", f"'ts' must be an ISO-8601 string of at most {MAX_TIMESTAMP_LEN} "
+                             "characters", fields=fields)
     if SCHEMA_VERSION in fields:
         sv = fields[SCHEMA_VERSION]
         if schema_version(sv) is None:
@@ -466,7 +474,7 @@ def error_header(
     err = error_body(code, message, retry=retry, retry_after=retry_after)
     if notice:
         err[NOTICE] = True
-    header: dict[str, Any] = {KIND: Kind.ERROR, ID: new_id(), ERROR: err}
+    header: dict[str, Any] = {KIND: Kind.ERROR, ID: new_id(), ERROR: err, TIMESTAMP: timestamp()}
     if to is not None:
         header[TO] = to
     if corr is not None:
@@ -520,6 +528,28 @@ def valid_name(name: Any) -> bool:
 def valid_topic(topic: Any) -> bool:
     """Topics: 1-256 printable characters without NUL."""
     return isinstance(topic, str) and 0 < len(topic) <= MAX_TOPIC_LEN and topic.isprintable()
+
+
+_stamp_second = -1
+_stamp_prefix = ""
+_stamp_ms = -1
+_stamp = ""
+
+
+def timestamp() -> str:
+    """Now as an ISO-8601 UTC string with milliseconds (``2026-12-03T06:35:47.123Z``): the
+    ``ts`` of a message, for people and logs. Never compared across hosts (budgets are
+    durations). It is on every message's path: the string is made once per millisecond, its
+    date part once per second."""
+    global _stamp_second, _stamp_prefix, _stamp_ms, _stamp
+    ms = int(time.time() * 1000)
+    if ms == _stamp_ms:
+        return _stamp
+    second = ms // 1000
+    if second != _stamp_second:
+        _stamp_second, _stamp_prefix = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    _stamp_ms, _stamp = ms, f"{_stamp_prefix}.{ms % 1000:03d}Z"
+    return _stamp
 
 
 def now() -> float:

@@ -473,3 +473,29 @@ def test_mcp_sees_one_tool_per_skill_calls_it_and_hears_list_changed(meshd_facto
             assert len(runs) == 1  # the invalid call never reached the handler
 
     asyncio.run(scenario())
+
+
+def test_every_message_carries_an_iso_utc_timestamp(meshd_factory: MeshdFactory) -> None:
+    import datetime
+
+    a, b = two_nodes(meshd_factory)
+
+    async def scenario() -> None:
+        async with Agent("x", socket=a.socket) as x, Agent("y", socket=b.socket) as y:
+            seen: asyncio.Queue[Any] = asyncio.Queue()
+
+            @y.on("t")
+            def t(msg: Any) -> Any:
+                seen.put_nowait(msg)
+                return "ok"
+
+            await wait_listed(x, "y")
+            await x.request("y", "t", None, timeout=5)
+            await x.send("y", "t", None)
+            for _ in range(2):
+                msg = await asyncio.wait_for(seen.get(), 5)
+                assert msg.timestamp is not None and msg.timestamp.endswith("Z"), msg.timestamp
+                parsed = datetime.datetime.fromisoformat(msg.timestamp.replace("Z", "+00:00"))
+                assert parsed.utcoffset() == datetime.timedelta(0)
+
+    asyncio.run(scenario())
