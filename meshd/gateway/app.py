@@ -144,7 +144,8 @@ class Routes:
         req = await self.body(request, M.RegisterRequest)
         info = {"project": req.project, "model": req.model, "colour": req.colour}
         session = await self.gw.sessions.register(req.session_id or None, req.name, info,
-                                                  list(req.capabilities))
+                                                  list(req.capabilities),
+                                                  [c.model_dump() for c in req.contracts])
         sse_path = f"/v1/agents/{session.session_id}/events"
         return web.json_response({
             "session_id": session.session_id, "name": req.name, "node": session.agent.node,

@@ -499,3 +499,79 @@ def test_every_message_carries_an_iso_utc_timestamp(meshd_factory: MeshdFactory)
                 assert parsed.utcoffset() == datetime.timedelta(0)
 
     asyncio.run(scenario())
+
+
+def test_http_agent_registers_json_schema_contracts_validated_at_the_gateway(
+        meshd_factory: MeshdFactory) -> None:
+    """A non-Python agent (plain HTTP) advertises a JSON Schema contract; a Python agent on another
+    daemon reads it, a bad payload is refused before any prompt event, a good one arrives."""
+    import aiohttp
+
+    a, b = two_nodes(meshd_factory)
+    gw = a.gateway()
+    auth = {"Authorization": f"Bearer {gw.token}"}
+    contract = {"topic": "translate", "version": "2.1", "description": "Translate text",
+                "accepts": {"type": "object", "required": ["text", "to"],
+                            "properties": {"text": {"type": "string", "minLength": 1},
+                                           "to": {"enum": ["de", "fr"]}}},
+                "returns": {"type": "object", "required": ["text"]},
+                "examples": [{"text": "hello", "to": "de"}]}
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as s, Agent("py", socket=b.socket) as py:
+            async with s.post(gw.url + "v1/agents/register", headers=auth,
+                              json={"name": "translator", "contracts": [contract]}) as r:
+                assert r.status == 200, await r.text()
+                sid = (await r.json())["session_id"]
+            await wait_listed(py, "translator")
+            await async_wait_until(lambda: py.describe("translator"), 10, what="the contract at b")
+            [rec] = await py.describe("translator")
+            assert rec["version"] == "2.1" and rec["accepts"]["required"] == ["text", "to"]
+            async with s.get(gw.url + "v1/agents/translator/contracts", headers=auth) as r:
+                assert (await r.json())["contracts"][0]["topic"] == "translate"
+            events: asyncio.Queue[Any] = asyncio.Queue()
+
+            async def read_events() -> None:
+                async with s.get(gw.url + f"v1/agents/{sid}/events", headers=auth,
+                                 timeout=aiohttp.ClientTimeout(total=None)) as r:
+                    name = ""
+                    async for raw in r.content:
+                        line = raw.decode().rstrip("\n")
+                        if line.startswith("event: "):
+                            name = line[7:]
+                        elif line.startswith("data: ") and name == "prompt":
+                            events.put_nowait(json.loads(line[6:]))
+            reader = asyncio.create_task(read_events())
+            try:
+                with pytest.raises(ValidationFailed) as info:
+                    await py.request("translator", "translate", {"text": "hi", "to": "xx"}, timeout=5)
+                assert info.value.details["field"] == "to" and info.value.sender == "translator"
+                with pytest.raises(SchemaVersionUnsupported):
+                    await py.request("translator", "translate", {"text": "hi", "to": "de"}, version="1.0",
+                                     timeout=5)
+                asked = asyncio.create_task(py.request("translator", "translate", {"text": "hi", "to": "de"},
+                                                       version="2.0", timeout=10))
+                prompt = await asyncio.wait_for(events.get(), 10)
+                assert prompt["payload"] == {"text": "hi", "to": "de"}  # the first prompt: the valid one
+                async with s.post(gw.url + f"v1/messages/{prompt['msg_id']}/response", headers=auth,
+                                  json={"session_id": sid, "payload": {"text": "hallo"}}) as r:
+                    assert r.status == 200
+                assert await asyncio.wait_for(asked, 10) == {"text": "hallo"}
+                assert events.empty()
+                # an untyped topic of the same HTTP agent keeps working as before
+                asked = asyncio.create_task(py.request("translator", "chat", "anything", timeout=10))
+                prompt = await asyncio.wait_for(events.get(), 10)
+                assert prompt["topic"] == "chat"
+                async with s.post(gw.url + f"v1/messages/{prompt['msg_id']}/response", headers=auth,
+                                  json={"session_id": sid, "payload": "ok"}) as r:
+                    assert r.status == 200
+                assert await asyncio.wait_for(asked, 10) == "ok"
+                # a malformed contract is refused at the gateway's edge
+                async with s.post(gw.url + "v1/agents/register", headers=auth,
+                                  json={"name": "bad", "contracts": [{"topic": "t", "version": "one"}]}) as r:
+                    assert r.status == 400
+            finally:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+
+    asyncio.run(scenario())
