@@ -355,5 +355,5 @@ def error_from_wire(wire: Any) -> MeshError:
     if "topic" in wire and "missed" in wire:  # a gap notice (PUBLICATIONS_MISSED)
         err.details = {"topic": wire["topic"], "missed": wire["missed"]}
     else:  # a contract's refusal names the field, the topic, the version, what is served
-        err.details = {k: wire[k] for k in ("field", "topic", "version", "supported") if k in wire}
+        err.details = {k: wire[k] for k in ("field", "topic", "version", "supported", "trace") if k in wire}
     return err

@@ -165,7 +165,10 @@ class Agent:
         auto_heartbeat: bool = True,
         embedded: EmbeddedLink | None = None,
         max_concurrent_handlers: int = DEFAULT_MAX_CONCURRENT_HANDLERS,
+        debug: bool = False,
     ) -> None:
+        """``debug=True``: a handler that raises sends its traceback with the HANDLER_ERROR
+        (``err.details["trace"]`` at the requester); by default no stack trace leaves the agent."""
         if not P.valid_name(name):
             raise ValidationFailed(f"invalid agent name {name!r}: 1-128 printable characters, no '@'")
         if not 1 <= batch_max <= P.MAX_BATCH:
@@ -226,7 +229,7 @@ class Agent:
         self._calls = CallSlots(self.socket_path, on_busy_change=self._handler_slots.check_reading)
         self._dispatch = Dispatcher(name, enqueue=self._enqueue, push=self._push, encode=self._payload,
                                     schedule=self._call_soon, closed=lambda: self._closed,
-                                    on_handler_task=self._handler_slots.handler_started)
+                                    on_handler_task=self._handler_slots.handler_started, debug=debug)
         self._session = Session(control=self._control, hello=self._hello, registered=self._registered,
                                 window=self._window, slots=self._handler_slots, calls=self._calls,
                                 topics=self._topics)  # meshd/client/session.py

@@ -18,6 +18,7 @@ import functools
 import inspect
 import logging
 import time
+import traceback
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
@@ -49,6 +50,9 @@ ANY_TOPIC = "*"
 MAX_DELEGATED = 10_000
 """Delegations remembered (so a cancel can follow them); the oldest is forgotten past this."""
 PROGRESS_NOTE_CHARS = 200
+TRACE_BYTES = 3000
+"""The tail (UTF-8 bytes) of a handler's traceback that travels with its HANDLER_ERROR when the agent opted in
+(``Agent(debug=True)``); without it none does."""
 
 
 class _Deferred:
@@ -174,8 +178,11 @@ class Dispatcher:
     def __init__(self, agent_name: str, *, enqueue: Callable[[BatchKey, dict[str, Any], bytes], None],
                  push: Callable[[list[bytes]], None], encode: Callable[[Any], bytes],
                  schedule: Callable[[Callable[[], None]], None], closed: Callable[[], bool],
-                 on_handler_task: Callable[[asyncio.Task[Any]], None] | None = None) -> None:
-        """``on_handler_task(task)`` is told of each handler that suspended and got a task (the
+                 on_handler_task: Callable[[asyncio.Task[Any]], None] | None = None,
+                 debug: bool = False) -> None:
+        """``debug``: a handler's failure carries its traceback (``trace``, at most
+        ``TRACE_BYTES``) to the requester; off by default, so stack traces stay home.
+        ``on_handler_task(task)`` is told of each handler that suspended and got a task (the
         ``Agent`` gives its ``HandlerSlots.handler_started``, meshd/client/handler_slots.py)."""
         self.agent_name = agent_name
         self._enqueue = enqueue
@@ -200,6 +207,7 @@ class Dispatcher:
         self._ack_scheduled = False
         self._handled_unacked = 0  # messages whose unit's ack has not left yet (see ACK_EVERY)
         self._on_handler_task = on_handler_task
+        self.debug = debug
         #: Messages refused before or instead of their handler, by code: ``VALIDATION_FAILED``
         #: and ``SCHEMA_VERSION`` (a typed topic's contract refused them), ``NACK`` (the handler
         #: refused explicitly), ``HANDLER_ERROR`` (it raised).
@@ -460,8 +468,12 @@ class Dispatcher:
         log.warning("agent %s: handler for %r raised %s: %s", self.agent_name, msg.topic,
                     type(exc).__name__, exc)
         if msg.is_request:
-            self.reply_error(msg, P.ErrorCode.HANDLER_ERROR, str(exc) or type(exc).__name__,
-                             remote_type=type(exc).__name__)
+            err = P.error_body(P.ErrorCode.HANDLER_ERROR, str(exc) or type(exc).__name__,
+                               remote_type=type(exc).__name__)
+            if self.debug:  # the agent opted in: its stack trace travels (bounded)
+                trace = "".join(traceback.format_exception(exc)).encode()[-TRACE_BYTES:]
+                err["trace"] = trace.decode(errors="ignore")  # within the 8 KiB header
+            self.reply_error_body(msg, err)
         else:
             self._report_send_failure(msg, P.error_body(P.ErrorCode.HANDLER_ERROR,
                                                         (str(exc) or type(exc).__name__)[:500],

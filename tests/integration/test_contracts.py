@@ -575,3 +575,26 @@ def test_http_agent_registers_json_schema_contracts_validated_at_the_gateway(
                 await asyncio.gather(reader, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_stack_traces_travel_only_when_the_agent_opts_in(meshd_factory: MeshdFactory) -> None:
+    a = meshd_factory.spawn("a")
+
+    async def scenario() -> None:
+        async with Agent("quiet", socket=a.socket) as quiet, \
+                Agent("chatty", socket=a.socket, debug=True) as chatty, \
+                Agent("asker", socket=a.socket) as asker:
+            def broken(msg: Any) -> Any:
+                raise KeyError("missing-thing")
+
+            quiet.on("t")(broken)
+            chatty.on("t")(broken)
+            with pytest.raises(HandlerError) as info:
+                await asker.request("quiet", "t", None, timeout=5)
+            assert info.value.remote_type == "KeyError" and "trace" not in info.value.details
+            with pytest.raises(HandlerError) as info:
+                await asker.request("chatty", "t", None, timeout=5)
+            trace = info.value.details["trace"]
+            assert "Traceback" in trace and "KeyError" in trace and "raise KeyError" in trace
+
+    asyncio.run(scenario())
