@@ -301,6 +301,8 @@ def test_contracts_travel_to_a_third_daemon_and_survive_restarts(meshd_factory: 
                 after = await asyncio.to_thread(_hb_bytes, b)
                 # heartbeats never carry contracts: the same bytes for the typed agent (the
                 # telemetry's queue_depth is one small integer either way)
+                print(f"heartbeat body: {before} bytes with the untyped agent, {after} with the typed one "
+                      f"(its contracts: {len(P.pack(researcher.contracts()))} bytes)")
                 assert after == before, (before, after)
                 # check=True fails at the sender, with no round trip to the receiver
                 with pytest.raises(ValidationFailed) as info:
