@@ -46,7 +46,7 @@ import zmq
 
 from meshd.client.batching import Batcher, BatchKey
 from meshd.client.call_slots import CallSlots
-from meshd.client.contracts import Contract, TypedTopic, is_model_class, to_wire
+from meshd.client.contracts import Contract, ContractRefused, TypedTopic, is_model_class, to_wire
 from meshd.client.handler_slots import DEFAULT_MAX_CONCURRENT_HANDLERS, HandlerSlots
 from meshd.client.handlers import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from meshd.client.incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
@@ -61,6 +61,7 @@ from meshd.client.session import Session, heartbeat_loop
 from meshd.client.system_calls import system_request
 from meshd.errors import (
     DaemonUnreachable,
+    HandlerError,
     MeshError,
     NotRegistered,
     RequestTimeout,
@@ -567,9 +568,22 @@ class Agent:
             self._calls.give_back()
 
     async def reply(self, msg: Message, payload: Any = None, *, status: str | None = None) -> None:
-        """Answer a request later (its handler returned ``DEFER``); goes to the original requester."""
+        """Answer a request later (its handler returned ``DEFER``); goes to the original requester.
+
+        On a typed topic the payload is checked against the contract's ``returns`` first: one that
+        does not fit fails the request with HANDLER_ERROR (the answering side's bug) and raises
+        ValidationFailed here, naming the field."""
         if not msg.is_request:
             raise ValidationFailed("only requests can be replied to")
+        table = self._dispatch.handlers.get(msg.topic)
+        if isinstance(table, TypedTopic) and not msg._answered:
+            try:
+                payload = table.pick(msg.schema_version).answer(payload)
+            except ContractRefused:
+                pass  # not a version it serves: the request was refused already
+            except HandlerError as exc:
+                self._dispatch.reply_error(msg, exc.code, exc.message)
+                raise ValidationFailed(exc.message) from None
         self._dispatch.reply(msg, payload, status=status)
 
     async def fail(self, msg: Message, error: BaseException | str, *, code: str = "HANDLER_ERROR") -> None:

@@ -560,6 +560,17 @@ def test_http_agent_registers_json_schema_contracts_validated_at_the_gateway(
                     assert r.status == 200
                 assert await asyncio.wait_for(asked, 10) == {"text": "hallo"}
                 assert events.empty()
+                # a response that does not fit the contract's returns: the HTTP agent hears 400
+                # naming the field, the requester HANDLER_ERROR (the answering side's bug)
+                asked = asyncio.create_task(py.request("translator", "translate", {"text": "a", "to": "fr"},
+                                                       timeout=10))
+                prompt = await asyncio.wait_for(events.get(), 10)
+                async with s.post(gw.url + f"v1/messages/{prompt['msg_id']}/response", headers=auth,
+                                  json={"session_id": sid, "payload": {"nope": 1}}) as r:
+                    assert r.status == 400
+                    assert "text" in (await r.json())["error"]["message"]
+                with pytest.raises(HandlerError):
+                    await asyncio.wait_for(asked, 10)
                 # an untyped topic of the same HTTP agent keeps working as before
                 asked = asyncio.create_task(py.request("translator", "chat", "anything", timeout=10))
                 prompt = await asyncio.wait_for(events.get(), 10)
