@@ -385,6 +385,10 @@ def test_meshctl_gateway_and_tools_show_contracts(meshd_factory: MeshdFactory) -
             assert "meshctl request researcher verify" in text and "--version 1.2" in text
             listed = await asyncio.to_thread(_ctl, a, "agents", "--contracts")
             assert "verify@1.2" in listed.stdout
+            exported = await asyncio.to_thread(_ctl, a, "tools", "schema", "--format", "openai", "--skills")
+            functions = {f["function"]["name"]: f["function"] for f in json.loads(exported.stdout)}
+            assert functions["researcher__verify"]["parameters"]["required"] == ["claim"]
+            assert "request_agent" in functions  # the daemon's own tools beside the skills
             plain = await asyncio.to_thread(_ctl, a, "agents", "--json")
             assert "contracts" not in json.loads(plain.stdout)[0]
             # a request with --check refused before it leaves, exit code non-zero, field named

@@ -127,11 +127,11 @@ def test_skill_tools_one_per_topic_and_major_bounded_and_filtered() -> None:
     ]
     skills = SkillTools(FakeAgent(), max_tools=10).build(records)  # type: ignore[arg-type]
     assert set(skills) == {"researcher__verify", "researcher__verify__v1", "researcher__count",
-                           "odd.name__a_b"}
+                           "odd_name__a_b"}  # names every LLM API takes: [A-Za-z0-9_-]
     assert skills["researcher__verify"].version == "2.0" and skills["researcher__verify__v1"].version == "1.2"
     assert skills["researcher__count"].wrapped and skills["researcher__count"].payload({"payload": 3}) == 3
     assert not skills["researcher__verify"].wrapped
     bounded = SkillTools(FakeAgent(), max_tools=2)  # type: ignore[arg-type]
     assert len(bounded.build(records)) == 2 and bounded.left_out == 2
     only = SkillTools(FakeAgent(), allow=("odd.*",)).build(records)  # type: ignore[arg-type]
-    assert set(only) == {"odd.name__a_b"}
+    assert set(only) == {"odd_name__a_b"}
