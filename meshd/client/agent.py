@@ -367,10 +367,18 @@ class Agent:
 
     def _contracts_changed(self) -> None:
         """A typed handler was declared on a connected agent: advertise it (once per loop turn)."""
-        if self._sock is None or self._closed or self._advertising:
+        loop = self._loop
+        if self._sock is None or self._closed or self._advertising or loop is None:
             return
         self._advertising = True
-        self._dispatch.spawn(self._advertise())
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._dispatch.spawn(self._advertise())
+        else:  # declared from another thread (a BlockingAgent's caller): on the agent's loop
+            loop.call_soon_threadsafe(lambda: self._dispatch.spawn(self._advertise()))
 
     async def _advertise(self) -> None:
         await asyncio.sleep(0)  # the other declarations of this turn go in the same registration

@@ -25,7 +25,7 @@ from meshd import (
     TooLarge,
     ValidationFailed,
 )
-from meshd.testing import MeshdFactory, async_wait_until, wait_listed
+from meshd.testing import MeshdFactory, async_wait_until, wait_listed, wait_until
 from meshd.wire import protocol as P
 
 
@@ -617,3 +617,16 @@ def test_stack_traces_travel_only_when_the_agent_opts_in(meshd_factory: MeshdFac
             assert "Traceback" in trace and "KeyError" in trace and "raise KeyError" in trace
 
     asyncio.run(scenario())
+
+
+def test_blocking_agent_declares_a_typed_handler_after_connecting(meshd_factory: MeshdFactory) -> None:
+    from meshd import BlockingAgent
+
+    a = meshd_factory.spawn("a")
+    with BlockingAgent("sync-typed", socket=a.socket) as typed, \
+            BlockingAgent("sync-asker", socket=a.socket) as asker:
+        typed.on("verify", accepts=VerifyRequest, version="1.0")(lambda msg: {"claim": msg.payload.claim})
+        wait_until(lambda: asker.describe("sync-typed"), 10, what="the contract advertised")
+        assert asker.request("sync-typed", "verify", {"claim": "c"}, timeout=5) == {"claim": "c"}
+        with pytest.raises(ValidationFailed):
+            asker.request("sync-typed", "verify", {}, timeout=5)
