@@ -116,10 +116,18 @@ def test_typed_send_refused_reaches_sender_and_dead_letters(meshd_factory: Meshd
             await planner.send("researcher", "verify", {"claim": "fine"})
             await async_wait_until(lambda: len(runs) == 1, 5, what="the valid send handled")
             assert researcher.refused == {"VALIDATION_FAILED": 1}
+            # qos 1: the refusal is final, the unit acked (not retried), no notice (it was stored)
+            await planner.send("researcher", "verify", {"claim": ""}, qos=1)
+
+            async def done() -> bool:
+                return bool((await planner.node_info())["qos1"]["pending"] == 0)
+            await async_wait_until(done, 10, what="the refused qos-1 unit acked")
+            assert researcher.refused == {"VALIDATION_FAILED": 2} and len(runs) == 1
+            assert errors.empty()
 
     asyncio.run(scenario())
     reasons = [d["reason"] for d in b.dead_letters()]
-    assert reasons.count("validation") == 1, reasons
+    assert reasons.count("validation") == 2, reasons
 
 
 def test_reply_checked_against_returns_on_the_answering_side(meshd_factory: MeshdFactory) -> None:
