@@ -644,7 +644,8 @@ class Agent:
         return HandoffResult(bool(reply))
 
     async def publish(self, topic: str, payload: Any = None, *, qos: int = 0,
-                      headers: dict[str, Any] | None = None, reach: bool = False) -> int | None:
+                      headers: dict[str, Any] | None = None, reach: bool = False,
+                      version: str | None = None) -> int | None:
         """Publish on ``topic``.
 
         By default (qos 0) it returns as soon as the message is queued, like ``send``, and
@@ -657,6 +658,9 @@ class Agent:
         it reached. With ``qos=1``, durable subscribers (``subscribe(topic, durable=True)``) get
         it at least once and handle it once, through the publisher daemon's outbox; it returns
         (the reach count) once those copies are on disk.
+
+        ``payload`` may be a model instance; ``version`` names the contract version it was written
+        for (a subscriber's typed handler validates it; one it refuses is counted there).
         """
         if not P.valid_topic(topic):
             raise ValidationFailed(f"invalid topic {topic!r}")
@@ -668,6 +672,8 @@ class Agent:
                                   P.TIMESTAMP: P.timestamp()}
         if headers:
             header[P.HEADERS] = headers
+        if version is not None or type(payload) not in _PLAIN:
+            payload = await self._typed(header, "", topic, payload, version, False)
         data = self._payload(payload)
         if qos == 0 and not reach:
             window = self._window

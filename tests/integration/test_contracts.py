@@ -638,3 +638,30 @@ def test_blocking_agent_declares_a_typed_handler_after_connecting(meshd_factory:
         assert asker.request("sync-typed", "verify", {"claim": "c"}, timeout=5) == {"claim": "c"}
         with pytest.raises(ValidationFailed):
             asker.request("sync-typed", "verify", {}, timeout=5)
+
+
+def test_typed_subscriber_validates_publications(meshd_factory: MeshdFactory) -> None:
+    a, b = two_nodes(meshd_factory)
+
+    async def scenario() -> None:
+        sub = Agent("sub", socket=b.socket)
+        got: asyncio.Queue[Any] = asyncio.Queue()
+
+        @sub.on("claims", accepts=VerifyRequest, version="1.0")
+        def claims(msg: Any) -> None:
+            got.put_nowait(msg.payload)
+
+        async with sub, Agent("pub", socket=a.socket) as pub:
+            await sub.subscribe("claims")
+
+            async def reached() -> bool:
+                return bool(await pub.publish("claims", VerifyRequest(claim="warm"), reach=True,
+                                              version="1.0"))
+            await async_wait_until(reached, 10, what="the subscription at a")
+            assert (await asyncio.wait_for(got.get(), 5)).claim == "warm"
+            await pub.publish("claims", {"claim": ""}, reach=True)
+            await pub.publish("claims", {"claim": "ok"}, reach=True)
+            second = await asyncio.wait_for(got.get(), 5)
+            assert second.claim == "ok" and sub.refused == {"VALIDATION_FAILED": 1}
+
+    asyncio.run(scenario())
