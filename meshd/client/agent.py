@@ -517,7 +517,9 @@ class Agent:
             header[SCHEMA_VERSION] = version
         payload = to_wire(payload)
         if check:
-            await self.check_contract(to, topic, payload, version)
+            checked = await self.check_contract(to, topic, payload, version)
+            if version is None and checked is not None:
+                header[SCHEMA_VERSION] = checked  # it was written for the contract it was checked against
         return payload
 
     async def describe(self, name: str) -> list[dict[str, Any]]:
@@ -527,14 +529,16 @@ class Agent:
         records = list(result or [])
         return records if check_records(records) is None else []
 
-    async def check_contract(self, to: str, topic: str, payload: Any, version: str | None = None) -> None:
+    async def check_contract(self, to: str, topic: str, payload: Any,
+                             version: str | None = None) -> str | None:
         """Check ``payload`` against the contract ``to`` advertises for ``topic`` (its version's
         major, or the oldest when ``version`` is None), without sending anything: raises
         ValidationFailed naming the field, or SchemaVersionUnsupported listing what is served.
-        A topic without a contract passes (nothing to check)."""
+        Returns the version of the contract it checked against; None for a topic without a
+        contract (nothing to check)."""
         records = [r for r in await self.describe(to.partition("@")[0]) if r.get("topic") == topic]
         if not records:
-            return
+            return None
         by_major = {v[0]: r for r in records if (v := parse_version(r.get("version"))) is not None}
         wanted = parse_version(version) if version is not None else (min(by_major), 0)
         rec = by_major.get(wanted[0]) if wanted is not None else None
@@ -554,6 +558,7 @@ class Agent:
                                        "(checked before sending)")
                 err.details = {"field": where, "topic": topic, "version": rec["version"]}
                 raise err
+        return str(rec["version"])
 
     async def _await_reply(self, loop: asyncio.AbstractEventLoop, msg_id: str, to: str, topic: str,
                            timeout: float, on_progress: Callable[[str], Any] | None,

@@ -51,13 +51,16 @@ def two_nodes(meshd_factory: MeshdFactory) -> tuple[Any, Any]:
     return a, b
 
 
-def typed_researcher(b: Any, runs: list[Any], *, bad_reply: bool = False) -> Agent:
+def typed_researcher(b: Any, runs: list[Any], *, bad_reply: bool = False,
+                     versions: list[Any] | None = None) -> Agent:
     researcher = Agent("researcher", socket=b.socket)
 
     @researcher.on("verify", accepts=VerifyRequest, returns=Verdict, version="1.2",
                    description="Check a claim", examples=[VerifyRequest(claim="water is wet")])
     async def verify(msg: Any) -> Any:
         runs.append(msg.payload)
+        if versions is not None:
+            versions.append(msg.schema_version)
         if bad_reply:
             return {"ok": "not a bool at all", "claim": 3}
         return Verdict(ok=True, claim=msg.payload.claim)
@@ -296,7 +299,8 @@ def test_contracts_travel_to_a_third_daemon_and_survive_restarts(meshd_factory: 
                 await wait_listed(probe, "researcher")
             before = await asyncio.to_thread(_hb_bytes, b)
         runs: list[Any] = []
-        async with typed_researcher(b, runs) as researcher:
+        versions: list[Any] = []
+        async with typed_researcher(b, runs, versions=versions) as researcher:
             assert len(P.pack(researcher.contracts())) > 300  # two JSON Schemas, an example
             async with Agent("watcher", socket=c.socket) as watcher:
                 async def typed_seen() -> bool:
@@ -324,6 +328,7 @@ def test_contracts_travel_to_a_third_daemon_and_survive_restarts(meshd_factory: 
                 assert researcher.refused == {} and runs == []
                 assert await watcher.request("researcher", "verify", VerifyRequest(claim="ok"), check=True,
                                              timeout=5) == {"ok": True, "claim": "ok"}
+                assert versions == ["1.2"]  # a checked payload names the version it was checked against
 
             # c restarts: it learns the contracts again from b's full directory (HELLO)
             await asyncio.to_thread(restart, c)
