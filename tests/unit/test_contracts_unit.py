@@ -135,3 +135,26 @@ def test_skill_tools_one_per_topic_and_major_bounded_and_filtered() -> None:
     assert len(bounded.build(records)) == 2 and bounded.left_out == 2
     only = SkillTools(FakeAgent(), allow=("odd.*",)).build(records)  # type: ignore[arg-type]
     assert set(only) == {"odd_name__a_b"}
+
+
+def test_an_agents_refusal_notice_never_fails_a_pending_call() -> None:
+    import asyncio
+
+    from meshd.client import Agent
+    from meshd.errors import MeshError
+
+    async def scenario() -> None:
+        agent = Agent("victim", socket="/nonexistent/s.sock")
+        reported: list[tuple[MeshError, str | None]] = []
+        agent.on_error = lambda err, msg_id: reported.append((err, msg_id))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        agent._pending["guessable-1"] = fut
+        forged = P.error_header("victim", "guessable-1", "NACK", "go away", sender="mallory", notice=True)
+        agent._incoming.on_error(forged)
+        assert not fut.done() and reported and reported[0][0].code == "NACK"
+        # the same from the agent's daemon is an answer: it fails the call
+        real = P.error_header("victim", "guessable-1", "INBOX_FULL", "full", sender="meshd@n1", notice=True)
+        agent._incoming.on_error(real)
+        assert fut.done() and fut.exception().code == "INBOX_FULL"  # type: ignore[union-attr]
+
+    asyncio.run(scenario())
