@@ -106,6 +106,15 @@ class Compare(Bench):
         return self.a_to_b(label, a, b, tag, "r" if async_handler else "s", "mesh_recv",
                            {"topic": "bench", "async_handler": async_handler}, "mesh_send", max_n=self.max_n)
 
+    def typed_one_way(self, a: Daemon, b: Daemon, tag: str,
+                      label: str = "meshd one-way, typed handler (payload validated into a model)"
+                      ) -> dict[str, Any]:
+        """The headline row with a typed ``async def`` handler (docs/contracts.md): the cost of
+        validating each ~300-byte payload into a small pydantic model at the receiving client."""
+        return self.a_to_b(label, a, b, tag, "t", "mesh_recv",
+                           {"topic": "bench", "async_handler": True, "typed": True}, "mesh_send",
+                           max_n=self.max_n)
+
     def readme_rtt(self, a: Daemon, b: Daemon, sync_handler: bool = False) -> dict[str, Any]:
         kind = "sync" if sync_handler else "async"
         echo = self.ready_helper("mesh_echo", name=f"echo-{kind}", socket=str(b.socket),
@@ -280,6 +289,7 @@ class Compare(Bench):
         print("one-way (headline: async handler, plain send loop):", flush=True)
         for k in range(self.reps):
             self._collect("mesh_oneway", self.readme_one_way, a, b, f"ow{k}")
+            self._collect("typed_oneway", self.typed_one_way, a, b, f"ow{k}")
             self._collect("emb_oneway", self.embedded_one_way, f"ow{k}")
             if self.have("nats"):
                 self._collect("nats_oneway", self.nats_one_way, f"ow{k}")

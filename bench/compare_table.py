@@ -165,6 +165,15 @@ def extra_tp(key: str) -> Callable[[R], Cells]:
     return f
 
 
+def typed_tp(r: R) -> Cells:
+    """The headline one-way row with a typed handler, and its ratio to the untyped row."""
+    t, u = r.get("typed_oneway"), r.get("mesh_oneway")
+    if t is None or u is None:
+        return ("ERROR" if "typed_oneway" in r.get("errors", {}) else "not run", "", "", "", "", "", None)
+    ratio = t["rate"] / u["rate"] if u["rate"] else 0.0
+    return (f"{_fmt_rate(t['rate'])} ({ratio:.2f}x untyped)", "", "", "", "", "", ratio >= 0.8)
+
+
 def rtt_of(key: str) -> Callable[[R], Cells]:
     def f(r: R) -> Cells:
         x = r.get(key)
@@ -204,6 +213,7 @@ def _skip(r: R, system: str) -> str:
 ROWS: list[tuple[str, Callable[[R], Cells], str]] = [
     ("one-way msgs/s (async handler, plain send loop)", throughput("oneway", 1.0), ">= 1.0x NATS"),
     ("  lost", lost("oneway"), "0"),
+    ("one-way msgs/s, typed handler (validated model)", typed_tp, ">= 0.8x untyped"),
     ("request/reply p50 / p99 us (plain awaited loop)", latency, "<= 1.5x / 2x NATS"),
     ("embedded agents: request/reply p50 / p99 us", embedded_latency, "p50 <= Zenoh"),
     ("embedded agents: one-way msgs/s", embedded_throughput, ">= 1.0x Zenoh"),

@@ -387,7 +387,23 @@ async def mesh_recv(cfg: Cfg) -> None:
                 seen_seqs.add(seq)
             tally.add(1)
 
-        if cfg.get("async_handler"):  # the README's way: an ``async def`` handler
+        if cfg.get("typed"):  # a typed topic: the payload validated into a model, then handled
+            from pydantic import BaseModel
+
+            class BenchPayload(BaseModel):
+                id: str
+                ts: float
+                seq: int
+                body: str
+                warm: bool = False
+
+            @me.on(topic, accepts=BenchPayload, version="1.0")
+            async def on_msg_typed(msg: Any) -> None:
+                if msg.payload.warm:  # what count() does, on the model's attributes
+                    extra["warm"] += 1
+                    return
+                tally.add(1)
+        elif cfg.get("async_handler"):  # the README's way: an ``async def`` handler
             @me.on(topic)
             async def on_msg_async(msg: Any) -> None:
                 count(msg)

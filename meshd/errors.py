@@ -13,7 +13,10 @@ class MeshError(Exception):
     """Base of every meshd error. ``code`` is the wire error code (see docs/PROTOCOL.md)."""
 
     code: str = "ERROR"
+    #: The class's default for ``retry``; an envelope's own ``retry`` overrides it per instance.
     retryable: bool = False
+    #: Another agent (or topic) that could serve instead, if the refusing side named one.
+    fallback: str | None = None
     #: Who sent the error envelope: ``meshd@<node id>`` when a daemon refused the message (it
     #: reached no handler), else the agent that answered with the error; None for an error raised
     #: in this process. Set by the client when the envelope arrives.
@@ -26,12 +29,23 @@ class MeshError(Exception):
         retry_after: float | None = None,
         remote_type: str | None = None,
         details: dict[str, Any] | None = None,
+        retry: bool | None = None,
+        fallback: str | None = None,
     ) -> None:
         super().__init__(message or self.code)
         self.message = message or self.code
         self.retry_after = retry_after
         self.remote_type = remote_type
         self.details = details or {}
+        if retry is not None:
+            self.retryable = retry
+        if fallback is not None:
+            self.fallback = fallback
+
+    @property
+    def retry(self) -> bool:
+        """Whether trying again (after ``retry_after`` seconds, if set) may succeed."""
+        return self.retryable
 
 
 class NoSuchAgent(MeshError, LookupError):
@@ -83,6 +97,23 @@ class ValidationFailed(MeshError, ValueError):
     """A message or argument was refused as malformed."""
 
     code = "VALIDATION_FAILED"
+
+
+class SchemaVersionUnsupported(MeshError, ValueError):
+    """The receiver serves no contract of that major version for the topic; ``details`` has
+    ``supported`` (the versions it serves), ``topic`` and ``version`` (what was sent)."""
+
+    code = "SCHEMA_VERSION"
+
+
+class Nack(MeshError):
+    """A handler's explicit refusal, raised in the handler and received by the sender.
+
+    ``raise Nack("busy", retry=True, retry_after=5)``: qos 1 is delivered again after that delay
+    (within its attempts); ``raise Nack("not mine", retry=False, fallback="expert")``: qos 1 is a
+    dead letter at once. A request or a qos-0 send gets ``Nack`` back with those hints."""
+
+    code = "NACK"
 
 
 class TooLarge(MeshError, ValueError):
@@ -193,6 +224,8 @@ ERRORS_BY_CODE: dict[str, type[MeshError]] = {
         HandlerError,
         RequestTimeout,
         ValidationFailed,
+        SchemaVersionUnsupported,
+        Nack,
         TooLarge,
         NotRegistered,
         DaemonUnreachable,
@@ -307,13 +340,20 @@ def error_from_wire(wire: Any) -> MeshError:
     code = str(wire.get("code", "ERROR"))
     cls = ERRORS_BY_CODE.get(code, MeshError)
     retry_after = wire.get("retry_after")
+    retry = wire.get("retry")
+    fallback = wire.get("fallback")
     err = cls(
         str(wire.get("message", code)),
-        retry_after=float(retry_after) if isinstance(retry_after, (int, float)) else None,
+        retry_after=float(retry_after) if isinstance(retry_after, (int, float))
+        and not isinstance(retry_after, bool) else None,
         remote_type=str(wire["type"]) if wire.get("type") else None,
+        retry=True if retry is True else None,  # a class retryable by default stays so
+        fallback=fallback if isinstance(fallback, str) and fallback else None,
     )
     if cls is MeshError:
         err.code = code
     if "topic" in wire and "missed" in wire:  # a gap notice (PUBLICATIONS_MISSED)
         err.details = {"topic": wire["topic"], "missed": wire["missed"]}
+    else:  # a contract's refusal names the field, the topic, the version, what is served
+        err.details = {k: wire[k] for k in ("field", "topic", "version", "supported", "trace") if k in wire}
     return err

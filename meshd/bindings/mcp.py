@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from meshd.bindings.mcp_skills import SkillTools
 from meshd.client import DEFER, Agent, Message
 from meshd.client.handlers import ANY_TOPIC
 from meshd.errors import ConfigError, MeshError, NoSuchTool, QueueFull, ValidationFailed
@@ -33,6 +34,7 @@ __all__ = ["INBOX_URI", "MCP_EXTRA_HINT", "RESOURCES", "McpOptions", "MeshMcpBri
 log = logging.getLogger("meshd.mcp")
 
 CALL_TIMEOUT: Final = 125.0  # a call with no timeout_s: the default approval_timeout (120 s) and a little
+SKILL_TIMEOUT: Final = 60.0  # a call of a skill tool: a request to that agent, bounded
 TIMEOUT_GRACE: Final = 0.5  # a tool's timeout_s plus this, for its answer to travel back
 MCP_EXTRA_HINT: Final = "the MCP server needs the 'mcp' extra: pip install 'meshd-daemon[mcp]'"
 
@@ -73,8 +75,11 @@ class MeshMcpBridge:
     when ``wait_message`` takes one: the server turns them into resource-updated and pushed
     notifications (meshd/bindings/mcp_server.py)."""
 
-    def __init__(self, agent: Agent, inbox_cap: int = 100) -> None:
+    def __init__(self, agent: Agent, inbox_cap: int = 100, *, skills_max: int = 64,
+                 skills_allow: tuple[str, ...] = ()) -> None:
         self.agent = agent
+        #: The mesh's typed topics as tools of their own (meshd/bindings/mcp_skills.py).
+        self.skills = SkillTools(agent, max_tools=skills_max, allow=skills_allow)
         self.inbox_cap = inbox_cap
         self.inbox: collections.deque[Message] = collections.deque()
         self.open_requests: collections.OrderedDict[str, Message] = collections.OrderedDict()
@@ -115,6 +120,10 @@ class MeshMcpBridge:
                                if isinstance(d := _timeout_default(t.get("inputSchema")), int | float)}
         tools.extend({"name": name, "description": text, "inputSchema": schema}
                      for name, (text, schema) in LOCAL_TOOLS.items())
+        with contextlib.suppress(MeshError):
+            await self.skills.refresh()
+        taken = {t.get("name") for t in tools}
+        tools.extend(t for t in self.skills.tools() if t["name"] not in taken)
         return tools
 
     async def call_timeout(self, name: str, args: dict[str, Any]) -> float:
@@ -137,6 +146,11 @@ class MeshMcpBridge:
             return await self.wait_message(float(args.get("timeout_s", 30)))
         if name == "reply_message":
             return await self.reply_message(args.get("id"), args.get("payload"))
+        skill = self.skills.skills.get(name)
+        if skill is not None:  # a typed topic of a mesh agent: a request with its contract's version
+            return await self.agent.request(skill.agent, skill.topic, skill.payload(args),
+                                            version=skill.version, timeout=SKILL_TIMEOUT,
+                                            on_progress=on_progress)
         return await self.agent.call_tool(name, args, timeout=await self.call_timeout(name, args),
                                           on_progress=on_progress)
 
@@ -217,25 +231,34 @@ class McpOptions:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     allowed_origins: tuple[str, ...] = ()
+    #: Typed topics of the mesh shown as tools of their own (0: none), and the shell patterns
+    #: (on the tool name ``agent__topic`` or the agent name) of those shown; empty: all.
+    skills_max: int = 64
+    skills_allow: tuple[str, ...] = ()
 
 
 async def _serve(opts: McpOptions, name: str) -> None:
     from meshd.bindings.mcp_server import build_server
 
     async with Agent(name, socket=opts.socket, capabilities=list(opts.capabilities)) as agent:
-        bridge = MeshMcpBridge(agent, opts.inbox_cap)
+        bridge = MeshMcpBridge(agent, opts.inbox_cap, skills_max=opts.skills_max,
+                               skills_allow=opts.skills_allow)
         server, _ = build_server(bridge, f"meshd ({name})", progress_every=opts.progress_every,
                                  push=opts.push)
+        watch = asyncio.ensure_future(bridge.skills.watch())  # tools/list_changed when skills change
         log.info("MCP server attached to meshd as %r (node %s)", name, agent.node_name)
-        if opts.http is not None:
-            from meshd.bindings.mcp_http import serve_http
+        try:
+            if opts.http is not None:
+                from meshd.bindings.mcp_http import serve_http
 
-            await serve_http(server, opts, name)
-            return
-        from mcp.server.stdio import stdio_server
+                await serve_http(server, opts, name)
+                return
+            from mcp.server.stdio import stdio_server
 
-        async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+            async with stdio_server() as (read_stream, write_stream):
+                await server.run(read_stream, write_stream, server.create_initialization_options())
+        finally:
+            watch.cancel()
 
 
 def run_mcp_server(opts: McpOptions) -> int:

@@ -100,8 +100,10 @@ class InboxAnnouncer:
         self._subscribed: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._sessions: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._sending: set[asyncio.Task[None]] = set()
-        self.sent = {"updated": 0, "pushed": 0, "dropped": 0}
+        self._listing: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self.sent = {"updated": 0, "pushed": 0, "dropped": 0, "tools_changed": 0}
         bridge.listeners.append(self._on_inbox)
+        bridge.skills.listeners.append(self._on_skills)
 
     @staticmethod
     def _key(session: Any) -> tuple[int, Any]:
@@ -128,6 +130,27 @@ class InboxAnnouncer:
         if not self._watch(self._sessions, session):
             self._sessions.popitem(last=False)
             self._watch(self._sessions, session)
+
+    def listed(self, session: Any) -> None:
+        """A session listed the tools: it hears ``notifications/tools/list_changed`` (2025 era;
+        a 2026-era client hears it on its ``subscriptions/listen`` stream). Bounded: the oldest go."""
+        if not self._watch(self._listing, session):
+            self._listing.popitem(last=False)
+            self._watch(self._listing, session)
+
+    def _on_skills(self) -> None:
+        self._spawn(self._tools_changed())
+
+    async def _tools_changed(self) -> None:
+        from mcp.shared.subscriptions import ToolsListChanged
+
+        for key, session in list(self._listing.items()):
+            if await self._send(session, session.send_tool_list_changed()):
+                self.sent["tools_changed"] += 1
+            else:
+                self._listing.pop(key, None)
+        with contextlib.suppress(Exception):
+            await self._bus.publish(ToolsListChanged())
 
     def subscribe(self, session: Any, uri: str) -> None:
         """``resources/subscribe``; raises :class:`meshd.errors.QueueFull` past the bound."""
@@ -216,6 +239,7 @@ def build_server(bridge: MeshMcpBridge, name: str, *, progress_every: float = 5.
 
     async def list_tools(ctx: Any, params: Any) -> Any:
         announcer.seen(ctx.session)
+        announcer.listed(ctx.session)
         return types.ListToolsResult(tools=[types.Tool(name=t["name"], description=t["description"],
                                                        input_schema=t["inputSchema"])
                                             for t in await bridge.tool_list()])
@@ -278,11 +302,14 @@ def build_server(bridge: MeshMcpBridge, name: str, *, progress_every: float = 5.
         def create_initialization_options(self, notification_options: Any = None,
                                           experimental_capabilities: dict[str, dict[str, Any]] | None = None,
                                           extensions: dict[str, dict[str, Any]] | None = None) -> Any:
+            from mcp.server.lowlevel import NotificationOptions
+
             experimental = dict(experimental_capabilities or {})
             if push:
                 experimental[CHANNEL_CAPABILITY] = {}
-            return super().create_initialization_options(notification_options, experimental or None,
-                                                         extensions)
+            # The skills of the mesh come and go with its agents: tools/list_changed says so.
+            options = notification_options or NotificationOptions(tools_changed=True)
+            return super().create_initialization_options(options, experimental or None, extensions)
 
     server = _MeshServer(name, version="1", instructions=(
         "meshd: this server is an agent on a peer mesh. list_agents shows who is there and how "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshd import __version__
+from meshd.cli.contracts_view import describe_lines, skills_cell
 from meshd.cli.format import print_json, table
 from meshd.cli.top import run_top
 from meshd.daemon.run import run_daemon, setup_logging  # noqa: F401  (setup_logging: kept importable here)
@@ -115,6 +116,10 @@ def meshd_main(argv: list[str] | None = None) -> int:
     mcp.add_argument("--tls-key", type=Path, default=None, help="TLS private key (PEM) for --http")
     mcp.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                      help="a browser Origin allowed besides the listen address's own (repeatable)")
+    mcp.add_argument("--skills-max", type=int, default=64, metavar="N",
+                     help="typed topics of the mesh shown as tools of their own (agent__topic; 0: none)")
+    mcp.add_argument("--skill", dest="skills_allow", action="append", default=[], metavar="PATTERN",
+                     help="only skills whose tool name or agent matches this shell pattern (repeatable)")
     for cmd, text in (("doctor", "check interfaces, multicast, peers and discovery; exit 1 on a problem"),
                       ("reset-identity", "delete this node's id and keypair (a cloned state dir); a "
                                          "new one is made at the next start")):
@@ -139,7 +144,8 @@ def meshd_main(argv: list[str] | None = None) -> int:
             socket=args.socket, name=args.name, capabilities=tuple(args.capability),
             inbox_cap=max(1, args.inbox), progress_every=args.progress_every, push=args.push,
             http=args.http, token_file=args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
-            allowed_origins=tuple(args.allow_origin)))
+            allowed_origins=tuple(args.allow_origin), skills_max=max(0, args.skills_max),
+            skills_allow=tuple(args.skills_allow)))
     if args.command == "demo":
         if args.plan:  # the tasks scenario (meshd/cli/demo_plan.py)
             from meshd.cli.demo_plan import run_plan_demo
@@ -337,12 +343,25 @@ async def _ctl(args: argparse.Namespace) -> int:
             return print_report(await doctor_with_mdns(me, args.listen), args.json)
         elif args.cmd == "agents":
             agents = [a for a in await me.agents() if not str(a.get("name", "")).startswith("meshctl-")]
+            if not args.contracts:
+                for a in agents:
+                    a.pop("contracts", None)
             if args.json:
                 print_json(agents)
             else:
                 for a in agents:
                     a["caps"] = ",".join(a.get("capabilities") or [])
-                table(agents, ["name", "node_name", "node", "state", "caps"])
+                    a["skills"] = skills_cell(a.get("contracts"))
+                table(agents, ["name", "node_name", "node", "state", "caps"] +
+                      (["skills"] if args.contracts else []))
+        elif args.cmd == "describe":
+            records = await me.describe(args.agent)
+            if args.json:
+                print_json(records)
+            else:
+                node = next((a.get("node_name") for a in await me.agents()
+                             if a.get("name") == args.agent.partition("@")[0]), None)
+                print("\n".join(describe_lines(args.agent, node, records)))
         elif args.cmd == "node":
             print_json(await me.node_info())
         elif args.cmd == "send":
@@ -351,7 +370,8 @@ async def _ctl(args: argparse.Namespace) -> int:
             if me.errors_received:
                 return 1
         elif args.cmd == "request":
-            reply = await me.request(args.agent, args.topic, args.payload, timeout=args.timeout)
+            reply = await me.request(args.agent, args.topic, args.payload, timeout=args.timeout,
+                                     version=args.version, check=args.check)
             print_json(reply)
         elif args.cmd == "handoff":
             result = await me.handoff(args.agent, args.task_id, context=args.context,
@@ -424,6 +444,11 @@ def meshctl_main(argv: list[str] | None = None) -> int:
                    help="count mDNS on each interface this long (0: off; default 2)")
     p = sub.add_parser("agents", help="list agents in the mesh")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--contracts", action="store_true",
+                   help="with each agent's contracts (its typed topics; the JSON has the schemas)")
+    p = sub.add_parser("describe", help="what an agent accepts: each skill, its fields, an example call")
+    p.add_argument("agent")
+    p.add_argument("--json", action="store_true", help="the contract records as they are")
     sub.add_parser("node", help="this daemon's identity and counters (JSON)")
     p = sub.add_parser("send", help="fire-and-forget message")
     p.add_argument("agent")
@@ -434,6 +459,9 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     p.add_argument("topic")
     p.add_argument("payload", type=_json_arg)
     p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--version", default=None, help="the contract version the payload is written for")
+    p.add_argument("--check", action="store_true",
+                   help="check the payload against the agent's advertised contract before sending")
     p = sub.add_parser("handoff", help="hand a task to an agent; prints its verdict (exit 3 if rejected)")
     p.add_argument("agent")
     p.add_argument("task_id")

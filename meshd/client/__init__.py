@@ -2,10 +2,10 @@
 
 Holds ``Agent`` (asyncio, :mod:`meshd.client.agent`) and ``BlockingAgent`` (a thread around one,
 :mod:`meshd.client.blocking`), and the parts an ``Agent`` is made of: batching outgoing messages
-(``batching``), running handlers (``handlers``, ``handler_slots``), what arrives from the daemon
-(``incoming``), the session with it (``session``), the bounds on calls in flight (``call_slots``,
-``call_deadlines``, ``publish_window``, ``send_pause``) and the resend hold across a daemon
-restart (``resend``).
+(``batching``), running handlers (``handlers``, ``handler_slots``; typed ones: ``contracts``),
+what arrives from the daemon (``incoming``), the session with it (``session``), the bounds on
+calls in flight (``call_slots``, ``call_deadlines``, ``publish_window``, ``send_pause``) and the
+resend hold across a daemon restart (``resend``).
 
 May import: :mod:`meshd.wire`, :mod:`meshd.transport`, :mod:`meshd.util`, :mod:`meshd.errors`.
 Never a daemon part (``mesh``, ``delivery``, ``qos1``, ``plugins``, ``discovery``, ``daemon``),

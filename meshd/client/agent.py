@@ -46,6 +46,7 @@ import zmq
 
 from meshd.client.batching import Batcher, BatchKey
 from meshd.client.call_slots import CallSlots
+from meshd.client.contracts import Contract, ContractRefused, TypedTopic, is_model_class, to_wire
 from meshd.client.handler_slots import DEFAULT_MAX_CONCURRENT_HANDLERS, HandlerSlots
 from meshd.client.handlers import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from meshd.client.incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
@@ -60,14 +61,17 @@ from meshd.client.session import Session, heartbeat_loop
 from meshd.client.system_calls import system_request
 from meshd.errors import (
     DaemonUnreachable,
+    HandlerError,
     MeshError,
     NotRegistered,
     RequestTimeout,
+    SchemaVersionUnsupported,
     ValidationFailed,
 )
 from meshd.transport import Reactor, SendQueue, agent_dealer
 from meshd.util.paths import find_agent_socket
 from meshd.wire import protocol as P
+from meshd.wire.contracts import SCHEMA_VERSION, check_records, format_version, parse_version, schema_errors
 from meshd.wire.payloads import payload_encoder
 from meshd.wire.protocol import Kind
 
@@ -79,6 +83,9 @@ SEND_QUEUE_LIMIT = 10_000
 QOS1_RESENDS = 3
 """Times a qos-1 send goes again after NOT_REGISTERED (its daemon restarted and stored nothing),
 each after the agent has registered again; a daemon restarting more often than that raises."""
+
+_PLAIN = frozenset({dict, list, tuple, str, int, float, bool, bytes, type(None)})
+"""Payload types sent as they are; anything else may be a model instance (``to_wire``)."""
 
 FrameHandler = Callable[[list[bytes]], None]
 """Takes one frame set from the daemon (``Incoming.on_frames``)."""
@@ -159,7 +166,10 @@ class Agent:
         auto_heartbeat: bool = True,
         embedded: EmbeddedLink | None = None,
         max_concurrent_handlers: int = DEFAULT_MAX_CONCURRENT_HANDLERS,
+        debug: bool = False,
     ) -> None:
+        """``debug=True``: a handler that raises sends its traceback with the HANDLER_ERROR
+        (``err.details["trace"]`` at the requester); by default no stack trace leaves the agent."""
         if not P.valid_name(name):
             raise ValidationFailed(f"invalid agent name {name!r}: 1-128 printable characters, no '@'")
         if not 1 <= batch_max <= P.MAX_BATCH:
@@ -199,6 +209,7 @@ class Agent:
         self._sendq: SendQueue | None = None
         self._hb_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._advertising = False  # a registration with new contracts is scheduled
         self._window = PublishWindow(CONTROL_TIMEOUT)  # publishes nobody awaits (publish_window.py)
         #: qos-0 sends to a destination whose inbox said INBOX_FULL wait a moment (meshd/client/send_pause.py)
         self.send_pauses = SendPauses()
@@ -219,7 +230,7 @@ class Agent:
         self._calls = CallSlots(self.socket_path, on_busy_change=self._handler_slots.check_reading)
         self._dispatch = Dispatcher(name, enqueue=self._enqueue, push=self._push, encode=self._payload,
                                     schedule=self._call_soon, closed=lambda: self._closed,
-                                    on_handler_task=self._handler_slots.handler_started)
+                                    on_handler_task=self._handler_slots.handler_started, debug=debug)
         self._session = Session(control=self._control, hello=self._hello, registered=self._registered,
                                 window=self._window, slots=self._handler_slots, calls=self._calls,
                                 topics=self._topics)  # meshd/client/session.py
@@ -309,18 +320,84 @@ class Agent:
 
     # ----------------------------------------------------------------------------- handlers
 
-    def on(self, topic: str = ANY_TOPIC) -> Callable[[Handler], Handler]:
+    def on(self, topic: str = ANY_TOPIC, *, accepts: Any = None, returns: Any = None,
+           version: str | None = None, description: str = "",
+           examples: list[Any] | None = None) -> Callable[[Handler], Handler]:
         """Decorator: handle messages on ``topic`` ("*" = any topic without its own handler).
 
         A handler gets a ``Message``; for a request, its return value (or awaited result) is
         the reply, and an exception it raises goes back to the requester as HANDLER_ERROR.
+
+        Typed (docs/contracts.md): with ``accepts`` (a pydantic model class, or a JSON Schema
+        map), ``returns``, ``version`` ("MAJOR.MINOR", default "1.0"), ``description`` and
+        ``examples``, the topic has a contract. The payload is validated before the handler runs
+        (it gets the model instance in ``msg.payload``); one that fails never reaches it: the
+        sender gets VALIDATION_FAILED naming the field. A message for another major gets
+        SCHEMA_VERSION; one per major may be served side by side (one ``on`` each). The reply is
+        checked against ``returns``. Contracts travel with the registration; one declared after
+        ``connect`` makes the agent register again (a refusal, e.g. TOO_LARGE, goes to ``on_error``).
         """
+        typed = accepts is not None or returns is not None or version is not None or bool(description)
+        if typed:
+            if topic == ANY_TOPIC or not P.valid_topic(topic):
+                raise ValidationFailed(f"a typed handler needs a topic of its own, not {topic!r}")
+            parsed = parse_version(version or "1.0")
+            if parsed is None:
+                raise ValidationFailed(f"version must be 'MAJOR.MINOR', not {version!r}")
+            for name, model in (("accepts", accepts), ("returns", returns)):
+                if model is not None and not isinstance(model, dict) and not is_model_class(model):
+                    raise ValidationFailed(f"{name} must be a model class (model_validate, "
+                                           f"model_json_schema) or a JSON Schema map")
 
         def register(fn: Handler) -> Handler:
-            self._dispatch.handlers[topic] = fn
+            handlers = self._dispatch.handlers
+            if not typed:
+                handlers[topic] = fn
+                return fn
+            assert parsed is not None
+            table = handlers.get(topic)
+            if not isinstance(table, TypedTopic):
+                table = TypedTopic(topic, DEFER)
+                handlers[topic] = table
+            table.add(Contract(topic, parsed, fn, accepts, returns, description, list(examples or [])))
+            self._contracts_changed()
             return fn
 
         return register
+
+    def _contracts_changed(self) -> None:
+        """A typed handler was declared on a connected agent: advertise it (once per loop turn)."""
+        loop = self._loop
+        if self._sock is None or self._closed or self._advertising or loop is None:
+            return
+        self._advertising = True
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._dispatch.spawn(self._advertise())
+        else:  # declared from another thread (a BlockingAgent's caller): on the agent's loop
+            loop.call_soon_threadsafe(lambda: self._dispatch.spawn(self._advertise()))
+
+    async def _advertise(self) -> None:
+        await asyncio.sleep(0)  # the other declarations of this turn go in the same registration
+        self._advertising = False
+        try:
+            await self._session.register()
+        except MeshError as exc:
+            self._report(exc, None)
+
+    def contracts(self) -> list[dict[str, Any]]:
+        """This agent's contract records, as they travel with its registration."""
+        return [c.record() for h in self._dispatch.handlers.values() if isinstance(h, TypedTopic)
+                for c in (h.majors[m] for m in sorted(h.majors))]
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Messages this agent's handlers did not complete, by code: VALIDATION_FAILED and
+        SCHEMA_VERSION (refused by a contract before the handler ran), NACK, HANDLER_ERROR."""
+        return dict(self._dispatch.refused)
 
     def set_telemetry(self, **values: Any) -> None:
         """Telemetry sent with every heartbeat (context_used_pct, queue_depth, tasks_summary...)."""
@@ -334,7 +411,8 @@ class Agent:
     # ----------------------------------------------------------------------------- primitives
 
     async def send(self, to: str, topic: str, payload: Any = None, *, qos: int = 0,
-                   headers: dict[str, Any] | None = None) -> str:
+                   headers: dict[str, Any] | None = None, version: str | None = None,
+                   check: bool = False) -> str:
         """Send without waiting for an answer.
 
         qos 0 (default): at most once; failures arrive later through ``on_error``.
@@ -344,13 +422,19 @@ class Agent:
         NOT_REGISTERED (the daemon restarted and stored nothing), it is sent again once the
         agent has registered again (docs/DELIVERY.md).
         Returns the message id, which a later ``on_error`` (e.g. UNDELIVERABLE) names.
+
+        ``payload`` may be a model instance (sent as ``model_dump(mode="json")``); ``version``
+        names the contract version it was written for (header ``sv``); ``check=True`` checks
+        it against the receiver's advertised contract first (``request`` has both too).
         """
         if qos not in (0, 1):
             raise ValidationFailed("qos must be 0 or 1")
         msg_id = P.new_id()
-        header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic}
+        header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic, P.TIMESTAMP: P.timestamp()}
         if headers:
             header[P.HEADERS] = headers
+        if version is not None or check or type(payload) not in _PLAIN:
+            payload = await self._typed(header, to, topic, payload, version, check)
         data = self._encode(payload, self.max_payload_bytes)  # as _payload, one call less
         if qos == 0:  # the README's loop: no coroutine but this one, no loop turn unless one is due
             key: BatchKey = (P.TO, to, 0)
@@ -398,7 +482,8 @@ class Agent:
     async def request(self, to: str, topic: str, payload: Any = None, *,
                       timeout: float = DEFAULT_REQUEST_TIMEOUT,
                       headers: dict[str, Any] | None = None,
-                      on_progress: Callable[[str], Any] | None = None) -> Any:
+                      on_progress: Callable[[str], Any] | None = None,
+                      version: str | None = None, check: bool = False) -> Any:
         """Send a request and return the reply's payload; never waits longer than ``timeout``.
 
         ``on_progress(note)`` is called when the handler reports progress. Cancelling the
@@ -408,9 +493,12 @@ class Agent:
             raise ValidationFailed("timeout must be a positive number of seconds")
         loop = self._require_loop()
         msg_id = P.new_request_id()
-        header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic}
+        header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic,
+                                  P.TIMESTAMP: P.timestamp()}
         if headers:
             header[P.HEADERS] = headers
+        if version is not None or check or type(payload) not in _PLAIN:
+            payload = await self._typed(header, to, topic, payload, version, check)
         data = self._payload(payload)
         if not self._calls.try_take():  # in_flight_max calls await answers: wait for room, in order
             timeout -= await self._calls.wait(timeout, RequestTimeout(f"no reply from {to!r} on "
@@ -418,6 +506,59 @@ class Agent:
         header[P.BUDGET] = P.budget_ms(timeout)  # a duration, never a clock reading
         return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
                                        lambda: self._enqueue((P.TO, to, 0), header, data))
+
+    async def _typed(self, header: dict[str, Any], to: str, topic: str, payload: Any,
+                     version: str | None, check: bool) -> Any:
+        """A typed send or request: the version into the header, a model into plain data, and
+        with ``check`` the payload checked against the receiver's advertised contract."""
+        if version is not None:
+            if parse_version(version) is None:
+                raise ValidationFailed(f"version must be 'MAJOR.MINOR', not {version!r}")
+            header[SCHEMA_VERSION] = version
+        payload = to_wire(payload)
+        if check:
+            checked = await self.check_contract(to, topic, payload, version)
+            if version is None and checked is not None:
+                header[SCHEMA_VERSION] = checked  # it was written for the contract it was checked against
+        return payload
+
+    async def describe(self, name: str) -> list[dict[str, Any]]:
+        """The contract records agent ``name`` advertises (from the mesh directory; [] if untyped).
+        Raises NoSuchAgent if the directory has no such agent."""
+        result = await self._control({P.KIND: Kind.QUERY, P.WHAT: "contracts", P.TO: name})
+        records = list(result or [])
+        return records if check_records(records) is None else []
+
+    async def check_contract(self, to: str, topic: str, payload: Any,
+                             version: str | None = None) -> str | None:
+        """Check ``payload`` against the contract ``to`` advertises for ``topic`` (its version's
+        major, or the oldest when ``version`` is None), without sending anything: raises
+        ValidationFailed naming the field, or SchemaVersionUnsupported listing what is served.
+        Returns the version of the contract it checked against; None for a topic without a
+        contract (nothing to check)."""
+        records = [r for r in await self.describe(to.partition("@")[0]) if r.get("topic") == topic]
+        if not records:
+            return None
+        by_major = {v[0]: r for r in records if (v := parse_version(r.get("version"))) is not None}
+        wanted = parse_version(version) if version is not None else (min(by_major), 0)
+        rec = by_major.get(wanted[0]) if wanted is not None else None
+        if rec is None:
+            supported = [format_version(parse_version(by_major[m]["version"]) or (m, 0))
+                         for m in sorted(by_major)]
+            refusal = SchemaVersionUnsupported(f"{topic}: {to!r} serves no version {version!r}; "
+                                               f"supported: {', '.join(supported)}")
+            refusal.details = {"topic": topic, "version": version, "supported": supported}
+            raise refusal
+        schema = rec.get("accepts")
+        if isinstance(schema, dict):
+            problems = schema_errors(schema, payload, 1)
+            if problems:
+                where, text = problems[0]
+                err = ValidationFailed(f"{topic} v{rec['version']}: field {where!r}: {text} "
+                                       "(checked before sending)")
+                err.details = {"field": where, "topic": topic, "version": rec["version"]}
+                raise err
+        return str(rec["version"])
 
     async def _await_reply(self, loop: asyncio.AbstractEventLoop, msg_id: str, to: str, topic: str,
                            timeout: float, on_progress: Callable[[str], Any] | None,
@@ -440,20 +581,35 @@ class Agent:
             self._calls.give_back()
 
     async def reply(self, msg: Message, payload: Any = None, *, status: str | None = None) -> None:
-        """Answer a request later (its handler returned ``DEFER``); goes to the original requester."""
+        """Answer a request later (its handler returned ``DEFER``); goes to the original requester.
+
+        On a typed topic the payload is checked against the contract's ``returns`` first: one that
+        does not fit fails the request with HANDLER_ERROR (the answering side's bug) and raises
+        ValidationFailed here, naming the field."""
         if not msg.is_request:
             raise ValidationFailed("only requests can be replied to")
+        table = self._dispatch.handlers.get(msg.topic)
+        if isinstance(table, TypedTopic) and not msg._answered:
+            try:
+                payload = table.pick(msg.schema_version).answer(payload)
+            except ContractRefused:
+                pass  # not a version it serves: the request was refused already
+            except HandlerError as exc:
+                self._dispatch.reply_error(msg, exc.code, exc.message)
+                raise ValidationFailed(exc.message) from None
         self._dispatch.reply(msg, payload, status=status)
 
     async def fail(self, msg: Message, error: BaseException | str, *, code: str = "HANDLER_ERROR") -> None:
         """Answer a request later with an error (HANDLER_ERROR unless ``code`` says otherwise); a
-        :class:`MeshError`'s ``retryable`` and ``retry_after`` travel with it."""
+        :class:`MeshError`'s ``retry``, ``retry_after``, ``fallback`` and details travel with it."""
         text = str(error) or type(error).__name__
         remote_type = type(error).__name__ if isinstance(error, BaseException) else None
-        retry = isinstance(error, MeshError) and error.retryable
-        retry_after = error.retry_after if isinstance(error, MeshError) else None
-        self._dispatch.reply_error(msg, code, text, remote_type=remote_type, retry=retry,
-                                   retry_after=retry_after)
+        if isinstance(error, MeshError):  # its hints travel: retry, retry_after, fallback, details
+            self._dispatch.reply_error_body(msg, P.error_body(
+                code, text, retry=error.retry, retry_after=error.retry_after, remote_type=remote_type,
+                fallback=error.fallback, details=error.details))
+            return
+        self._dispatch.reply_error(msg, code, text, remote_type=remote_type)
 
     async def delegate(self, msg: Message, to: str, *, topic: str | None = None,
                        payload: Any = DEFER) -> None:
@@ -493,7 +649,8 @@ class Agent:
         return HandoffResult(bool(reply))
 
     async def publish(self, topic: str, payload: Any = None, *, qos: int = 0,
-                      headers: dict[str, Any] | None = None, reach: bool = False) -> int | None:
+                      headers: dict[str, Any] | None = None, reach: bool = False,
+                      version: str | None = None) -> int | None:
         """Publish on ``topic``.
 
         By default (qos 0) it returns as soon as the message is queued, like ``send``, and
@@ -506,6 +663,9 @@ class Agent:
         it reached. With ``qos=1``, durable subscribers (``subscribe(topic, durable=True)``) get
         it at least once and handle it once, through the publisher daemon's outbox; it returns
         (the reach count) once those copies are on disk.
+
+        ``payload`` may be a model instance; ``version`` names the contract version it was written
+        for (a subscriber's typed handler validates it; one it refuses is counted there).
         """
         if not P.valid_topic(topic):
             raise ValidationFailed(f"invalid topic {topic!r}")
@@ -513,9 +673,12 @@ class Agent:
             raise ValidationFailed("qos must be 0 or 1")
         loop = self._require_loop()
         msg_id = P.new_id()
-        header: dict[str, Any] = {P.KIND: Kind.PUBLISH, P.ID: msg_id, P.TOPIC: topic}
+        header: dict[str, Any] = {P.KIND: Kind.PUBLISH, P.ID: msg_id, P.TOPIC: topic,
+                                  P.TIMESTAMP: P.timestamp()}
         if headers:
             header[P.HEADERS] = headers
+        if version is not None or type(payload) not in _PLAIN:
+            payload = await self._typed(header, "", topic, payload, version, False)
         data = self._payload(payload)
         if qos == 0 and not reach:
             window = self._window
@@ -708,8 +871,13 @@ class Agent:
         self.forged_errors += 1
 
     def _hello(self) -> dict[str, Any]:
-        """The register body (``Session.register``)."""
-        return {"name": self.name, "capabilities": self.capabilities, "metadata": self.metadata}
+        """The register body (``Session.register``), with the contract records of typed topics."""
+        body: dict[str, Any] = {"name": self.name, "capabilities": self.capabilities,
+                                "metadata": self.metadata}
+        contracts = self.contracts()
+        if contracts:
+            body["contracts"] = contracts
+        return body
 
     def _registered(self, node: str | None, node_name: str | None, beat: float | None) -> None:
         """What the register answer said (``Session.register``): the daemon's node, and the

@@ -49,8 +49,13 @@ class BlockingAgent:
             fut.cancel()
             raise RequestTimeout("call did not finish in time") from None
 
-    def on(self, topic: str = ANY_TOPIC) -> Callable[[Handler], Handler]:
-        return self.agent.on(topic)
+    def on(self, topic: str = ANY_TOPIC, **contract: Any) -> Callable[[Handler], Handler]:
+        """``Agent.on``, typed ones too (``accepts=``, ``returns=``, ``version=``...)."""
+        return self.agent.on(topic, **contract)
+
+    def describe(self, name: str) -> list[dict[str, Any]]:
+        """The contract records agent ``name`` advertises (``Agent.describe``)."""
+        return self._call(self.agent.describe(name), CONTROL_TIMEOUT + 1)
 
     def send(self, to: str, topic: str, payload: Any = None, **kw: Any) -> str:
         return self._call(self.agent.send(to, topic, payload, **kw), CONTROL_TIMEOUT * 2 + 1)

@@ -18,15 +18,18 @@ import functools
 import inspect
 import logging
 import time
-from collections import OrderedDict
+import traceback
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from types import CoroutineType
 from typing import Any
 
 from meshd.client.batching import BatchKey, to_agent
-from meshd.errors import MeshError
+from meshd.client.contracts import ContractRefused, to_wire
+from meshd.errors import MeshError, Nack
 from meshd.wire import protocol as P
+from meshd.wire.contracts import SCHEMA_VERSION
 from meshd.wire.payloads import decode_payload
 from meshd.wire.protocol import Kind
 
@@ -47,6 +50,9 @@ ANY_TOPIC = "*"
 MAX_DELEGATED = 10_000
 """Delegations remembered (so a cancel can follow them); the oldest is forgotten past this."""
 PROGRESS_NOTE_CHARS = 200
+TRACE_BYTES = 3000
+"""The tail (UTF-8 bytes) of a handler's traceback that travels with its HANDLER_ERROR when the agent opted in
+(``Agent(debug=True)``); without it none does."""
 
 
 class _Deferred:
@@ -83,6 +89,11 @@ class Message:
     _dispatcher: Dispatcher | None = None
     _answered: bool = False
     _cancelled: asyncio.Event | None = None
+    #: The contract version the sender wrote the message for (header ``sv``), None if it named none.
+    schema_version: str | None = None
+    #: When the sender made it (header ``ts``, ISO-8601 UTC): for people and logs, never compared
+    #: with this host's clock (use ``time_left`` for deadlines). None from senders that omit it.
+    timestamp: str | None = None
 
     @property
     def cancelled(self) -> asyncio.Event:
@@ -167,8 +178,11 @@ class Dispatcher:
     def __init__(self, agent_name: str, *, enqueue: Callable[[BatchKey, dict[str, Any], bytes], None],
                  push: Callable[[list[bytes]], None], encode: Callable[[Any], bytes],
                  schedule: Callable[[Callable[[], None]], None], closed: Callable[[], bool],
-                 on_handler_task: Callable[[asyncio.Task[Any]], None] | None = None) -> None:
-        """``on_handler_task(task)`` is told of each handler that suspended and got a task (the
+                 on_handler_task: Callable[[asyncio.Task[Any]], None] | None = None,
+                 debug: bool = False) -> None:
+        """``debug``: a handler's failure carries its traceback (``trace``, at most
+        ``TRACE_BYTES``) to the requester; off by default, so stack traces stay home.
+        ``on_handler_task(task)`` is told of each handler that suspended and got a task (the
         ``Agent`` gives its ``HandlerSlots.handler_started``, meshd/client/handler_slots.py)."""
         self.agent_name = agent_name
         self._enqueue = enqueue
@@ -182,6 +196,8 @@ class Dispatcher:
         self._running: dict[str, tuple[asyncio.Task[Any], Message]] = {}
         self._delegated: dict[str, tuple[str, str]] = {}  # corr -> (delegate, who asked us)
         self._unit_left: dict[str, int] = {}
+        #: qos-1 units a handler refused (``Nack``), with its error map: nacked, not acked, when done.
+        self._unit_nack: dict[str, dict[str, Any]] = {}
         #: The last ``HANDLED_WINDOW`` qos-1 units this agent handled: a daemon that died before
         #: writing their done-marks redelivers them, and they are acked again, not run again.
         self._handled: OrderedDict[str, None] = OrderedDict()
@@ -191,6 +207,11 @@ class Dispatcher:
         self._ack_scheduled = False
         self._handled_unacked = 0  # messages whose unit's ack has not left yet (see ACK_EVERY)
         self._on_handler_task = on_handler_task
+        self.debug = debug
+        #: Messages refused before or instead of their handler, by code: ``VALIDATION_FAILED``
+        #: and ``SCHEMA_VERSION`` (a typed topic's contract refused them), ``NACK`` (the handler
+        #: refused explicitly), ``HANDLER_ERROR`` (it raised).
+        self.refused: Counter[str] = Counter()
 
     # ------------------------------------------------------------------------ incoming
 
@@ -265,6 +286,12 @@ class Dispatcher:
                       (str(corr) if corr else msg_id) if is_request else corr,
                       deadline, get(P.HEADERS) or {}, str(get(P.ORIGIN) or sender),
                       hops if isinstance(hops, int) else 0, 0 if unit is None else 1, self)
+        if SCHEMA_VERSION in header:
+            sv = header[SCHEMA_VERSION]
+            msg.schema_version = sv if type(sv) is str else None
+        ts = get(P.TIMESTAMP)
+        if type(ts) is str:
+            msg.timestamp = ts
         if bad_budget:
             if is_request:
                 self.reply_error(msg, P.ErrorCode.VALIDATION_FAILED, bad_budget)
@@ -288,7 +315,8 @@ class Dispatcher:
                     self._no_handler_logged.add(topic)
                     log.warning("%s (sends to it are dead letters HANDLER_ERROR at this agent's daemon; "
                                 "register handlers before connecting)", reason)
-                self._report_send_failure(msg, reason, "NoHandler")
+                self._report_send_failure(msg, P.error_body(P.ErrorCode.HANDLER_ERROR, reason[:500],
+                                                            remote_type="NoHandler"))
             self.unit_done(unit)
             return
         if is_request and deadline is not None and deadline <= time.monotonic():
@@ -299,7 +327,7 @@ class Dispatcher:
         try:
             result = handler(msg)
         except Exception as exc:
-            self._handler_failed(msg, exc)
+            self._handler_failed(msg, exc, unit)
             self.unit_done(unit)
             return
         if type(result) is CoroutineType:
@@ -327,7 +355,7 @@ class Dispatcher:
                 self.unit_done(unit)
             return
         except Exception as exc:
-            self._handler_failed(msg, exc)
+            self._handler_failed(msg, exc, unit)
             self.unit_done(unit)
             return
         self._start_task(msg, self._finish(msg, _Resume(coro, first), unit), ctx)
@@ -354,7 +382,7 @@ class Dispatcher:
                 return
             raise
         except Exception as exc:
-            self._handler_failed(msg, exc)
+            self._handler_failed(msg, exc, unit)
             self.unit_done(unit)
             return
         if msg.is_request:
@@ -390,6 +418,13 @@ class Dispatcher:
             self._unit_left[unit] = left
             return
         self._unit_left.pop(unit, None)
+        nack = self._unit_nack.pop(unit, None) if self._unit_nack else None
+        if nack is not None:
+            if nack.get("retry") is not True:
+                self._handled[unit] = None  # not retried: a late copy is acked, not run
+            if not self._closed():
+                self._push(P.frames({P.KIND: Kind.NACK, P.ID: unit, P.ERROR: nack}))
+            return
         self._handled[unit] = None
         if len(self._handled) > HANDLED_WINDOW:
             self._handled.popitem(last=False)
@@ -422,24 +457,54 @@ class Dispatcher:
             return
         self.reply(msg, value)
 
-    def _handler_failed(self, msg: Message, exc: Exception) -> None:
+    def _handler_failed(self, msg: Message, exc: Exception, unit: str | None = None) -> None:
+        if type(exc) is ContractRefused:  # refused before the handler ran: counted, not logged
+            self._refuse(msg, exc.error)
+            return
+        if isinstance(exc, Nack):  # the handler's explicit refusal, with its hints
+            self._refuse(msg, exc, unit)
+            return
+        self.refused[P.ErrorCode.HANDLER_ERROR] += 1
         log.warning("agent %s: handler for %r raised %s: %s", self.agent_name, msg.topic,
                     type(exc).__name__, exc)
         if msg.is_request:
-            self.reply_error(msg, P.ErrorCode.HANDLER_ERROR, str(exc) or type(exc).__name__,
-                             remote_type=type(exc).__name__)
+            err = P.error_body(P.ErrorCode.HANDLER_ERROR, str(exc) or type(exc).__name__,
+                               remote_type=type(exc).__name__)
+            if self.debug:  # the agent opted in: its stack trace travels (bounded)
+                trace = "".join(traceback.format_exception(exc)).encode()[-TRACE_BYTES:]
+                err["trace"] = trace.decode(errors="ignore")  # within the 8 KiB header
+            self.reply_error_body(msg, err)
         else:
-            self._report_send_failure(msg, str(exc) or type(exc).__name__, type(exc).__name__)
+            self._report_send_failure(msg, P.error_body(P.ErrorCode.HANDLER_ERROR,
+                                                        (str(exc) or type(exc).__name__)[:500],
+                                                        remote_type=type(exc).__name__))
 
-    def _report_send_failure(self, msg: Message, text: str, remote_type: str) -> None:
-        """A send that no handler completed is reported to our daemon (never routed: a send is not
-        answered), which keeps it as a dead letter HANDLER_ERROR and tells observers (else a failed send would
-        leave no trace). Never batched."""
+    def _refuse(self, msg: Message, err: MeshError, unit: str | None = None) -> None:
+        """A contract's refusal or a ``Nack``: to the requester, or reported for a send (the
+        daemon dead-letters it and tells the sender). A qos-1 unit's NACK goes instead of its
+        ack, once all its messages are done (``unit_done``): the outbox honours its hints."""
+        self.refused[err.code] += 1
+        body = P.error_body(err.code, err.message[:500], retry=err.retry, retry_after=err.retry_after,
+                            fallback=err.fallback, details=err.details)
+        if unit is not None and err.code == P.ErrorCode.NACK:
+            self._unit_nack.setdefault(unit, body)
+            return
+        if msg.is_request:
+            self.reply_error_body(msg, body)
+        else:
+            self._report_send_failure(msg, body)
+
+    def _report_send_failure(self, msg: Message, err: dict[str, Any]) -> None:
+        """A send that no handler completed is reported to our daemon (never answered: the daemon
+        keeps it as a dead letter, HANDLER_ERROR or ``validation``, tells observers, and passes a
+        contract's refusal or a NACK on to the sender as a notice). Never batched."""
         if msg.kind != Kind.SEND or self._closed():
             return
-        err = P.error_body(P.ErrorCode.HANDLER_ERROR, text[:500], remote_type=remote_type)
-        self._push(P.frames({P.KIND: Kind.ERROR, P.ID: P.new_id(), P.FROM: self.agent_name,
-                             P.TO: msg.sender, P.CORR: msg.id, P.TOPIC: msg.topic, P.ERROR: err}))
+        header: dict[str, Any] = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.FROM: self.agent_name,
+                                  P.TO: msg.sender, P.CORR: msg.id, P.TOPIC: msg.topic, P.ERROR: err}
+        if msg.qos:
+            header[P.QOS] = 1  # its sender hears from the outbox, not from a notice
+        self._push(P.frames(header))
 
     def reply(self, msg: Message, value: Any, status: str | None = None) -> None:
         """The reply to ``msg``, to its original requester; a handoff reply gets its verdict."""
@@ -453,11 +518,12 @@ class Dispatcher:
             value = ({**value, "accepted": accepted} if isinstance(value, dict) else {"accepted": accepted})
             status = "accepted" if accepted else "rejected"
         try:
-            data = self._encode(value)
+            data = self._encode(to_wire(value))
         except MeshError as exc:
             self.reply_error(msg, exc.code, f"reply refused: {exc.message}")
             return
-        header = {P.KIND: Kind.REPLY, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id,
+        header = {P.KIND: Kind.REPLY, P.ID: P.new_id(), P.TIMESTAMP: P.timestamp(),
+                  P.CORR: msg.correlation_id or msg.id,
                   P.TOPIC: msg.topic}
         if status is not None:
             header[P.STATUS] = status
@@ -468,13 +534,21 @@ class Dispatcher:
         """An error envelope for ``msg`` to its original requester (once per message)."""
         if self._closed() or not msg.sender or msg._answered:
             return
+        self.reply_error_body(msg, P.error_body(code, message, retry=retry, retry_after=retry_after,
+                                                remote_type=remote_type))
+
+    def reply_error_body(self, msg: Message, err: dict[str, Any]) -> None:
+        """``reply_error`` with the ``error`` map built already (``P.error_body``)."""
+        if self._closed() or not msg.sender or msg._answered:
+            return
         msg._answered = True
-        err = P.error_body(code, message, retry=retry, retry_after=retry_after, remote_type=remote_type)
-        header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id, P.ERROR: err}
+        header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id, P.ERROR: err,
+                  P.TIMESTAMP: P.timestamp()}
         self._enqueue(to_agent(msg.reply_to or msg.sender), header, b"")
 
     def progress(self, msg: Message, note: str) -> None:
-        header = {P.KIND: Kind.PROGRESS, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id,
+        header = {P.KIND: Kind.PROGRESS, P.ID: P.new_id(), P.TIMESTAMP: P.timestamp(),
+                  P.CORR: msg.correlation_id or msg.id,
                   P.NOTE: note[:PROGRESS_NOTE_CHARS]}
         self._enqueue(to_agent(msg.reply_to or msg.sender), header, b"")
 

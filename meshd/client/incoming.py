@@ -200,8 +200,11 @@ class Incoming:
             # (meshd/client/send_pause.py). Only a daemon's word counts: agents cannot set that ``from``.
             self._send_pauses.refused(targets, err.retry_after, loop)
         unmatched = []
+        # An agent's notice (a refusal of our send, relayed by its daemon) answers no call: it
+        # must not fail one either (qos-0 send ids are guessable, unlike request ids).
+        agent_notice = P.is_notice(header) and not str(sender or "").startswith(P.DAEMON_PREFIX)
         for target in targets:
-            fut = self._pending.get(str(target))
+            fut = None if agent_notice else self._pending.get(str(target))
             if fut is not None and not fut.done():
                 fut.set_exception(err)
             else:

@@ -234,6 +234,12 @@ class Settings(BaseModel):
         description="Largest capabilities plus metadata of one agent (msgpack bytes); larger "
         "registrations are refused with TOO_LARGE.",
     )
+    contracts_max_bytes: int = Field(
+        default=64 * 1024, ge=0, le=256 * 1024,
+        description="Largest set of contract records (typed topics with their JSON Schemas) one "
+        "agent may advertise, msgpack bytes; a registration past it is refused with TOO_LARGE. "
+        "0: no agent may advertise contracts.",
+    )
     directory_max_bytes: int = Field(
         default=512 * 1024, ge=16 * 1024, le=768 * 1024,
         description="Largest directory this node sends its peers (all its agents' records, msgpack "

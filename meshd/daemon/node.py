@@ -298,7 +298,8 @@ class Node:
             shutdown=self.shutdown,
             events=PeerEvents(
                 state_changed=self._peer_state_changed, directory=self._peer_directory,
-                restarted=self._peer_restarted, acks=self._peer_acks, reject=self._reject_control,
+                restarted=self._peer_restarted, acks=self._peer_acks, nacks=self._peer_nacks,
+                reject=self._reject_control,
                 topic_message=self._on_topic, topic_keys=lambda: self.directory.local_topic_keys.keys(),
                 directory_body=self._directory_body, directory_version=self._directory_version,
                 telemetry=self._telemetry,
@@ -605,6 +606,9 @@ class Node:
 
     def _peer_acks(self, ids: list[str]) -> None:
         self.qos.acks_arrived(ids)
+
+    def _peer_nacks(self, ids: list[str], error: dict[str, Any]) -> None:
+        self.qos.nacked(ids, error)
 
     def _reject_control(self, exc: FrameError, frames: list[bytes], origin: str) -> None:
         self.routing.reject(exc, frames, origin=origin)

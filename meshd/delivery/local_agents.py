@@ -29,6 +29,7 @@ from meshd.mesh.peers import PeerTable
 from meshd.plugins.host import PluginHost
 from meshd.util.shutdown import Shutdown
 from meshd.wire import protocol as P
+from meshd.wire.contracts import check_records, contracts_digest
 from meshd.wire.protocol import FrameError, Kind
 from meshd.wire.system_names import SYSTEM_PREFIX
 
@@ -242,6 +243,12 @@ class LocalAgents:
             if isinstance(ids, list):
                 self.qos.agent_acked([i for i in ids if isinstance(i, str)])
             return
+        if kind == Kind.NACK:
+            err = header.get(P.ERROR)
+            if isinstance(header.id, str) and isinstance(err, dict):
+                self.stats["agent_nacks"] += 1
+                self.qos.agent_nacked(header.id, err)
+            return
         if kind == Kind.ADMIN:
             self.admin.handle(rid, msg_id, header, frames)
             return
@@ -253,6 +260,13 @@ class LocalAgents:
                 body = self.admin.peer_list()
             elif what == "node":
                 body = self.node_info()
+            elif what == "contracts":
+                found = self.contracts_of(header.to)
+                if found is None:
+                    self.link.send_error(rid, msg_id, P.ErrorCode.NO_SUCH_AGENT,
+                                         f"no agent {P.safe_repr(header.to)} in the directory")
+                    return
+                body = found
             else:
                 self.stats["refused_control"] += 1
                 self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
@@ -290,7 +304,7 @@ class LocalAgents:
 
     def register(self, rid: bytes, agent: LocalAgent | None, msg_id: Any, frames: list[bytes]) -> None:
         try:
-            body = P.unpack_body(frames[3], 64 * 1024)
+            body = P.unpack_body(frames[3], 64 * 1024 + self.settings.contracts_max_bytes)
         except FrameError as exc:
             self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, str(exc))
             return
@@ -308,6 +322,19 @@ class LocalAgents:
         if not caps_ok or not isinstance(meta, dict):
             self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
                                    "capabilities must be a list of strings, metadata a map")
+            return
+        contracts = body.get("contracts") or []
+        bad_contracts = check_records(contracts)
+        if bad_contracts is not None:
+            self.stats["refused_control"] += 1
+            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, bad_contracts)
+            return
+        contract_bytes = len(P.pack(contracts)) if contracts else 0
+        if contract_bytes > self.settings.contracts_max_bytes:
+            self.stats["refused_directory_bound"] += 1
+            self.link.send_error(rid, msg_id, P.ErrorCode.TOO_LARGE,
+                                 f"contracts take {contract_bytes} bytes; the limit is "
+                                 f"contracts_max_bytes={self.settings.contracts_max_bytes}")
             return
         # The meshd.sys. prefix is the daemons' own; only our system agent, which knows the token,
         # may register it (the token is not kept in the directory).
@@ -333,19 +360,25 @@ class LocalAgents:
             self.link.send_error(rid, msg_id, P.ErrorCode.NAME_TAKEN,
                                    f"name {name!r} is taken on node {peer.node_id} ({peer.name})")
             return
-        refused = self.registration_refused(agent, name, caps, meta)
+        refused = self.registration_refused(agent, name, caps, meta, contracts)
         if refused is not None:
             self.stats["refused_directory_bound"] += 1
             self.link.send_error(rid, msg_id, P.ErrorCode.TOO_LARGE, refused)
             return
+        digest = contracts_digest(contracts) if contracts else ""
         if holder is None or holder.rid != rid:
             agent = LocalAgent(name=name, rid=rid, capabilities=caps, metadata=meta,
                                registered_at=time.time(),  # shown to people only
-                               reg=self.directory.next_reg())  # what a name conflict compares
+                               reg=self.directory.next_reg(),  # what a name conflict compares
+                               contracts=contracts, contracts_digest=digest)
             self.directory.add_local(agent)
         else:
+            changed = digest != holder.contracts_digest
             holder.capabilities, holder.metadata = caps, meta
+            holder.contracts, holder.contracts_digest = contracts, digest
             self.directory.recount(holder)
+            if changed:  # contracts travel only in whole records
+                self.directory.journal.whole(name)
         self.directory_changed()
         log.info("agent %r registered", name)
         if holder is None or holder.rid != rid:
@@ -363,7 +396,8 @@ class LocalAgents:
             "in_flight_max": s.agent_answer_backlog}))
 
     def registration_refused(self, agent: LocalAgent | None, name: str, caps: list[str],
-                             meta: dict[str, Any]) -> str | None:
+                             meta: dict[str, Any],
+                             contracts: list[dict[str, Any]] | None = None) -> str | None:
         """Why this registration would pass a directory bound (TOO_LARGE), or None."""
         s = self.settings
         own = len(P.pack([caps, meta]))
@@ -373,7 +407,7 @@ class LocalAgents:
         current = self.directory.record_bytes.get(name, 0) if agent is not None else 0
         topics = sum(topic_cost(t, t in agent.durable) for t in agent.topics) if agent is not None else 0
         total = (self.directory.estimated_bytes() - current + topics
-                 + self.directory.record_cost(name, caps, meta))
+                 + self.directory.record_cost(name, caps, meta, contracts))
         if total > s.directory_max_bytes:
             return (f"this node's directory would take {total} bytes; the limit is "
                     f"directory_max_bytes={s.directory_max_bytes}")
@@ -394,6 +428,20 @@ class LocalAgents:
             return (f"this node's directory would take {total} bytes; the limit is "
                     f"directory_max_bytes={s.directory_max_bytes}")
         return None
+
+    def contracts_of(self, name: str | None) -> list[dict[str, Any]] | None:
+        """The contract records agent ``name`` advertises ([] if untyped), None if unknown."""
+        if name is None:
+            return None
+        name = name.partition("@")[0]
+        local = self.directory.local.get(name)
+        if local is not None:
+            return local.contracts
+        host = self.directory.host_of(name)
+        if host is None:
+            return None
+        contracts = self.directory.records_of(host).get(name, {}).get("contracts")
+        return contracts if isinstance(contracts, list) else []
 
     def alive(self, agent: LocalAgent) -> bool:
         """Probe with a PING: ROUTER_MANDATORY says at once whether the connection still exists."""

@@ -20,7 +20,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from meshd.delivery.outcomes import Outcomes
-from meshd.qos1.machine import Acked, Action, Attempt, Confirm, GiveUp, NotStored, OutboxEntry, Qos1, SendAcks
+from meshd.qos1.machine import (
+    Acked,
+    Action,
+    Attempt,
+    Confirm,
+    GiveUp,
+    NotStored,
+    OutboxEntry,
+    Qos1,
+    SendAcks,
+    SendNack,
+)
 from meshd.util.shutdown import Shutdown
 from meshd.wire import protocol as P
 from meshd.wire.protocol import FrameError, Kind
@@ -120,6 +131,17 @@ class Qos1Driver:
         self.perform(self.machine.acks_arrived(ids))
         self._maybe_flush()
 
+    def agent_nacked(self, unit_id: str, error: dict[str, Any]) -> None:
+        """A local agent's handler refused a qos-1 unit it was handed (``nack`` from the agent)."""
+        self.perform(self.machine.agent_nacked(unit_id, error))
+        self._maybe_flush()
+
+    def nacked(self, ids: list[str], error: dict[str, Any]) -> None:
+        """The receiving side refused units of ours (a peer's ``nack``, or our own agent's)."""
+        for unit_id in ids:
+            self.perform(self.machine.nacked(unit_id, error))
+        self._maybe_flush()
+
     def peer_restarted(self, node_id: str) -> None:
         n = self.machine.reack_origin(node_id, time.monotonic() - self.qos1_ttl)
         if n:
@@ -192,8 +214,10 @@ class Qos1Driver:
                 self._send_acks(action.origin, action.ids)
             elif isinstance(action, Acked):
                 self._acked(action.entry)
+            elif isinstance(action, SendNack):
+                self._send_nack(action)
             elif isinstance(action, GiveUp):
-                self._give_up(action.entry, action.why)
+                self._give_up(action.entry, action.why, action.reason, action.error)
             elif isinstance(action, NotStored):
                 self._not_stored(action)
 
@@ -211,6 +235,15 @@ class Qos1Driver:
         if peer is not None:
             for chunk in P.chunk_ids(ids):  # each header within the peer's cap, or it is refused
                 self.peer_table.send(peer, {P.KIND: Kind.ACK, P.FROM: self.node_id, P.IDS: chunk})
+
+    def _send_nack(self, action: SendNack) -> None:
+        if action.origin == self.node_id:
+            self.nacked([action.unit_id], action.error)
+            return
+        peer = self.peer_table.get(action.origin)
+        if peer is not None:
+            self.peer_table.send(peer, {P.KIND: Kind.NACK, P.FROM: self.node_id, P.IDS: [action.unit_id],
+                                        P.ERROR: action.error})
 
     def _acked(self, entry: OutboxEntry) -> None:
         self.stats["qos1_delivered"] += 1
@@ -231,15 +264,21 @@ class Qos1Driver:
             self.link.send_error(action.rid, msg_id, P.ErrorCode.STORAGE_FULL, message,
                                  retry_after=STORAGE_RETRY)
 
-    def _give_up(self, entry: OutboxEntry, why: str) -> None:
+    def _give_up(self, entry: OutboxEntry, why: str, reason: str = P.ErrorCode.UNDELIVERABLE,
+                 nack: dict[str, Any] | None = None) -> None:
         header = entry.header
-        self.dead_letters.record(P.ErrorCode.UNDELIVERABLE, f"to {entry.dest!r}: {why}", entry.frames,
+        self.dead_letters.record(reason, f"to {entry.dest!r}: {why}", entry.frames,
                                 header, attempts=entry.attempts)
         sender = self.directory.local.get(entry.sender)
         if sender is None:
             return
-        err = P.error_header(sender.name, entry.id, P.ErrorCode.UNDELIVERABLE,
-                             f"qos-1 message to {entry.dest!r}: {why}", sender=f"meshd@{self.node_id}")
+        err = P.error_header(sender.name, entry.id, P.ErrorCode.UNDELIVERABLE if nack is None else
+                             P.ErrorCode.NACK, f"qos-1 message to {entry.dest!r}: {why}",
+                             sender=f"meshd@{self.node_id}")
+        if nack is not None:
+            fallback = nack.get("fallback")
+            if isinstance(fallback, str) and P.valid_topic(fallback):
+                err[P.ERROR]["fallback"] = fallback
         if header is not None and header.kind == Kind.BATCH:
             with contextlib.suppress(FrameError):  # name each message, not the batch
                 err[P.IDS] = [h.get(P.ID) for h, _ in P.split_batch(entry.frames)]

@@ -50,6 +50,12 @@ __all__ = ["AGENT_DATA_KINDS", "Router"]
 log = logging.getLogger("meshd.node")
 
 AGENT_DATA_KINDS = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
+REFUSAL_CODES = frozenset({P.ErrorCode.VALIDATION_FAILED, P.ErrorCode.SCHEMA_VERSION})
+"""What a typed topic's contract answers when it refuses a message before its handler ran."""
+SEND_FAILURE_REASONS = {P.ErrorCode.HANDLER_ERROR: P.ErrorCode.HANDLER_ERROR,
+                        P.ErrorCode.VALIDATION_FAILED: "validation", P.ErrorCode.SCHEMA_VERSION: "validation",
+                        P.ErrorCode.NACK: "nack"}
+"""An agent's report that no handler completed a send, by code: the dead letter's reason."""
 _ANSWER_KINDS = frozenset({Kind.REPLY, Kind.ERROR, Kind.PROGRESS})
 _CHECKED_KINDS = _ANSWER_KINDS | {Kind.REQUEST}
 _REQUEST_KIND = frozenset({Kind.REQUEST})
@@ -310,11 +316,18 @@ class Router:
         if not isinstance(to, str):
             self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"{kind} needs a 'to'")
             return
-        if kind == Kind.ERROR and not self.open_requests.is_open(agent.name, header.corr):
+        if kind == Kind.ERROR:
             err = header.get(P.ERROR)
-            if isinstance(err, dict) and err.get("code") == P.ErrorCode.HANDLER_ERROR:
-                self._send_handler_failed(agent.name, header, frames)
-                return
+            code = err.get("code") if isinstance(err, dict) else None
+            if not self.open_requests.is_open(agent.name, header.corr):
+                if code in SEND_FAILURE_REASONS:
+                    self._send_handler_failed(agent.name, header, frames)
+                    return
+            elif code in REFUSAL_CODES:  # a typed request refused: kept, then answered as usual
+                self.stats["refused_by_contract"] += 1
+                self.dead_letter(SEND_FAILURE_REASONS[str(code)], f"request {header.corr!r} to "
+                                 f"{agent.name!r} refused: {P.safe_repr(err.get('message'), 200)}",
+                                 frames[1:], header)
         inner: list[tuple[dict[str, Any], bytes]] | None = None  # split once, if at all
         if kind == Kind.BATCH and _declares(header, _REQUEST_KIND):
             try:
@@ -441,16 +454,37 @@ class Router:
         return P.header_from_map(fields), [frames[0], frames[1], P.pack(fields), P.pack_batch(kept)]
 
     def _send_handler_failed(self, agent: str, header: P.Header, frames: list[bytes]) -> None:
-        """An agent reports that its handler for a ``send`` raised: a send is
-        never answered, so the report is not routed; it becomes a dead letter ``HANDLER_ERROR``
-        and a ``send`` outcome with that error for observer plugins."""
+        """An agent reports that its handler for a ``send`` raised, or that the send was refused
+        (by the topic's contract, or by the handler with a NACK): a dead letter (``HANDLER_ERROR``,
+        ``validation`` or ``nack``) and a ``send`` outcome with that error for observer plugins.
+        A handler's failure is not routed (a send is not answered); a refusal goes on to a qos-0
+        sender as a notice, with its hints (retry, retry_after, fallback, the field)."""
         err = header.get(P.ERROR)
-        text = P.safe_repr(err.get("message"), 200) if isinstance(err, dict) else ""
-        self.stats["send_handler_errors"] += 1
-        self.dead_letter(P.ErrorCode.HANDLER_ERROR, f"handler of {agent!r} for send {header.corr!r} from "
-                         f"{header.to!r} raised: {text}", frames[1:], header)
-        self.outcomes.emit("send", header.corr, header.to, agent, header.topic, "error",
-                           P.ErrorCode.HANDLER_ERROR)
+        assert isinstance(err, dict)
+        code = str(err.get("code"))
+        text = P.safe_repr(err.get("message"), 200)
+        self.stats["send_handler_errors" if code == P.ErrorCode.HANDLER_ERROR else "refused_by_contract"
+                   if code in REFUSAL_CODES else "sends_nacked"] += 1
+        verb = "raised" if code == P.ErrorCode.HANDLER_ERROR else f"refused it ({code})"
+        self.dead_letter(SEND_FAILURE_REASONS[code], f"handler of {agent!r} for send {header.corr!r} from "
+                         f"{header.to!r} {verb}: {text}", frames[1:], header)
+        self.outcomes.emit("send", header.corr, header.to, agent, header.topic, "error", code)
+        if code == P.ErrorCode.HANDLER_ERROR or header.qos == 1 or not isinstance(header.to, str):
+            return  # a qos-1 unit's sender hears of it from the outbox (docs/DELIVERY.md)
+        after = err.get("retry_after")
+        retry_after = float(after) if isinstance(after, (int, float)) and not isinstance(after, bool) \
+            and 0 <= after <= 86_400 else None
+        notice = P.error_header(header.to, header.corr, code, str(err.get("message", code))[:500],
+                                retry=err.get("retry") is True, retry_after=retry_after,
+                                sender=agent, notice=True)
+        fallback = err.get("fallback")
+        if isinstance(fallback, str) and P.valid_topic(fallback):
+            notice[P.ERROR]["fallback"] = fallback
+        for key in P.ERROR_DETAIL_KEYS:
+            if key in err:
+                notice[P.ERROR][key] = err[key]
+        if len(P.pack(notice)) <= P.MAX_HEADER_BYTES // 2:
+            self.route(header.to, P.header_from_map(notice), P.frames(notice))
 
     def _check_answer(self, responder: str, kind: str, corr: str | None, origin: str | None,
                       to: str) -> str | None:

@@ -144,7 +144,8 @@ class Routes:
         req = await self.body(request, M.RegisterRequest)
         info = {"project": req.project, "model": req.model, "colour": req.colour}
         session = await self.gw.sessions.register(req.session_id or None, req.name, info,
-                                                  list(req.capabilities))
+                                                  list(req.capabilities),
+                                                  [c.model_dump() for c in req.contracts])
         sse_path = f"/v1/agents/{session.session_id}/events"
         return web.json_response({
             "session_id": session.session_id, "name": req.name, "node": session.agent.node,
@@ -216,6 +217,16 @@ class Routes:
 
     async def agents(self, request: web.Request) -> web.Response:
         return web.json_response(self.gw.mesh.agents())
+
+    async def contracts(self, request: web.Request) -> web.Response:
+        name = request.match_info["agent"]
+        for rec in self.gw.mesh.agents():
+            if rec.get("name") == name:
+                found = rec.get("contracts")
+                return web.json_response({"name": name, "node": rec.get("node"),
+                                          "node_name": rec.get("node_name"),
+                                          "contracts": found if isinstance(found, list) else []})
+        return _error(404, "NO_SUCH_AGENT", f"no agent {name!r} in the mesh directory")
 
     async def peers(self, request: web.Request) -> web.Response:
         return web.json_response(self.gw.mesh.peers())
@@ -399,6 +410,7 @@ def build_app(gateway: Gateway) -> tuple[web.Application, Routes]:
     r.add_get("/v1/openapi.json", routes.openapi)
     r.add_post("/v1/agents/register", routes.register)
     r.add_get("/v1/agents", routes.agents)
+    r.add_get("/v1/agents/{agent:[!-?A-~]{1,128}}/contracts", routes.contracts)
     r.add_get(f"/v1/agents/{sid}/events", routes.events)
     r.add_post(f"/v1/agents/{sid}/heartbeat", routes.heartbeat)
     r.add_post("/v1/agents/heartbeat", routes.heartbeat)

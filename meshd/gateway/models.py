@@ -189,6 +189,18 @@ class ErrorBody(_Answer):
 # --------------------------------------------------------------------------- the coms-net contract
 
 
+class ContractSpec(_Body):
+    """A typed topic the HTTP agent serves (docs/contracts.md): the gateway validates what arrives
+    on it against ``accepts`` before it becomes a prompt event."""
+
+    topic: Topic
+    version: str = Field(default="1.0", pattern=r"^[0-9]{1,5}\.[0-9]{1,5}$", description="MAJOR.MINOR")
+    description: str = Field(default="", max_length=4096)
+    accepts: dict[str, Any] | None = Field(default=None, description="JSON Schema of the payload.")
+    returns: dict[str, Any] | None = Field(default=None, description="JSON Schema of the reply.")
+    examples: list[Any] = Field(default_factory=list, max_length=8)
+
+
 class RegisterRequest(_Body):
     name: AgentName
     session_id: SessionId = _absent("", "Register again under this id (it is kept).")
@@ -196,6 +208,10 @@ class RegisterRequest(_Body):
     model: Text256 | None = None
     colour: Text256 | None = None
     capabilities: list[Capability] = Field(default_factory=list, max_length=64)
+    contracts: list[ContractSpec] = Field(
+        default_factory=list, max_length=64,
+        description="Typed topics (JSON Schema contracts) this agent serves; advertised in the mesh "
+                    "directory, and what arrives on them is validated here first.")
 
 
 class RegisterResult(_Answer):
@@ -308,6 +324,24 @@ class AgentRecord(_Record):
     reg: int | None = None
     state: str | None = Field(default=None, description="online, stale")
     telemetry: dict[str, Any] = Field(default_factory=dict)
+
+
+class ContractRecord(_Record):
+    """One typed topic an agent serves, at one version (docs/contracts.md, PROTOCOL.md §17.1)."""
+
+    topic: str
+    version: str = Field(description="MAJOR.MINOR")
+    description: str = ""
+    accepts: dict[str, Any] | None = Field(default=None, description="JSON Schema of the payload.")
+    returns: dict[str, Any] | None = Field(default=None, description="JSON Schema of the reply.")
+    examples: list[Any] = Field(default_factory=list)
+
+
+class AgentContracts(_Answer):
+    name: str
+    node: str | None = None
+    node_name: str | None = None
+    contracts: list[ContractRecord]
 
 
 class PeerRecord(_Record):

@@ -83,6 +83,10 @@ ROUTES: list[Route] = [
           body=M.RegisterRequest, answers={200: M.RegisterResult}, errors=(409,)),
     Route("get", "/v1/agents", "Every agent in the mesh directory (all nodes), sorted by name.",
           answers={200: M.AgentsList}),
+    Route("get", "/v1/agents/{agent}/contracts",
+          "The contracts an agent advertises (its typed topics, their versions and JSON Schemas); [] if "
+          "it has none, 404 NO_SUCH_AGENT if the directory does not know it.",
+          answers={200: M.AgentContracts}),
     Route("get", "/v1/agents/{session_id}/events",
           "The agent's SSE stream: prompt, response, publication, agent_state, peer_state, gap." + _SSE_NOTE,
           answers={200: AGENT_STREAM}),
@@ -143,6 +147,7 @@ _PATH_PARAMS: dict[str, dict[str, Any]] = {
     "session_id": _SESSION_PARAM,
     "msg_id": {"type": "string", "minLength": 1, "maxLength": 256},
     "name": {"type": "string", "minLength": 1, "maxLength": 128},
+    "agent": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": r"^[!-?A-~]+$"},
 }
 
 

@@ -46,7 +46,7 @@ class HttpSession:
         self.in_flight: dict[str, asyncio.Task[None]] = {}  # its messages awaiting an answer
         self.streams = 0
         self.last_heartbeat = time.monotonic()
-        agent.on("*")(self._on_message)
+        agent.on("*")(self.on_message)
 
     def describe(self) -> dict[str, Any]:
         return {"session_id": self.session_id, "name": self.name, **self.info,
@@ -55,7 +55,7 @@ class HttpSession:
 
     # ------------------------------------------------------------------ mesh -> HTTP client
 
-    async def _on_message(self, msg: Message) -> Any:
+    async def on_message(self, msg: Message) -> Any:
         payload = msg.payload
         event: dict[str, Any] = {
             "msg_id": msg.id, "from": msg.sender, "topic": msg.topic, "payload": payload,
@@ -189,8 +189,10 @@ class SessionTable:
         return next((s for s in self.by_id.values() if s.name == name), None)
 
     async def register(self, session_id: str | None, name: str, info: dict[str, Any],
-                       capabilities: list[str]) -> HttpSession:
-        """Attach a new mesh agent for ``name`` (or return the session already registered)."""
+                       capabilities: list[str], contracts: list[dict[str, Any]] | None = None) -> HttpSession:
+        """Attach a new mesh agent for ``name`` (or return the session already registered).
+        ``contracts``: typed topics with JSON Schemas (docs/contracts.md): advertised with the
+        registration, and what arrives on them is validated before it becomes an event."""
         async with self._lock:
             if session_id and session_id in self.by_id:
                 session = self.by_id[session_id]
@@ -208,6 +210,10 @@ class SessionTable:
                           max_payload_bytes=self.max_payload_bytes, auto_heartbeat=False)
             session = HttpSession(self, session_id or secrets.token_urlsafe(12), name, info, agent,
                                   self.buffer_size, self.cap)
+            for c in contracts or []:
+                agent.on(c["topic"], accepts=c.get("accepts"), returns=c.get("returns"),
+                         version=c.get("version") or "1.0", description=c.get("description") or "",
+                         examples=list(c.get("examples") or []))(session.on_message)
             try:
                 await agent.connect()  # raises NameTaken etc.
             except BaseException:

@@ -54,9 +54,13 @@ class LocalAgent:
     state: PeerState = PeerState.ONLINE
     telemetry: dict[str, Any] = field(default_factory=dict)
     reg: int = 0  # the registration counter (Lamport): what name conflicts are decided on
+    #: Contract records of its typed topics (docs/contracts.md), checked at registration.
+    contracts: list[dict[str, Any]] = field(default_factory=list)
+    #: Their digest: what a record change carries instead of them (``cver``).
+    contracts_digest: str = ""
 
     def record(self, node_id: str) -> dict[str, Any]:
-        return {
+        rec = {
             "name": self.name,
             "node": node_id,
             "capabilities": self.capabilities,
@@ -68,6 +72,10 @@ class LocalAgent:
             "state": str(self.state),
             "telemetry": self.telemetry,
         }
+        if self.contracts:
+            rec["contracts"] = self.contracts
+            rec["cver"] = self.contracts_digest
+        return rec
 
 
 def record_reg(rec: Mapping[str, Any]) -> int | None:
@@ -163,9 +171,11 @@ class Directory:
         return body
 
     @staticmethod
-    def record_cost(name: str, capabilities: list[str], metadata: dict[str, Any]) -> int:
+    def record_cost(name: str, capabilities: list[str], metadata: dict[str, Any],
+                    contracts: list[dict[str, Any]] | None = None) -> int:
         """Bytes a new agent's record costs without topics and telemetry."""
-        return RECORD_OVERHEAD + len(P.pack([name, capabilities, metadata]))
+        return RECORD_OVERHEAD + len(P.pack([name, capabilities, metadata])) + \
+            (len(P.pack(contracts)) + 32 if contracts else 0)
 
     def estimated_bytes(self) -> int:
         """What this node's ``dir`` body costs without telemetry (an upper estimate)."""
@@ -189,7 +199,8 @@ class Directory:
     def recount(self, agent: LocalAgent) -> None:
         """Recompute what ``agent``'s record costs (after it registered or re-registered)."""
         self.journal.fields(agent.name)
-        self.record_bytes[agent.name] = self.record_cost(agent.name, agent.capabilities, agent.metadata) + \
+        self.record_bytes[agent.name] = self.record_cost(agent.name, agent.capabilities, agent.metadata,
+                                                         agent.contracts) + \
             sum(topic_cost(t, t in agent.durable) for t in agent.topics)
 
     def remove_local(self, agent: LocalAgent) -> list[bytes] | None:
@@ -353,6 +364,8 @@ class Directory:
                 if "set" in ch:
                     rec = held[name] = ch["set"] | {"name": name, "topics": old.get("topics") or [],
                                                     "durable": old.get("durable") or []}
+                    if "contracts" in old and rec.get("cver") == old.get("cver"):
+                        rec["contracts"] = old["contracts"]  # sent once, then named by version
                 self._retopic(node_id, name, rec, ch)
             reg = record_reg(rec)
             if reg is not None and reg > self.reg_clock:

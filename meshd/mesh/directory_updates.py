@@ -127,6 +127,7 @@ def _partial(agent: LocalAgent, entry: _AgentChange, node_id: str) -> dict[str, 
     if entry.fields:
         rec = agent.record(node_id)
         del rec["topics"], rec["durable"]
+        rec.pop("contracts", None)  # unchanged (a change sends the whole record): ``cver`` names them
         change["set"] = rec
     sub, dsub, unsub = [], [], []
     for topic in entry.topics:

@@ -81,6 +81,8 @@ class PeerEvents:
     restarted: Callable[[Peer], None]
     #: qos-1 acks arrived from a peer.
     acks: Callable[[list[str]], None]
+    #: qos-1 units of ours that the receiving agent refused (NACK): ids and its ``error`` map.
+    nacks: Callable[[list[str], dict[str, Any]], None]
     #: A malformed control message: count it, keep it as a dead letter.
     reject: Callable[[FrameError, list[bytes], str], None]
     #: A publication arrived on a peer's SUB socket.

@@ -315,6 +315,10 @@ class PeerTable(PeerDialer):
             ids = header.get(P.IDS)
             if isinstance(ids, list):
                 self.events.acks([i for i in ids if isinstance(i, str)])
+        elif kind == Kind.NACK:
+            ids, err = header.get(P.IDS), header.get(P.ERROR)
+            if isinstance(ids, list) and isinstance(err, dict):
+                self.events.nacks([i for i in ids if isinstance(i, str)][:P.ACK_IDS], err)
         elif kind == Kind.BYE:
             log.info("peer %s (%s) left", peer.node_id, peer.name)
             self.set_state(peer, PeerState.OFFLINE)
@@ -457,6 +461,7 @@ class PeerTable(PeerDialer):
         # The beat carries the local agents' latest telemetry (small: a few numbers each),
         # so every node sees load and state mesh-wide without versioning the directory.
         body = P.pack(self.events.telemetry())
+        self.stats["hb_body_bytes"] = len(body)  # a gauge: the last round's (contracts never ride here)
         seq = self.echo.next(time.monotonic())  # one SEQ per round; each peer gets its own ECHO
         for peer in list(self.peers.values()):
             self.beat_one(peer, body, seq)

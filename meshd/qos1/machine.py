@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from meshd.qos1.bounds import OutboxBounds, unit_size
 from meshd.qos1.store import DELIVERY_DB_FIX, DeliveryStore, OutboxEntry, StoreWriteFailed
@@ -43,6 +44,7 @@ __all__ = [
     "OutboxEntry",
     "Qos1",
     "SendAcks",
+    "SendNack",
     "StoreWriteFailed",
     "unit_size",
 ]
@@ -76,6 +78,16 @@ class SendAcks:
 
 
 @dataclass(frozen=True, slots=True)
+class SendNack:
+    """Tell the daemon ``origin`` (perhaps this one) that the agent refused unit ``unit_id``:
+    ``error`` is its NACK map (``retry``, ``retry_after``, ``fallback``)."""
+
+    origin: str
+    unit_id: str
+    error: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Acked:
     """The receiver acknowledged the unit: its handler finished."""
 
@@ -88,6 +100,10 @@ class GiveUp:
 
     entry: OutboxEntry
     why: str
+    #: The dead letter's reason: UNDELIVERABLE, or ``nack`` (its handler refused it for good).
+    reason: str = P.ErrorCode.UNDELIVERABLE
+    #: The code the sender is told: UNDELIVERABLE, or NACK (with the handler's ``error`` map).
+    error: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +116,10 @@ class NotStored:
     why: str
 
 
-Action = Confirm | Attempt | SendAcks | Acked | GiveUp | NotStored
+Action = Confirm | Attempt | SendAcks | SendNack | Acked | GiveUp | NotStored
+
+NACK_MAX_DELAY = 3600.0
+"""The longest ``retry_after`` a NACK may ask for (seconds); longer ones are cut to it."""
 
 
 @dataclass(eq=False)
@@ -222,6 +241,27 @@ class Qos1:
                 actions.append(Acked(entry))
         return actions
 
+    def nacked(self, unit_id: str, error: dict[str, Any]) -> list[Action]:
+        """The receiving agent refused our unit (NACK). ``retry`` true: the next attempt waits
+        ``retry_after`` seconds (within ``qos1_attempts`` and ``qos1_ttl``, which ``tick``
+        enforces); false: the unit is a dead letter ``nack`` at once."""
+        entry = self.store.outbox.get(unit_id)
+        if entry is None:
+            return []
+        self.stats["nacked"] += 1
+        after = error.get("retry_after")
+        if error.get("retry") is True:
+            delay = float(after) if isinstance(after, (int, float)) and not isinstance(after, bool) \
+                and after >= 0 else self.ack_timeout
+            entry.next_attempt = self._monotonic() + min(delay, NACK_MAX_DELAY)
+            entry.extra["last_error"] = P.ErrorCode.NACK
+            self.stats["nack_retries"] += 1
+            return []
+        self.store.remove(entry.id)
+        self.stats["dead_lettered"] += 1
+        why = f"refused by its handler (NACK): {P.safe_repr(error.get('message'), 200)}"
+        return [GiveUp(entry, why, "nack", error)]
+
     def tick(self) -> list[Action]:
         """Retry what is due; give up on what is out of attempts or time."""
         now_m = self._monotonic()  # never the wall clock: a clock jump expires nothing
@@ -290,6 +330,17 @@ class Qos1:
                 continue
             self.store.mark_done(unit_id, d.origin)
             self._acks_out.setdefault(d.origin, []).append(unit_id)
+
+    def agent_nacked(self, unit_id: str, error: dict[str, Any]) -> list[Action]:
+        """The agent's handler refused the unit it was handed (NACK): no done-mark when it may be
+        retried (the next attempt is handed over again), one when not (a late copy is dropped);
+        either way the sending daemon is told, which decides (``nacked``)."""
+        d = self._delivering.pop(unit_id, None)
+        if d is None:
+            return []
+        if error.get("retry") is not True:
+            self.store.mark_done(unit_id, d.origin)
+        return [SendNack(d.origin, unit_id, error)]
 
     def forget_delivering(self, older_than: float) -> None:
         """Drop in-flight records of agents that never acked (a retry will redeliver)."""

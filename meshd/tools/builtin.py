@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from meshd.errors import MeshError, NotWired, QueueFull
+from meshd.errors import MeshError, NoSuchAgent, NotWired, QueueFull
 from meshd.hookspecs import hookimpl
 from meshd.plugins.policy import Authorizer, Quotas
 from meshd.tools.registry import Tool, ToolContext
@@ -52,12 +52,21 @@ class AskAgentArgs(_Args):
 class RequestAgentArgs(_Args):
     agent: str = _AGENT
     topic: str = _TOPIC
-    payload: Any = Field(default=None, description="The request (any JSON value).")
+    payload: Any = Field(default=None, description="The request (any JSON value; for a typed topic, "
+                                                   "what its contract's accepts schema describes).")
     timeout_s: float = Field(default=30.0, gt=0, description="Seconds to wait for the reply.")
+    version: str | None = Field(default=None, pattern=r"^[0-9]{1,5}\.[0-9]{1,5}$",
+                                description="The contract version the payload is written for "
+                                            "(MAJOR.MINOR, as describe_agent lists it).")
 
 
 class ListAgentsArgs(_Args):
-    capability: str | None = Field(default=None, description="Only agents with this capability.")
+    capability: str | None = Field(default=None, description="Only agents with this capability, or "
+                                                              "serving a typed topic (skill) of this name.")
+
+
+class DescribeAgentArgs(_Args):
+    agent: str = _AGENT
 
 
 class SendMessageArgs(_Args):
@@ -202,14 +211,16 @@ async def request_agent(args: RequestAgentArgs, ctx: ToolContext) -> Any:
     # a client from timing the call out).
     return await ctx.agent.request(args.agent, args.topic, args.payload,
                                    timeout=_bounded(ctx, args.timeout_s), headers=_headers(ctx),
-                                   on_progress=ctx.progress)
+                                   on_progress=ctx.progress, version=args.version)
 
 
 async def list_agents(args: ListAgentsArgs, ctx: ToolContext) -> list[dict[str, Any]]:
     out = []
     for rec in await ctx.agent.agents():
         caps = list(rec.get("capabilities") or [])
-        if args.capability is not None and args.capability not in caps:
+        skills = skill_summaries(rec.get("contracts"))
+        if args.capability is not None and args.capability not in caps and \
+                args.capability not in {s["topic"] for s in skills}:
             continue
         raw = rec.get("telemetry")
         telemetry: dict[str, Any] = raw if isinstance(raw, dict) else {}
@@ -220,8 +231,30 @@ async def list_agents(args: ListAgentsArgs, ctx: ToolContext) -> list[dict[str, 
             "queue_depth": telemetry.get("queue_depth"),
             "tasks": telemetry.get("tasks_summary"),
             "telemetry": telemetry,
+            "skills": skills,
         })
     return out
+
+
+def skill_summaries(contracts: Any) -> list[dict[str, Any]]:
+    """Topic, version and description of each contract record (describe_agent has the schemas)."""
+    if not isinstance(contracts, list):
+        return []
+    return [{"topic": c.get("topic"), "version": c.get("version"), "description": c.get("description", "")}
+            for c in contracts if isinstance(c, dict)]
+
+
+async def describe_agent(args: DescribeAgentArgs, ctx: ToolContext) -> dict[str, Any]:
+    name = args.agent.partition("@")[0]
+    for rec in await ctx.agent.agents():
+        if rec.get("name") == name:
+            contracts = rec.get("contracts")
+            return {"name": name, "node": rec.get("node"), "node_name": rec.get("node_name"),
+                    "capabilities": list(rec.get("capabilities") or []), "state": rec.get("state"),
+                    "skills": contracts if isinstance(contracts, list) else [],
+                    "how_to_call": "request_agent with agent, topic = a skill's topic, payload = what its "
+                                   "accepts schema describes, version = its version"}
+    raise NoSuchAgent(f"no agent {name!r} in the mesh directory")
 
 
 async def send_message(args: SendMessageArgs, ctx: ToolContext) -> dict[str, Any]:
@@ -324,8 +357,12 @@ def builtin_tools() -> list[Tool]:
              side_effects=True),
         Tool("request_agent", "Ask a named agent and wait for its reply (bounded by timeout_s).",
              RequestAgentArgs, request_agent, side_effects=True),
-        Tool("list_agents", "List the agents in the mesh: name, node, capabilities, state and live "
-             "telemetry (context use %, queue depth, what it is doing).", ListAgentsArgs, list_agents),
+        Tool("list_agents", "List the agents in the mesh: name, node, capabilities, the skills (typed "
+             "topics) each serves, state and live telemetry (context use %, queue depth, what it is "
+             "doing).", ListAgentsArgs, list_agents),
+        Tool("describe_agent", "What one agent accepts: each skill (typed topic) with its version, "
+             "description, the JSON Schema of its payload (accepts) and reply (returns), and examples; "
+             "call a skill with request_agent.", DescribeAgentArgs, describe_agent),
         Tool("send_message", "Send a message to a named agent without waiting for an answer.",
              SendMessageArgs, send_message, side_effects=True),
         Tool("publish", "Publish on a topic; returns how many subscribers it reached.", PublishArgs,

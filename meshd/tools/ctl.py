@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from meshd.tools.skills import build_skills, skill_schema
 from meshd.wire.system_names import TOPIC_APPROVALS, system_agent_name
 
 __all__ = ["add_parsers", "run"]
@@ -35,6 +36,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     p = tsub.add_parser("schema", help="print the tool schemas as an LLM API takes them (JSON)")
     p.add_argument("--format", choices=FORMATS, default="openai")
+    p.add_argument("--skills", action="store_true",
+                   help="with the typed skills of the mesh as tools of their own (agent__topic)")
     p = tsub.add_parser("call", help="call a tool and print its result (JSON)")
     p.add_argument("name")
     p.add_argument("args", type=_json_arg, nargs="?", default={}, help="JSON object of arguments")
@@ -67,7 +70,11 @@ async def run(me: Any, args: argparse.Namespace) -> int:
                     print(f"{t['name']:<{width}} {mark} {t['description']}")
                 print("(! = side effects: passes through approval)", file=sys.stderr)
         elif args.tools_cmd == "schema":
-            _print(await me.tools(format=args.format))
+            schemas = await me.tools(format=args.format)
+            if args.skills:
+                skills, _ = build_skills(await me.agents(), exclude=me.name)
+                schemas += [skill_schema(s, args.format) for s in skills.values()]
+            _print(schemas)
         else:
             _print(await me.call_tool(args.name, args.args, timeout=args.timeout))
         return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections.abc import Mapping
 from itertools import count
@@ -60,6 +61,8 @@ OP: Final = "op"  # an admin call's operation
 SEQ: Final = "seq"  # a daemon's HELLO/heartbeat sequence number (both-ways liveness, §9.5)
 ECHO: Final = "echo"  # the last SEQ the sender heard from the receiver (both-ways liveness, §9.5)
 NOTICE: Final = "notice"  # in an error map: it answers no call (the answer lane's notice room, §8.2)
+TIMESTAMP: Final = "ts"  # when the message was made: ISO-8601 UTC, for people and logs only (§5)
+SCHEMA_VERSION: Final = "sv"  # the contract version a message was written for, "MAJOR.MINOR" (§17)
 KINDS: Final = "kinds"  # on a batch header: its inner kinds (only batches with answers/requests are opened)
 
 
@@ -76,6 +79,7 @@ class Kind:
     OK: Final = "ok"
     PING: Final = "ping"
     ACK: Final = "ack"
+    NACK: Final = "nack"  # a qos-1 unit refused by its handler (with retry hints), agent and mesh
     ADMIN: Final = "admin"
     # routed between agents
     SEND: Final = "send"
@@ -99,10 +103,10 @@ ROUTED_KINDS: Final = frozenset(
 )
 AGENT_CONTROL_KINDS: Final = frozenset(
     {Kind.REGISTER, Kind.UNREGISTER, Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.QUERY, Kind.AGENT_HEARTBEAT,
-     Kind.ACK, Kind.ADMIN}
+     Kind.ACK, Kind.NACK, Kind.ADMIN}
 )
 PEER_CONTROL_KINDS: Final = frozenset(
-    {Kind.HELLO, Kind.HEARTBEAT, Kind.DIRECTORY, Kind.SYNC, Kind.BYE, Kind.ACK}
+    {Kind.HELLO, Kind.HEARTBEAT, Kind.DIRECTORY, Kind.SYNC, Kind.BYE, Kind.ACK, Kind.NACK}
 )
 KNOWN_KINDS: Final = (
     ROUTED_KINDS
@@ -132,6 +136,8 @@ class ErrorCode:
     STORAGE_FULL: Final = "STORAGE_FULL"
     PUBLICATIONS_MISSED: Final = "PUBLICATIONS_MISSED"
     DAEMON_STOPPING: Final = "DAEMON_STOPPING"
+    SCHEMA_VERSION: Final = "SCHEMA_VERSION"
+    NACK: Final = "NACK"
 
 
 HANDOFF_TOPIC: Final = "handoff-task"
@@ -149,6 +155,8 @@ MAX_ADDRESS_LEN: Final = MAX_NAME_LEN + 1 + 256
 """``to``, ``from`` and ``origin``: ``name`` or ``name@node`` (a node id or a host name)."""
 MAX_ID_LEN: Final = 256
 MAX_HOPS: Final = 255
+MAX_TIMESTAMP_LEN: Final = 40
+"""The longest ``ts`` a header may carry (``2026-12-03T06:35:47.123Z`` is 24)."""
 MAX_BUDGET_MS: Final = 10**12  # about 31 years: any finite budget a client means fits
 """The largest ``hops`` a header may carry; the configured ``hop_limit`` (at most 64) is lower."""
 
@@ -312,6 +320,16 @@ def header_from_map(fields: dict[str, Any]) -> Header:
     if type(qos) is not int or qos not in (0, 1):
         raise FrameError("bad_field", f"'qos' must be 0 or 1, not {qos!r}"[:120], fields=fields)
     deadline = local_deadline(fields)
+    if TIMESTAMP in fields:
+        ts = fields[TIMESTAMP]
+        if type(ts) is not str or len(ts) > MAX_TIMESTAMP_LEN:
+            raise FrameError("bad_field", f"'ts' must be an ISO-8601 string of at most {MAX_TIMESTAMP_LEN} "
+                             "characters", fields=fields)
+    if SCHEMA_VERSION in fields:
+        sv = fields[SCHEMA_VERSION]
+        if schema_version(sv) is None:
+            raise FrameError("bad_field", f"'sv' must be a version 'MAJOR.MINOR', not {sv!r}"[:120],
+                             fields=fields)
     return Header(  # positional: kind, id, sender, to, topic, corr, origin, hops, deadline, qos, fields
         fields[KIND],
         _str_field(fields, ID, MAX_ID_LEN),
@@ -325,6 +343,24 @@ def header_from_map(fields: dict[str, Any]) -> Header:
         qos,
         fields,
     )
+
+
+_SCHEMA_VERSION_RE: Final = re.compile(r"([0-9]{1,5})\.([0-9]{1,5})")
+MAX_VERSION_PART: Final = 65535
+
+
+def schema_version(value: Any) -> tuple[int, int] | None:
+    """``"1.2"`` -> ``(1, 2)``; None for anything else (not a string, "1", "1.2.3", a part past
+    65535): the range check of the header's ``sv`` and of a contract record's ``version``."""
+    if type(value) is not str or len(value) > 11:
+        return None
+    m = _SCHEMA_VERSION_RE.fullmatch(value)
+    if m is None:
+        return None
+    major, minor = int(m.group(1)), int(m.group(2))
+    if major > MAX_VERSION_PART or minor > MAX_VERSION_PART:
+        return None
+    return major, minor
 
 
 def decode_header(data: bytes | memoryview) -> Header:
@@ -404,14 +440,26 @@ def frames(header: Mapping[str, Any], payload: bytes = b"") -> list[bytes]:
 
 
 def error_body(code: str, message: str, *, retry: bool = False, retry_after: float | None = None,
-               remote_type: str | None = None) -> dict[str, Any]:
-    """The one error-body builder: the ``error`` map of an error envelope (docs/PROTOCOL.md §7)."""
+               remote_type: str | None = None, fallback: str | None = None,
+               details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The one error-body builder: the ``error`` map of an error envelope (docs/PROTOCOL.md §7).
+    ``details``: a contract's refusal names ``field``, ``topic``, ``version``, ``supported``."""
     err: dict[str, Any] = {"code": code, "message": message, "retry": retry}
     if retry_after is not None:
         err["retry_after"] = retry_after
     if remote_type:
         err["type"] = remote_type
+    if fallback:
+        err["fallback"] = fallback
+    if details:
+        for key in ERROR_DETAIL_KEYS:
+            if key in details:
+                err[key] = details[key]
     return err
+
+
+ERROR_DETAIL_KEYS: Final = ("field", "topic", "version", "supported")
+"""Optional keys of an ``error`` map that say what a contract refused (docs/PROTOCOL.md §7)."""
 
 
 def error_header(
@@ -426,7 +474,7 @@ def error_header(
     err = error_body(code, message, retry=retry, retry_after=retry_after)
     if notice:
         err[NOTICE] = True
-    header: dict[str, Any] = {KIND: Kind.ERROR, ID: new_id(), ERROR: err}
+    header: dict[str, Any] = {KIND: Kind.ERROR, ID: new_id(), ERROR: err, TIMESTAMP: timestamp()}
     if to is not None:
         header[TO] = to
     if corr is not None:
@@ -480,6 +528,28 @@ def valid_name(name: Any) -> bool:
 def valid_topic(topic: Any) -> bool:
     """Topics: 1-256 printable characters without NUL."""
     return isinstance(topic, str) and 0 < len(topic) <= MAX_TOPIC_LEN and topic.isprintable()
+
+
+_stamp_second = -1
+_stamp_prefix = ""
+_stamp_ms = -1
+_stamp = ""
+
+
+def timestamp() -> str:
+    """Now as an ISO-8601 UTC string with milliseconds (``2026-12-03T06:35:47.123Z``): the
+    ``ts`` of a message, for people and logs. Never compared across hosts (budgets are
+    durations). It is on every message's path: the string is made once per millisecond, its
+    date part once per second."""
+    global _stamp_second, _stamp_prefix, _stamp_ms, _stamp
+    ms = int(time.time() * 1000)
+    if ms == _stamp_ms:
+        return _stamp
+    second = ms // 1000
+    if second != _stamp_second:
+        _stamp_second, _stamp_prefix = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    _stamp_ms, _stamp = ms, f"{_stamp_prefix}.{ms % 1000:03d}Z"
+    return _stamp
 
 
 def now() -> float:

@@ -156,7 +156,7 @@ def test_405_allows_only_the_methods_served(meshd_factory: MeshdFactory) -> None
     documented: dict[str, set[str]] = {}
     for route in ROUTES:
         documented.setdefault(route.path, set()).add(route.method.upper())
-    concrete = {"{session_id}": "abc", "{msg_id}": "m1", "{name}": "list_agents"}
+    concrete = {"{session_id}": "abc", "{msg_id}": "m1", "{name}": "list_agents", "{agent}": "nobody"}
     for path, methods in documented.items():
         real = path
         for k, v in concrete.items():

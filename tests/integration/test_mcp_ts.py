@@ -202,3 +202,44 @@ def test_ts_sdk_client_over_streamable_http(meshd_factory: MeshdFactory) -> None
             assert not (a.socket.parent / "mcp-ts-http.json").exists()  # the URL file goes with it
 
     asyncio.run(scenario())
+
+
+def test_ts_sdk_client_hears_list_changed_and_calls_a_skill(meshd_factory: MeshdFactory) -> None:
+    """The TypeScript SDK's Client: a typed agent joins, notifications/tools/list_changed comes,
+    and the skill is a tool of its own (the contract's schema, called with its version)."""
+    from pydantic import BaseModel
+
+    class Claim(BaseModel):
+        claim: str
+
+    a = meshd_factory.spawn("a")
+
+    async def scenario() -> None:
+        typed = Agent("researcher", socket=a.socket)
+
+        @typed.on("verify", accepts=Claim, version="1.3", description="Check a claim")
+        def verify(msg: Any) -> Any:
+            return {"ok": True, "claim": msg.payload.claim}
+
+        async with Agent("joiner", socket=a.socket) as joiner:
+            @joiner.on("join")
+            async def join(msg: Any) -> Any:
+                await typed.connect()
+                return "joined"
+
+            try:
+                report = await run_node({"transport": "stdio", "command": sys.executable,
+                                         "args": ["-m", "meshd", "mcp", "--socket", str(a.socket),
+                                                  "--name", "ts-skills"],
+                                         "skills": {"joiner": "joiner", "tool": "researcher__verify",
+                                                    "args": {"claim": "water is wet"}}})
+            finally:
+                await typed.close()
+        assert report["capabilities"]["tools"]["listChanged"] is True
+        assert "researcher__verify" not in report["before"] and report["list_changed"] is True
+        assert report["tool"]["inputSchema"]["required"] == ["claim"], report["tool"]
+        assert "Check a claim" in report["tool"]["description"]
+        assert not report["call"]["is_error"], report["call"]
+        assert json.loads(report["call"]["text"]) == {"ok": True, "claim": "water is wet"}
+
+    asyncio.run(scenario())

@@ -7,11 +7,17 @@
 //   plus "slow": the mesh agent that answers topics "long" (progress every second), "hang"
 //   (waits until cancelled) and "poke" (sends this client's agent a message first),
 //   "self": this client's mesh agent name, "client_timeout_ms", "long_ms".
+//   {"skills": {"joiner": NAME, "tool": TOOL, "args": {...}}}: only the skills scenario: list the
+//   tools, ask agent NAME (topic "join") to bring a typed agent in, wait for
+//   notifications/tools/list_changed, list again and call TOOL with args.
 // Prints one JSON object (what it saw) on stdout; exits 1 with the error on stderr.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import { ResourceUpdatedNotificationSchema } from "@modelcontextprotocol/sdk/types.js";
+import {
+  ResourceUpdatedNotificationSchema,
+  ToolListChangedNotificationSchema,
+} from "@modelcontextprotocol/sdk/types.js";
 
 const cfg = JSON.parse(process.argv[2]);
 const report = { transport: cfg.transport };
@@ -42,12 +48,34 @@ function waiter(what) {
 const client = new Client({ name: "meshd-ts-test", version: "1.0.0" });
 const updated = waiter("notifications/resources/updated");
 const pushed = waiter("notifications/claude/channel");
+const listChanged = waiter("notifications/tools/list_changed");
 client.setNotificationHandler(ResourceUpdatedNotificationSchema, (n) => updated.resolve(n.params));
+client.setNotificationHandler(ToolListChangedNotificationSchema, () => listChanged.resolve(true));
 client.fallbackNotificationHandler = async (n) => {
   if (n.method === "notifications/claude/channel") pushed.resolve(n.params);
 };
 
 await client.connect(transportFor(cfg));
+if (cfg.skills) {
+  try {
+    report.capabilities = client.getServerCapabilities();
+    report.before = (await client.listTools()).tools.map((t) => t.name);
+    await client.callTool({ name: "request_agent", arguments: { agent: cfg.skills.joiner, topic: "join" } });
+    report.list_changed = await listChanged.wait(15000);
+    let tool;
+    for (let i = 0; i < 50 && !tool; i++) {  // the notification may come before the last skill is in
+      tool = (await client.listTools()).tools.find((t) => t.name === cfg.skills.tool);
+      if (!tool) await new Promise((res) => setTimeout(res, 200));
+    }
+    report.tool = tool || null;
+    const result = await client.callTool({ name: cfg.skills.tool, arguments: cfg.skills.args });
+    report.call = { is_error: result.isError === true, text: text(result) };
+  } finally {
+    await client.close();
+  }
+  process.stdout.write(JSON.stringify(report) + "\n");
+  process.exit(0);
+}
 try {
   report.server = client.getServerVersion();
   report.capabilities = client.getServerCapabilities();

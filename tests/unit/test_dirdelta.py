@@ -235,3 +235,30 @@ def test_more_changes_than_the_journal_holds_go_as_the_full_directory() -> None:
     [_first, (_node, kind, body)] = wire.sent
     assert kind == P.Kind.DIRECTORY and "base" not in body and len(body["agents"][0]["topics"]) == 200
     assert stats["dir_full_sent"] == 1 and stats["dir_delta_sent"] == 1 and not updates.journal
+
+
+def test_contracts_go_once_and_a_later_field_change_names_them_by_digest() -> None:
+    from meshd.wire.contracts import contracts_digest
+
+    sender, receiver = Directory("aaaa"), Directory("bbbb")
+    receiver.apply_node("aaaa", P.unpack_body(P.pack(sender.body())))
+    contracts = [{"topic": "verify", "version": "1.2",
+                  "accepts": {"type": "object", "description": "x" * 500}}]
+    a = LocalAgent(name="typed", rid=b"t", capabilities=[], metadata={}, registered_at=0.0, reg=1,
+                   contracts=contracts, contracts_digest=contracts_digest(contracts))
+    sender.add_local(a)
+    sender.bump()
+    first = _delta(sender)
+    assert first["changes"][0]["rec"]["contracts"] == contracts  # the whole record: sent once
+    assert receiver.apply_delta("aaaa", first["changes"]) == []
+    a.state = PeerState.STALE
+    sender.journal.fields("typed")
+    sender.bump()
+    second = _delta(sender)
+    assert "contracts" not in second["changes"][0]["set"]  # a field change: the digest only
+    assert len(P.pack(second)) < 400 < len(P.pack(first))
+    assert receiver.apply_delta("aaaa", second["changes"]) == []
+    held = receiver.records_of("aaaa")["typed"]
+    assert held["state"] == "stale" and held["contracts"] == contracts and held["cver"] == a.contracts_digest
+    # the bound counts them: the record's cost grows with its contracts
+    assert sender.record_bytes["typed"] > len(P.pack(contracts))

@@ -22,7 +22,8 @@ def _table(tmp_path: Path, changes: list[tuple[str, str, str]]) -> PeerTable:
 
     events = PeerEvents(
         state_changed=lambda peer, old, new: changes.append((peer.node_id, str(old), str(new))),
-        directory=nothing, restarted=nothing, acks=nothing, reject=nothing, topic_message=nothing,
+        directory=nothing, restarted=nothing, acks=nothing, nacks=nothing, reject=nothing,
+        topic_message=nothing,
         topic_keys=list, directory_body=dict, directory_version=lambda: 0, telemetry=dict,
     )
     return PeerTable(settings, node_id="self", name="me", incarnation="i", security=Security(settings),

@@ -213,3 +213,40 @@ def test_the_ttl_left_survives_a_restart_by_the_same_hosts_clock(tmp_path: Path,
     store = DeliveryStore(path, wall=lambda: clock.wall, monotonic=lambda: clock.mono)
     assert store.outbox["u1"].expires_m == pytest.approx(5.0 + 40.0)
     store.close()
+
+
+def test_a_nack_with_retry_waits_its_delay_within_the_attempts(clock: Clock) -> None:
+    q = _machine(clock, attempts=2)
+    q.accept(None, "planner", "u1", "researcher", _frames("u1"))
+    q.flush()  # attempt 1
+    assert q.nacked("u1", {"code": "NACK", "retry": True, "retry_after": 30}) == []
+    clock.advance(29)
+    assert q.tick() == []  # the handler's delay, not the 5 s ack timeout
+    clock.advance(1.1)
+    [again] = q.tick()
+    assert isinstance(again, Attempt) and again.entry.attempts == 2
+    q.nacked("u1", {"code": "NACK", "retry": True, "retry_after": 1})
+    clock.advance(1.1)
+    [gave_up] = q.tick()  # out of attempts: a NACK retry uses one
+    assert isinstance(gave_up, GiveUp) and gave_up.reason == P.ErrorCode.UNDELIVERABLE
+    assert q.stats["nack_retries"] == 2
+
+
+def test_a_nack_without_retry_gives_up_at_once_and_the_receiver_keeps_a_done_mark(clock: Clock) -> None:
+    q = _machine(clock)
+    q.accept(None, "planner", "u1", "researcher", _frames("u1"))
+    q.flush()
+    [gave_up] = q.nacked("u1", {"code": "NACK", "retry": False, "message": "not mine", "fallback": "x"})
+    assert isinstance(gave_up, GiveUp) and gave_up.reason == "nack" and "not mine" in gave_up.why
+    assert gave_up.error is not None and gave_up.error["fallback"] == "x" and q.pending == 0
+    assert q.nacked("u1", {"retry": False}) == []  # gone already
+    # receiver side: a refused-for-good unit is done (a late copy is dropped), a retried one is not
+    r = _machine(clock)
+    assert r.admit("u2", "nodeA", b"rid", lambda rid: True)
+    [nack] = r.agent_nacked("u2", {"retry": False})
+    assert nack.origin == "nodeA" and nack.unit_id == "u2"  # type: ignore[union-attr]
+    r.flush()
+    assert r.store.is_done("u2")
+    assert r.admit("u3", "nodeA", b"rid", lambda rid: True)
+    r.agent_nacked("u3", {"retry": True, "retry_after": 1})
+    assert not r.store.is_done("u3") and r.admit("u3", "nodeA", b"rid", lambda rid: True)
