@@ -1,5 +1,6 @@
 """The config file's own sections: ``[tasks]``, ``[spawn]`` (with ``[[spawn.templates]]``),
-``[tools]`` and ``[a2a]`` (with ``[[a2a.remote_agents]]``), each a pydantic model that :class:`meshd.config.Settings` holds as one field.
+``[tools]`` and ``[a2a]`` (with ``[[a2a.remote_agents]]``), each a pydantic model that
+:class:`meshd.config.Settings` holds as one field.
 
 Owns: the keys, defaults, bounds and checks of those sections. Must not touch: loading (file,
 environment, flags) and the flat daemon settings, which stay in :mod:`meshd.config`; the parts that
@@ -14,7 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["A2aSettings", "ApprovalPolicy", "RemoteA2aAgent", "SpawnSettings", "SpawnTemplate", "TaskSettings", "ToolsSettings"]
+__all__ = ["A2aSettings", "ApprovalPolicy", "RemoteA2aAgent", "SpawnSettings", "SpawnTemplate",
+           "TaskSettings", "ToolsSettings"]
 
 
 # -- [tasks] and [spawn] sections ------------------------------------------------------------------

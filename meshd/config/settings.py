@@ -354,7 +354,7 @@ class Settings(BaseModel):
                                  description="[tools]: syscall tools: approval, quotas per agent.")
     # [a2a] section: read by `meshd a2a` (its own process), only validated by the daemon
     a2a: A2aSettings = Field(default_factory=A2aSettings,
-                             description="[a2a]: the A2A binding (meshd a2a): exposure, tasks, remote agents.")
+                             description="[a2a]: the A2A binding (meshd a2a): exposure, tasks, remotes.")
 
     @field_validator("name")
     @classmethod

@@ -1,0 +1,158 @@
+"""An A2A message to an exposed mesh agent becomes one mesh request, its events the task's.
+
+``execute`` sends the request to the agent named by the call's tenant, with the client's time
+budget (request or message metadata ``timeout_s``, or the ``X-Meshd-Timeout`` header; else
+``a2a.default_timeout``; at most ``a2a.max_timeout``), on the topic the message's metadata names
+(else ``a2a.topic``). Each ``progress`` note of the handler becomes a ``TASK_STATE_WORKING``
+status update carrying the note, the reply an artifact and ``TASK_STATE_COMPLETED``, a meshd
+error the state of :data:`meshd.bindings.a2a.parts.ERROR_STATES`. ``CancelTask`` cancels the
+awaiting call, which cancels the mesh request (the handler's task is cancelled). Owns that
+sequence; the SDK owns the task records and the streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from a2a.helpers.proto_helpers import new_task_from_user_message
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.tasks import TaskUpdater
+from a2a.types import Message, Part, Role, TaskState
+
+from meshd.bindings.a2a.cards import exposed
+from meshd.bindings.a2a.parts import error_parts, parts_from_payload, payload_from_parts, state_for_error
+from meshd.client import Agent
+from meshd.errors import MeshError
+
+__all__ = ["NOTES_MAX", "TIMEOUT_HEADER", "ExposePolicy", "MeshExecutor", "budget_of"]
+
+log = logging.getLogger("meshd.a2a")
+
+TIMEOUT_HEADER: Final = "x-meshd-timeout"
+NOTES_MAX: Final = 256
+"""Progress notes of one task waiting to become status updates; past it the oldest is dropped
+(counted): a handler that reports faster than the client reads cannot grow this process."""
+HELD_PREFIX: Final = "held for approval"
+
+
+@dataclass(slots=True)
+class ExposePolicy:
+    """Which mesh agents this server serves, and the budgets and topic of the requests it makes."""
+
+    patterns: list[str]
+    topic: str = "a2a.message"
+    default_timeout: float = 30.0
+    max_timeout: float = 300.0
+    own: set[str] = field(default_factory=set)  # this process's agents: never served (no loops)
+
+
+def _seconds(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+def budget_of(context: RequestContext, policy: ExposePolicy) -> float:
+    """The client's time budget for this message, bounded by ``policy.max_timeout``."""
+    headers = context.call_context.state.get("headers") or {}
+    message_meta = dict(context.message.metadata) if context.message is not None else {}
+    for candidate in (context.metadata.get("timeout_s"), message_meta.get("timeout_s"),
+                      headers.get(TIMEOUT_HEADER)):
+        seconds = _seconds(candidate)
+        if seconds is not None:
+            return min(seconds, policy.max_timeout)
+    return min(policy.default_timeout, policy.max_timeout)
+
+
+def _agent_message(context: RequestContext, parts: list[Part]) -> Message:
+    return Message(role=Role.ROLE_AGENT, message_id=uuid.uuid4().hex,
+                   task_id=context.task_id or "", context_id=context.context_id or "", parts=parts)
+
+
+class MeshExecutor(AgentExecutor):
+    """The SDK's ``AgentExecutor`` over a meshd :class:`~meshd.client.Agent`."""
+
+    def __init__(self, agent: Agent, policy: ExposePolicy,
+                 on_outcome: Callable[[str], None] | None = None) -> None:
+        self.agent = agent
+        self.policy = policy
+        self.notes_dropped = 0
+        self._on_outcome = on_outcome or (lambda state: None)
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id, context_id = context.task_id or "", context.context_id or ""
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        if context.current_task is None and context.message is not None:
+            await event_queue.enqueue_event(new_task_from_user_message(context.message))
+        target = context.call_context.tenant
+        if not exposed(target, self.policy.patterns, self.policy.own):
+            await self._end(updater, context, "FORBIDDEN", f"agent {target!r} is not served over A2A "
+                            "here (a2a.expose), or the call named no agent (its tenant)")
+            return
+        message = context.message
+        meta = dict(message.metadata) if message is not None else {}
+        topic = str(meta.get("topic") or self.policy.topic)
+        payload = payload_from_parts(message.parts) if message is not None else None
+        notes: asyncio.Queue[str] = asyncio.Queue()
+
+        def on_progress(note: str) -> None:
+            if notes.qsize() >= NOTES_MAX:
+                notes.get_nowait()
+                self.notes_dropped += 1
+            notes.put_nowait(note)
+
+        await updater.start_work()
+        call = asyncio.ensure_future(self.agent.request(
+            target, topic, payload, timeout=budget_of(context, self.policy),
+            headers={"a2a-task": task_id, "a2a-context": context_id}, on_progress=on_progress))
+        try:
+            while not call.done():
+                note = asyncio.ensure_future(notes.get())
+                await asyncio.wait({call, note}, return_when=asyncio.FIRST_COMPLETED)
+                if note.done():
+                    await self._note(updater, context, note.result())
+                else:
+                    note.cancel()
+            while not notes.empty():  # notes that came before the answer go out before it
+                await self._note(updater, context, notes.get_nowait())
+            result = call.result()
+        except MeshError as exc:
+            await self._end(updater, context, exc.code, exc.message, retry=exc.retryable,
+                            retry_after=exc.retry_after)
+            return
+        finally:
+            if not call.done():
+                call.cancel()  # CancelTask (or the server stopping): the mesh request is cancelled
+                with contextlib.suppress(asyncio.CancelledError, MeshError):
+                    await call
+        await updater.add_artifact(parts_from_payload(result), name="reply")
+        await updater.complete()
+        self._on_outcome("completed")
+
+    async def _note(self, updater: TaskUpdater, context: RequestContext, note: str) -> None:
+        state: TaskState = TaskState.TASK_STATE_AUTH_REQUIRED if note.startswith(HELD_PREFIX) else \
+            TaskState.TASK_STATE_WORKING
+        await updater.update_status(state, message=_agent_message(context, [Part(text=note)]))
+
+    async def _end(self, updater: TaskUpdater, context: RequestContext, code: str, text: str, *,
+                   retry: bool = False, retry_after: float | None = None) -> None:
+        state = state_for_error(code)
+        await updater.update_status(state, message=_agent_message(
+            context, error_parts(code, text, retry=retry, retry_after=retry_after)))
+        self._on_outcome(TaskState.Name(state))
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        """``CancelTask``: the SDK cancels ``execute`` (and with it the mesh request) after this."""
+        updater = TaskUpdater(event_queue, context.task_id or "", context.context_id or "")
+        await updater.cancel(_agent_message(context, [Part(text="cancelled by the A2A client")]))
+        self._on_outcome("canceled")

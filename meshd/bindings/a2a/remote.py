@@ -1,0 +1,213 @@
+"""External A2A agents as mesh agents: one mesh agent per configured Agent Card.
+
+Owns the trust rule (a card is fetched only from a host in ``a2a.trusted_hosts``, and only its
+interfaces on such hosts are used), the card's size bound, the registration (the card's skills
+become capabilities) and the request path: a mesh request becomes ``SendMessage`` (streaming when
+the card says so) with the requester's time left; ``WORKING`` status updates become ``progress``
+notes; a completed task's artifacts become the reply; ``INPUT_REQUIRED`` / ``AUTH_REQUIRED``
+become a typed answer the requester can continue from (docs/a2a.md, "External agents"); a failed,
+rejected or cancelled task an error; a mesh cancel becomes ``CancelTask``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import uuid
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import httpx
+from a2a.client import ClientCallContext, ClientConfig, ClientFactory
+from a2a.client.card_resolver import parse_agent_card
+from a2a.types import AgentCard, CancelTaskRequest, Message, Role, SendMessageRequest, TaskState
+
+from meshd.bindings.a2a.parts import INTERRUPTED, parts_from_payload, payload_from_parts, state_name
+from meshd.client import DEFER, Agent
+from meshd.client import Message as MeshMessage
+from meshd.client.handlers import ANY_TOPIC
+from meshd.config.sections import RemoteA2aAgent
+from meshd.errors import ConfigError, MeshError
+
+__all__ = ["MAX_CARD_BYTES", "RemoteAgent", "host_trusted", "mesh_name"]
+
+log = logging.getLogger("meshd.a2a")
+
+MAX_CARD_BYTES: Final = 256 * 1024
+MAX_CAPABILITIES: Final = 64
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+_TERMINAL: Final = frozenset({TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED,
+                              TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_REJECTED})
+_ERROR_CODES: Final = {TaskState.TASK_STATE_FAILED: "HANDLER_ERROR",
+                       TaskState.TASK_STATE_REJECTED: "FORBIDDEN",
+                       TaskState.TASK_STATE_CANCELED: "CANCELLED"}
+
+
+def host_trusted(url: str, trusted: list[str]) -> bool:
+    """Whether ``url``'s host (or host:port) is one of ``trusted``."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if not host or parts.scheme not in _DEFAULT_PORTS:
+        return False
+    shown = f"[{host}]" if ":" in host else host
+    port = parts.port or _DEFAULT_PORTS[parts.scheme]
+    return shown in trusted or host in trusted or f"{shown}:{port}" in trusted
+
+
+def mesh_name(text: str) -> str:
+    """A card's name as a mesh agent name: letters, digits, ``. _ ~ -`` kept, the rest ``-``."""
+    name = re.sub(r"[^A-Za-z0-9._~-]+", "-", text).strip("-")[:128]
+    return name or "a2a-agent"
+
+
+def _text_of(message: Message) -> str:
+    return "\n".join(p.text for p in message.parts if p.HasField("text"))
+
+
+async def fetch_card(http: httpx.AsyncClient, url: str) -> AgentCard:
+    """GET a card, at most :data:`MAX_CARD_BYTES`; raises :class:`ConfigError` saying why not."""
+    body = bytearray()
+    try:
+        async with http.stream("GET", url) as response:
+            response.raise_for_status()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_CARD_BYTES:
+                    raise ConfigError("a2a.remote_agents",
+                                      f"the card at {url} is over {MAX_CARD_BYTES} bytes")
+        return parse_agent_card(json.loads(body))
+    except (httpx.HTTPError, ValueError, TypeError) as exc:
+        raise ConfigError("a2a.remote_agents", f"cannot read the Agent Card at {url}: {exc}") from None
+
+
+class RemoteAgent:
+    """One external A2A agent, registered in the mesh under :attr:`name` while started."""
+
+    def __init__(self, spec: RemoteA2aAgent, trusted: list[str], socket: Path | None) -> None:
+        if not host_trusted(spec.url, trusted):
+            raise ConfigError("a2a.remote_agents", f"{spec.url}: its host is not in a2a.trusted_hosts "
+                              f"({', '.join(trusted) or 'none'}); a card is trusted only from those")
+        self.spec = spec
+        self.trusted = trusted
+        self.socket = socket
+        self.name = spec.name or ""
+        self.card: AgentCard | None = None
+        self.agent: Agent | None = None
+        self.cancels_sent = 0
+        self._client: Any = None
+        self._http: httpx.AsyncClient | None = None
+        self._cancelling: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        headers = {}
+        if self.spec.token_file is not None:
+            headers["Authorization"] = "Bearer " + self.spec.token_file.read_text(encoding="utf-8").strip()
+        self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30.0, read=None))
+        card = await fetch_card(self._http, self.spec.url)
+        usable = [i for i in card.supported_interfaces if host_trusted(i.url, self.trusted)]
+        if not usable:
+            raise ConfigError("a2a.remote_agents", f"{self.spec.url}: none of the card's interfaces is on a "
+                              "trusted host (a2a.trusted_hosts)")
+        del card.supported_interfaces[:]
+        card.supported_interfaces.extend(usable)
+        self.card = card
+        self.name = self.name or mesh_name(card.name)
+        self._client = ClientFactory(ClientConfig(
+            streaming=card.capabilities.streaming, httpx_client=self._http,
+            supported_protocol_bindings=["JSONRPC", "HTTP+JSON"])).create(card)
+        caps = [mesh_name(s.id) for s in card.skills][:MAX_CAPABILITIES]
+        self.agent = Agent(self.name, socket=self.socket, capabilities=caps,
+                           metadata={"a2a_card": self.spec.url, "description": card.description[:300]})
+        self.agent.on(ANY_TOPIC)(self._on_request)
+        await self.agent.connect()
+        log.info("external A2A agent %r (%s) joined the mesh as %r", card.name, self.spec.url, self.name)
+
+    async def close(self) -> None:
+        if self.agent is not None:
+            await self.agent.close()
+        for task in list(self._cancelling):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 2.0)
+        if self._http is not None:
+            await self._http.aclose()
+
+    def _on_request(self, msg: MeshMessage) -> Any:
+        if not msg.is_request:
+            return None
+        return self._ask(msg)
+
+    async def _ask(self, msg: MeshMessage) -> Any:
+        """One mesh request as one A2A ``SendMessage``; returns the reply payload or raises."""
+        message = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex,
+                          parts=parts_from_payload(msg.payload), metadata={"topic": msg.topic},
+                          task_id=str(msg.headers.get("a2a-task") or ""),
+                          context_id=str(msg.headers.get("a2a-context") or ""))
+        left = msg.time_left
+        context = ClientCallContext(timeout=left if left is not None and left > 0 else None)
+        task_id = ""
+        artifacts: list[Any] = []
+        try:
+            stream = self._client.send_message(SendMessageRequest(message=message), context=context)
+            async for event in stream:
+                if event.HasField("message"):
+                    return payload_from_parts(event.message.parts)
+                if event.HasField("artifact_update"):
+                    artifacts.append(event.artifact_update.artifact)
+                    continue
+                if event.HasField("task"):
+                    task = event.task
+                    task_id, context_id, status = task.id, task.context_id, task.status
+                    artifacts = list(task.artifacts) or artifacts
+                elif event.HasField("status_update"):
+                    update = event.status_update
+                    task_id, context_id, status = update.task_id, update.context_id, update.status
+                else:
+                    continue
+                answer = await self._status(msg, task_id, context_id, status, artifacts)
+                if answer is not None:
+                    return answer
+        except asyncio.CancelledError:
+            if task_id:  # the mesh requester cancelled: so does the A2A task
+                self._cancel(task_id)
+            raise
+        raise MeshError(f"the A2A agent {self.name!r} ended its stream without a final state")
+
+    async def _status(self, msg: MeshMessage, task_id: str, context_id: str, status: Any,
+                      artifacts: list[Any]) -> Any:
+        note = _text_of(status.message) if status.HasField("message") else ""
+        if status.state == TaskState.TASK_STATE_WORKING:
+            if note:
+                await msg.progress(note)
+            return None
+        if status.state in INTERRUPTED:  # the typed answer the requester continues from
+            return {"state": state_name(status.state), "task_id": task_id, "context_id": context_id,
+                    "text": note, "parts": payload_from_parts(status.message.parts) if note else None}
+        if status.state == TaskState.TASK_STATE_COMPLETED:
+            outs = [payload_from_parts(a.parts) for a in artifacts]
+            return outs[0] if len(outs) == 1 else outs or (note or None)
+        if status.state in _TERMINAL:
+            code = _ERROR_CODES.get(status.state, "HANDLER_ERROR")
+            await self._fail(msg, code, f"the A2A agent {self.name!r} ended task {task_id} "
+                             f"{state_name(status.state)}: {note or 'no reason given'}")
+            return DEFER
+        return None
+
+    async def _fail(self, msg: MeshMessage, code: str, text: str) -> None:
+        assert self.agent is not None
+        await self.agent.fail(msg, text, code=code)
+
+    def _cancel(self, task_id: str) -> None:
+        async def cancel() -> None:
+            try:
+                await self._client.cancel_task(CancelTaskRequest(id=task_id))
+                self.cancels_sent += 1
+            except Exception as exc:  # finished already, or gone: the mesh request is cancelled anyway
+                log.info("CancelTask %s to %r: %s", task_id, self.name, exc)
+
+        task = asyncio.ensure_future(cancel())
+        self._cancelling.add(task)
+        task.add_done_callback(self._cancelling.discard)

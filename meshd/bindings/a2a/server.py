@@ -1,0 +1,146 @@
+"""The A2A HTTP server of ``meshd a2a``: cards, catalog, JSON-RPC and HTTP+JSON, behind a token.
+
+Owns the app: the routes of docs/a2a.md, "URLs" (the SDK's JSON-RPC and REST routes, with the
+agent as the A2A tenant; the cards and the catalog, built live from the mesh directory), the
+request handler (the SDK's, with the task store's bound checked before a task is made), and the
+gate in front: the Host header (DNS-rebinding protection), then ``Authorization: Bearer`` for
+every call but reading cards and the catalog (a card says how to authenticate, so it is public).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncGenerator
+from typing import Any, Final
+
+from a2a.server.context import ServerCallContext
+from a2a.server.events import Event
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
+from a2a.types import AgentCapabilities, AgentCard, Message, SendMessageRequest, Task
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+
+from meshd.bindings.a2a.cards import CARD_PATH, CATALOG_PATH, JSONRPC_PATH, REST_PATH, CardMaker, exposed
+from meshd.bindings.a2a.executor import ExposePolicy, MeshExecutor
+from meshd.bindings.a2a.store import BoundedTaskStore
+from meshd.client import Agent
+
+__all__ = ["DIRECTORY_TTL", "A2aGate", "MeshRequestHandler", "build_app"]
+
+log = logging.getLogger("meshd.a2a")
+
+DIRECTORY_TTL: Final = 1.0  # seconds a directory listing serves cards before it is asked again
+_PUBLIC_SUFFIXES: Final = ("/.well-known/agent-card.json", CATALOG_PATH)
+
+
+class MeshRequestHandler(DefaultRequestHandler):
+    """The SDK's request handler; a message that would start a task first makes room for it in
+    the bounded store (or is refused with ``TaskStoreFull`` before anything runs)."""
+
+    def __init__(self, *, store: BoundedTaskStore, **kwargs: Any) -> None:
+        super().__init__(task_store=store, **kwargs)
+        self.store = store
+
+    async def on_message_send(self, params: SendMessageRequest,
+                              context: ServerCallContext) -> Message | Task:
+        if not params.message.task_id:
+            await self.store.make_room()
+        result: Message | Task = await super().on_message_send(params, context)
+        return result
+
+    async def on_message_send_stream(self, params: SendMessageRequest,
+                                     context: ServerCallContext) -> AsyncGenerator[Event, None]:
+        if not params.message.task_id:
+            await self.store.make_room()
+        async for event in super().on_message_send_stream(params, context):
+            yield event
+
+
+class _Directory:
+    """The mesh directory as the cards see it, asked at most once per :data:`DIRECTORY_TTL`."""
+
+    def __init__(self, agent: Agent, policy: ExposePolicy) -> None:
+        self.agent = agent
+        self.policy = policy
+        self._at = -DIRECTORY_TTL
+        self._records: list[dict[str, Any]] = []
+
+    async def served(self) -> list[dict[str, Any]]:
+        if time.monotonic() - self._at >= DIRECTORY_TTL:
+            self._records = [r for r in await self.agent.agents()
+                             if exposed(str(r.get("name")), self.policy.patterns, self.policy.own)]
+            self._at = time.monotonic()
+        return self._records
+
+
+def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: BoundedTaskStore) -> Starlette:
+    """The Starlette app of ``meshd a2a`` (without the gate: :class:`A2aGate` wraps it)."""
+    directory = _Directory(agent, policy)
+    host_card = AgentCard(name="meshd", description="meshd agents over A2A", version="1",
+                          capabilities=AgentCapabilities(streaming=True),
+                          default_input_modes=["text/plain"], default_output_modes=["text/plain"])
+    handler = MeshRequestHandler(agent_executor=MeshExecutor(agent, policy), store=store,
+                                 agent_card=host_card)
+
+    async def card(request: Request) -> Response:
+        name = request.path_params["name"]
+        for record in await directory.served():
+            if record.get("name") == name:
+                return JSONResponse(agent_card_to_dict(cards.card(record)))
+        return JSONResponse({"error": "NO_SUCH_AGENT", "message": f"no agent {name!r} is served over "
+                             f"A2A here; see {CATALOG_PATH}"}, status_code=404)
+
+    async def catalog(request: Request) -> Response:
+        return JSONResponse(cards.catalog(await directory.served()))
+
+    routes: list[BaseRoute] = [
+        Route(CATALOG_PATH, catalog, methods=["GET"]),
+        Route(CARD_PATH, card, methods=["GET"]),
+        *create_jsonrpc_routes(handler, rpc_url=JSONRPC_PATH),
+        Mount(REST_PATH, routes=create_rest_routes(handler)),
+    ]
+    return Starlette(routes=routes)
+
+
+class A2aGate:
+    """ASGI middleware: a foreign Host gets 421; without the bearer token, anything but reading
+    a card or the catalog gets 401 (with ``WWW-Authenticate``). Counts refusals."""
+
+    def __init__(self, app: Any, token: str | None, hosts: list[str]) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode() if token is not None else None
+        self._hosts = frozenset(h.encode() for h in hosts)
+        self.refused = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or ())
+        path = str(scope.get("path", ""))
+        public = scope.get("method") in ("GET", "HEAD") and path.endswith(_PUBLIC_SUFFIXES)
+        if headers.get(b"host") not in self._hosts:
+            await self._refuse(send, 421, "MISDIRECTED", "this Host is not served here (DNS-rebinding "
+                               "protection); use the URL in meshd a2a's URL file")
+        elif not public and self._expected is not None and \
+                not hmac.compare_digest(headers.get(b"authorization", b""), self._expected):
+            await self._refuse(send, 401, "UNAUTHORIZED", "a bearer token is required (the token file "
+                               "named in meshd a2a's URL file); the Agent Card says so")
+        else:
+            await self.app(scope, receive, send)
+
+    async def _refuse(self, send: Any, status: int, code: str, message: str) -> None:
+        self.refused += 1
+        body = json.dumps({"error": code, "message": message}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if status == 401:
+            headers.append((b"www-authenticate", b'Bearer realm="meshd-a2a"'))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
