@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -39,6 +40,8 @@ log = logging.getLogger("meshd.a2a")
 
 MAX_CARD_BYTES: Final = 256 * 1024
 MAX_CAPABILITIES: Final = 64
+CANCEL_GRACE: Final = 10.0
+"""Seconds a cancelled request's reader waits to learn the remote task's id (to cancel it)."""
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _TERMINAL: Final = frozenset({TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED,
                               TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_REJECTED})
@@ -100,7 +103,7 @@ class RemoteAgent:
         self.cancels_sent = 0
         self._client: Any = None
         self._http: httpx.AsyncClient | None = None
-        self._cancelling: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Future[Any]] = set()  # readers after a cancel, CancelTask calls
 
     async def start(self) -> None:
         headers = {}
@@ -129,7 +132,7 @@ class RemoteAgent:
     async def close(self) -> None:
         if self.agent is not None:
             await self.agent.close()
-        for task in list(self._cancelling):
+        for task in list(self._background):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, 2.0)
         if self._http is not None:
@@ -141,40 +144,65 @@ class RemoteAgent:
         return self._ask(msg)
 
     async def _ask(self, msg: MeshMessage) -> Any:
-        """One mesh request as one A2A ``SendMessage``; returns the reply payload or raises."""
+        """One mesh request as one A2A ``SendMessage``; returns the reply payload or raises.
+
+        The stream is read by a task of its own, so a mesh cancel that comes before the remote
+        has named its task still cancels it: the reader sends ``CancelTask`` as soon as it
+        learns the id (within :data:`CANCEL_GRACE` seconds), then stops."""
+        # The agent runs a handler eagerly up to its first suspension, outside any task; httpx
+        # (through sniffio) needs to run inside an asyncio task: suspend once, and go on in one.
+        await asyncio.sleep(0)
+        call = _Call()
+        reader = asyncio.ensure_future(self._read(msg, call))
+        try:
+            return await asyncio.shield(reader)
+        except asyncio.CancelledError:
+            call.cancelled = True
+            if call.task_id:  # the mesh requester cancelled: so does the A2A task
+                self._cancel(call.task_id)
+                reader.cancel()
+            else:
+                asyncio.get_running_loop().call_later(CANCEL_GRACE, reader.cancel)
+                self._track(reader)
+            raise
+
+    async def _read(self, msg: MeshMessage, call: _Call) -> Any:
         message = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex,
                           parts=parts_from_payload(msg.payload), metadata={"topic": msg.topic},
                           task_id=str(msg.headers.get("a2a-task") or ""),
                           context_id=str(msg.headers.get("a2a-context") or ""))
         left = msg.time_left
         context = ClientCallContext(timeout=left if left is not None and left > 0 else None)
-        task_id = ""
         artifacts: list[Any] = []
-        try:
-            stream = self._client.send_message(SendMessageRequest(message=message), context=context)
-            async for event in stream:
-                if event.HasField("message"):
-                    return payload_from_parts(event.message.parts)
-                if event.HasField("artifact_update"):
-                    artifacts.append(event.artifact_update.artifact)
-                    continue
-                if event.HasField("task"):
-                    task = event.task
-                    task_id, context_id, status = task.id, task.context_id, task.status
-                    artifacts = list(task.artifacts) or artifacts
-                elif event.HasField("status_update"):
-                    update = event.status_update
-                    task_id, context_id, status = update.task_id, update.context_id, update.status
-                else:
-                    continue
-                answer = await self._status(msg, task_id, context_id, status, artifacts)
-                if answer is not None:
-                    return answer
-        except asyncio.CancelledError:
-            if task_id:  # the mesh requester cancelled: so does the A2A task
+        stream = self._client.send_message(SendMessageRequest(message=message), context=context)
+        async for event in stream:
+            if event.HasField("message"):
+                return payload_from_parts(event.message.parts)
+            if event.HasField("artifact_update"):
+                artifacts.append(event.artifact_update.artifact)
+                continue
+            if event.HasField("task"):
+                task = event.task
+                task_id, context_id, status = task.id, task.context_id, task.status
+                artifacts = list(task.artifacts) or artifacts
+            elif event.HasField("status_update"):
+                update = event.status_update
+                task_id, context_id, status = update.task_id, update.context_id, update.status
+            else:
+                continue
+            if call.cancelled and not call.task_id:  # cancelled before the id was known
                 self._cancel(task_id)
-            raise
+                return None
+            call.task_id = task_id
+            answer = await self._status(msg, task_id, context_id, status, artifacts)
+            if answer is not None:
+                return answer
         raise MeshError(f"the A2A agent {self.name!r} ended its stream without a final state")
+
+    def _track(self, task: asyncio.Future[Any]) -> None:
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(_quiet)
 
     async def _status(self, msg: MeshMessage, task_id: str, context_id: str, status: Any,
                       artifacts: list[Any]) -> Any:
@@ -208,6 +236,19 @@ class RemoteAgent:
             except Exception as exc:  # finished already, or gone: the mesh request is cancelled anyway
                 log.info("CancelTask %s to %r: %s", task_id, self.name, exc)
 
-        task = asyncio.ensure_future(cancel())
-        self._cancelling.add(task)
-        task.add_done_callback(self._cancelling.discard)
+        self._track(asyncio.ensure_future(cancel()))
+
+
+@dataclass(slots=True)
+class _Call:
+    """One mesh request in flight to the remote: its A2A task once known, and whether the mesh
+    requester cancelled it."""
+
+    task_id: str = ""
+    cancelled: bool = False
+
+
+def _quiet(task: asyncio.Future[Any]) -> None:
+    """A background reader's outcome nobody awaits: retrieved, so asyncio does not log it."""
+    if not task.cancelled():
+        task.exception()

@@ -21,7 +21,7 @@ from a2a.server.events import Event
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import create_jsonrpc_routes, create_rest_routes
-from a2a.types import AgentCapabilities, AgentCard, Message, SendMessageRequest, Task
+from a2a.types import Message, SendMessageRequest, Task
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -42,7 +42,7 @@ _PUBLIC_SUFFIXES: Final = ("/.well-known/agent-card.json", CATALOG_PATH)
 
 class MeshRequestHandler(DefaultRequestHandler):
     """The SDK's request handler; a message that would start a task first makes room for it in
-    the bounded store (or is refused with ``TaskStoreFull`` before anything runs)."""
+    the bounded store (or is refused with ``TASK_STORE_FULL`` before anything runs)."""
 
     def __init__(self, *, store: BoundedTaskStore, **kwargs: Any) -> None:
         super().__init__(task_store=store, **kwargs)
@@ -83,9 +83,9 @@ class _Directory:
 def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: BoundedTaskStore) -> Starlette:
     """The Starlette app of ``meshd a2a`` (without the gate: :class:`A2aGate` wraps it)."""
     directory = _Directory(agent, policy)
-    host_card = AgentCard(name="meshd", description="meshd agents over A2A", version="1",
-                          capabilities=AgentCapabilities(streaming=True),
-                          default_input_modes=["text/plain"], default_output_modes=["text/plain"])
+    # The handler's own card only answers its capability checks (streaming on, push off).
+    host_card = cards.card({"name": "meshd", "capabilities": [], "metadata": {
+        "description": "meshd agents over A2A; each agent's card is in the catalog"}})
     handler = MeshRequestHandler(agent_executor=MeshExecutor(agent, policy), store=store,
                                  agent_card=host_card)
 

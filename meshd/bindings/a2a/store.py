@@ -3,7 +3,7 @@
 Each task belongs to the agent (the A2A tenant) it was sent to, so ``GetTask`` and ``ListTasks``
 through one agent's card never show another's. At most ``max_tasks`` are kept: past that, the
 oldest finished task is forgotten; when every kept task is still running, a new one is refused
-with :class:`TaskStoreFull` (the client sees an A2A error whose details name
+with :func:`store_full` (the client sees an A2A error whose details name
 ``TASK_STORE_FULL``). Owns the bound and the eviction order only.
 """
 
@@ -18,17 +18,18 @@ from a2a.server.tasks import InMemoryTaskStore, TaskStore
 from a2a.types import ListTasksRequest, ListTasksResponse, Task
 from a2a.utils.errors import InternalError
 
-__all__ = ["STORE_FULL_CODE", "BoundedTaskStore", "TaskStoreFull", "tenant_of"]
+__all__ = ["STORE_FULL_CODE", "BoundedTaskStore", "store_full", "tenant_of"]
 
 STORE_FULL_CODE: Final = "TASK_STORE_FULL"
 
 
-class TaskStoreFull(InternalError):
-    """Every kept A2A task is still running and the store is at ``a2a.max_tasks``: try later."""
+def store_full(cap: int) -> InternalError:
+    """Every kept A2A task is still running and the store is at ``a2a.max_tasks``: try later.
 
-    def __init__(self, cap: int) -> None:
-        super().__init__(f"{STORE_FULL_CODE}: {cap} A2A tasks are running (a2a.max_tasks); try later",
-                         data={"code": STORE_FULL_CODE, "retry": True, "max_tasks": cap})
+    The SDK's own ``InternalError`` (a subclass would reach REST clients as an unknown reason),
+    with ``TASK_STORE_FULL`` in its message and in its ``ErrorInfo`` metadata."""
+    return InternalError(f"{STORE_FULL_CODE}: {cap} A2A tasks are running (a2a.max_tasks); try later",
+                         data={"code": STORE_FULL_CODE, "retry": "true", "max_tasks": str(cap)})
 
 
 def tenant_of(context: ServerCallContext) -> str:
@@ -58,7 +59,7 @@ class BoundedTaskStore(TaskStore):
                 await self._inner.delete(key[1], ServerCallContext(tenant=key[0]))
                 return
         self.refused += 1
-        raise TaskStoreFull(self.max_tasks)
+        raise store_full(self.max_tasks)
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
         key = (tenant_of(context), task.id)

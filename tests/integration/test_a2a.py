@@ -1,0 +1,475 @@
+"""``meshd a2a`` driven by the official ``a2a-sdk``'s own client and server, against real daemons.
+
+An A2A client with no meshd code resolves a mesh agent's Agent Card and talks to a Python agent
+on another daemon over both bindings (JSON-RPC, HTTP+JSON): SendMessage, SendStreamingMessage
+(event order, progress notes, the stream ends at the terminal state), GetTask, ListTasks,
+CancelTask on a running and a finished task, errors as documented in docs/a2a.md. And the other
+way: an agent written with the SDK's server joins the mesh through ``[[a2a.remote_agents]]`` and a
+Python mesh agent on another daemon calls it, streaming and cancelling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshd import Agent
+from meshd.testing import MeshdFactory, MeshdProcess, wait_listed, wait_until
+
+pytest.importorskip("a2a", reason="the 'a2a' extra is not installed")
+
+import httpx
+import uvicorn
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.helpers.proto_helpers import new_task_from_user_message
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    CancelTaskRequest,
+    GetTaskRequest,
+    ListTasksRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    TaskState,
+)
+from a2a.utils.errors import A2AError, TaskNotCancelableError
+from google.protobuf.json_format import MessageToDict
+from starlette.applications import Starlette
+
+BINDINGS = ["JSONRPC", "HTTP+JSON"]
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+@contextlib.contextmanager
+def meshd_a2a(proc: MeshdProcess, tmp: Path, config: str = "", name: str = "a2a") -> Iterator[dict[str, Any]]:
+    """A ``meshd a2a`` process on ``proc``'s daemon, on a free loopback port; yields its URL file
+    (with the token read in) and stops it (SIGTERM) afterwards."""
+    cfg = tmp / f"{name}.toml"
+    cfg.write_text(config)
+    url_file = proc.socket.parent / f"a2a-{name}.json"
+    log = tmp / f"{name}.log"
+    child = subprocess.Popen([sys.executable, "-m", "meshd", "a2a", "--socket", str(proc.socket),
+                              "--name", name, "--listen", "127.0.0.1:0", "--config", str(cfg)],
+                             stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    try:
+        wait_until(lambda: url_file.exists() or child.poll() is not None, 30, what="a2a URL file")
+        assert child.poll() is None, log.read_text()
+        info = json.loads(url_file.read_text())
+        info["token"] = Path(info["token_file"]).read_text().strip()
+        info["log"] = log
+        yield info
+    finally:
+        child.terminate()
+        try:
+            child.wait(15)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(5)
+    assert not url_file.exists(), "the URL file outlived meshd a2a"
+
+
+@contextlib.asynccontextmanager
+async def a2a_http(info: dict[str, Any]) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {info['token']}"},
+                                 timeout=httpx.Timeout(30.0)) as http:
+        yield http
+
+
+async def served(http: httpx.AsyncClient, info: dict[str, Any], *names: str) -> dict[str, Any]:
+    """The catalog, once it lists ``names`` (the directory reaches the binding within a second)."""
+    catalog: dict[str, Any] = {}
+    for _ in range(200):
+        catalog = (await http.get(info["catalog"])).json()
+        if set(names) <= {a["name"] for a in catalog["agents"]}:
+            return catalog
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{names} never listed: {catalog}")
+
+
+def user_message(payload: Any = "life", **metadata: Any) -> Message:
+    if isinstance(payload, str):
+        parts = [Part(text=payload)]
+    else:
+        from google.protobuf import struct_pb2
+        from google.protobuf.json_format import ParseDict
+        parts = [Part(data=ParseDict(payload, struct_pb2.Value()))]
+    return Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=parts, metadata=metadata or None)
+
+
+def client_for(http: httpx.AsyncClient, card: AgentCard, binding: str, *, streaming: bool) -> Any:
+    return ClientFactory(ClientConfig(streaming=streaming, httpx_client=http,
+                                      supported_protocol_bindings=[binding])).create(card)
+
+
+def error_data(status: Any) -> dict[str, Any]:
+    """The typed error fields of a failed task's status message (docs/a2a.md, "Errors")."""
+    for part in status.message.parts:
+        if part.HasField("data"):
+            return dict(MessageToDict(part.data))
+    raise AssertionError(f"no data part in {status}")
+
+
+def artifact_data(task: Any) -> Any:
+    return MessageToDict(task.artifacts[0].parts[0].data)
+
+
+def kind_of(event: Any) -> str:
+    if event.HasField("task"):
+        return f"task:{TaskState.Name(event.task.status.state)}"
+    if event.HasField("status_update"):
+        return TaskState.Name(event.status_update.status.state)
+    if event.HasField("artifact_update"):
+        return "artifact"
+    return "message"
+
+
+def expert_handlers(expert: Agent, seen: dict[str, Any]) -> None:
+    seen.update(started=asyncio.Event(), cancelled=asyncio.Event())
+
+    @expert.on("a2a.message")
+    async def answer(msg: Any) -> Any:
+        seen["payload"], seen["headers"], seen["time_left"] = msg.payload, msg.headers, msg.time_left
+        await msg.progress("thinking")
+        await msg.progress("almost")
+        return {"answer": 42, "got": msg.payload}
+
+    @expert.on("slow")
+    async def slow(msg: Any) -> Any:
+        seen["started"].set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            seen["cancelled"].set()
+            raise
+        return "late"
+
+    @expert.on("boom")
+    async def boom(msg: Any) -> Any:
+        raise RuntimeError("the handler broke")
+
+
+# ------------------------------------------------------------------------- mesh agents over A2A
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+def test_a2a_client_calls_a_mesh_agent_on_another_daemon(meshd_factory: MeshdFactory, tmp_path: Path,
+                                                         binding: str) -> None:
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    seen: dict[str, Any] = {}
+
+    async def scenario(info: dict[str, Any]) -> None:
+        async with Agent("expert", socket=b.socket, capabilities=["answer", "review"]) as expert, \
+                Agent("other", socket=b.socket), a2a_http(info) as http:
+            expert_handlers(expert, seen)
+            catalog = await served(http, info, "expert", "other")
+            names = {x["name"] for x in catalog["agents"]}
+            assert "a2a" not in names and not any(n.startswith("meshd.sys.") for n in names)
+            entry = next(x for x in catalog["agents"] if x["name"] == "expert")
+            assert entry["url"] == info["url"] + "/agents/expert/.well-known/agent-card.json"
+
+            # the card, resolved the SDK's way from the agent's base URL, with no token
+            async with httpx.AsyncClient() as anonymous:
+                card = await A2ACardResolver(anonymous, info["url"] + "/agents/expert").get_agent_card()
+                refused = await anonymous.post(info["url"] + "/a2a/jsonrpc", json={})
+                assert refused.status_code == 401 and "bearer" in refused.headers["www-authenticate"].lower()
+            assert card.name == "expert" and card.capabilities.streaming
+            assert [s.id for s in card.skills] == ["answer", "review"]
+            assert card.security_schemes["bearer"].http_auth_security_scheme.scheme == "Bearer"
+            assert {(i.protocol_binding, i.tenant) for i in card.supported_interfaces} == \
+                {("JSONRPC", "expert"), ("HTTP+JSON", "expert")}
+
+            # SendMessage: the reply as an artifact, COMPLETED; the mesh handler saw the payload
+            client = client_for(http, card, binding, streaming=False)
+            [only] = [e async for e in client.send_message(SendMessageRequest(
+                message=user_message("life"), metadata={"timeout_s": 7}))]
+            task = only.task
+            assert task.status.state == TaskState.TASK_STATE_COMPLETED
+            assert artifact_data(task) == {"answer": 42, "got": "life"}
+            assert seen["payload"] == "life" and seen["headers"]["a2a-task"] == task.id
+            assert 0 < seen["time_left"] <= 7  # the client's budget, not the default 30 s
+
+            # SendStreamingMessage: in order, the notes as WORKING, ending at COMPLETED
+            streaming = client_for(http, card, binding, streaming=True)
+            events = [e async for e in streaming.send_message(SendMessageRequest(
+                message=user_message({"q": "why"})))]
+            kinds = [kind_of(e) for e in events]
+            assert kinds == ["task:TASK_STATE_SUBMITTED", "TASK_STATE_WORKING", "TASK_STATE_WORKING",
+                             "TASK_STATE_WORKING", "artifact", "TASK_STATE_COMPLETED"], kinds
+            notes = [p.text for e in events if e.HasField("status_update")
+                     for p in e.status_update.status.message.parts]
+            assert notes == ["thinking", "almost"]
+            assert MessageToDict(events[4].artifact_update.artifact.parts[0].data) == \
+                {"answer": 42, "got": {"q": "why"}}
+            streamed_id = events[0].task.id
+
+            # GetTask, ListTasks (scoped to the agent: another agent's tenant sees none of them)
+            got = await client.get_task(GetTaskRequest(id=streamed_id))
+            assert got.status.state == TaskState.TASK_STATE_COMPLETED
+            listed = await client.list_tasks(ListTasksRequest(include_artifacts=True))
+            assert {task.id, streamed_id} <= {t.id for t in listed.tasks}
+            other_card = await A2ACardResolver(http, info["url"] + "/agents/other").get_agent_card()
+            other_client = client_for(http, other_card, binding, streaming=False)
+            assert not (await other_client.list_tasks(ListTasksRequest())).tasks
+            with pytest.raises(A2AError):
+                await other_client.get_task(GetTaskRequest(id=streamed_id))
+
+            # CancelTask on a finished task: not cancelable
+            with pytest.raises(TaskNotCancelableError):
+                await client.cancel_task(CancelTaskRequest(id=task.id))
+
+            # CancelTask on a running one: the mesh request is cancelled (the handler sees it)
+            stream = streaming.send_message(SendMessageRequest(message=user_message("x", topic="slow")))
+            running_id = ""
+            async for event in stream:
+                if kind_of(event) == "TASK_STATE_WORKING":
+                    running_id = event.status_update.task_id
+                    break
+            await asyncio.wait_for(seen["started"].wait(), 10)
+            cancelled = await client.cancel_task(CancelTaskRequest(id=running_id))
+            assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+            await asyncio.wait_for(seen["cancelled"].wait(), 10)
+            await stream.aclose()
+            final = await client.get_task(GetTaskRequest(id=running_id))
+            assert final.status.state == TaskState.TASK_STATE_CANCELED
+
+    with meshd_a2a(a, tmp_path) as info:
+        asyncio.run(scenario(info))
+
+
+def test_a2a_errors_map_to_task_states(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    """The table of docs/a2a.md, "Errors", end to end: each meshd failure ends the task in its
+    state, with the code in the status message's data part."""
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+
+    async def scenario(info: dict[str, Any]) -> None:
+        async with Agent("expert", socket=b.socket) as expert, Agent("hidden", socket=b.socket), \
+                a2a_http(info) as http:
+            expert_handlers(expert, {})
+            catalog = await served(http, info, "expert")
+            assert "hidden" not in {x["name"] for x in catalog["agents"]}  # a2a.expose
+            hidden = await http.get(info["url"] + "/agents/hidden/.well-known/agent-card.json")
+            assert hidden.status_code == 404 and hidden.json()["error"] == "NO_SUCH_AGENT"
+            card = await A2ACardResolver(http, info["url"] + "/agents/expert").get_agent_card()
+            for binding in BINDINGS:
+                client = client_for(http, card, binding, streaming=False)
+
+                async def outcome(msg: Message, client: Any = client, **meta: Any) -> Any:
+                    [event] = [e async for e in client.send_message(SendMessageRequest(
+                        message=msg, metadata=meta or None))]
+                    return event.task.status
+
+                status = await outcome(user_message("x", topic="boom"))
+                assert status.state == TaskState.TASK_STATE_FAILED
+                assert error_data(status)["code"] == "HANDLER_ERROR"
+                assert "the handler broke" in error_data(status)["message"]
+
+                status = await outcome(user_message("x", topic="slow"), timeout_s=0.5)
+                assert status.state == TaskState.TASK_STATE_FAILED
+                assert error_data(status)["code"] == "TIMEOUT"
+
+                # an agent that is not served (a2a.expose) and one that does not exist, by tenant
+                for tenant, state, code in (("hidden", "TASK_STATE_REJECTED", "FORBIDDEN"),
+                                            ("ghost", "TASK_STATE_REJECTED", "NO_SUCH_AGENT")):
+                    forged = AgentCard()
+                    forged.CopyFrom(card)
+                    for interface in forged.supported_interfaces:
+                        interface.tenant = tenant
+                    forged_client = client_for(http, forged, binding, streaming=False)
+                    status = await outcome(user_message("x"), forged_client)
+                    assert TaskState.Name(status.state) == state, (tenant, status)
+                    assert error_data(status)["code"] == code, tenant
+
+    with meshd_a2a(a, tmp_path, 'name = "a"\n[a2a]\nexpose = ["expert", "ghost"]\n') as info:
+        asyncio.run(scenario(info))
+
+
+def test_a2a_task_store_is_bounded(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    a = meshd_factory.spawn("a")
+    seen: dict[str, Any] = {}
+
+    async def scenario(info: dict[str, Any]) -> None:
+        async with Agent("expert", socket=a.socket) as expert, a2a_http(info) as http:
+            expert_handlers(expert, seen)
+            await served(http, info, "expert")
+            card = await A2ACardResolver(http, info["url"] + "/agents/expert").get_agent_card()
+            for binding in BINDINGS:
+                client = client_for(http, card, binding, streaming=False)
+                running = []
+                for _ in range(2):  # two running tasks fill a store of 2
+                    [event] = [e async for e in client.send_message(SendMessageRequest(
+                        message=user_message("x", topic="slow"),
+                        configuration=SendMessageConfiguration(return_immediately=True)))]
+                    running.append(event.task.id)
+                with pytest.raises(A2AError, match="TASK_STORE_FULL"):
+                    [e async for e in client.send_message(SendMessageRequest(message=user_message("y")))]
+                for task_id in running:
+                    await client.cancel_task(CancelTaskRequest(id=task_id))
+                # finished tasks make room: the oldest is forgotten
+                [event] = [e async for e in client.send_message(SendMessageRequest(message=user_message()))]
+                assert event.task.status.state == TaskState.TASK_STATE_COMPLETED
+                with pytest.raises(A2AError):
+                    await client.get_task(GetTaskRequest(id=running[0]))
+                for task_id in running[1:]:  # clear the store for the next binding
+                    with contextlib.suppress(A2AError):
+                        await client.cancel_task(CancelTaskRequest(id=task_id))
+                # fill again with finished ones: they are evicted, never refused
+                for _ in range(3):
+                    [event] = [e async for e in client.send_message(SendMessageRequest(message=user_message()))]
+                    assert event.task.status.state == TaskState.TASK_STATE_COMPLETED
+
+    with meshd_a2a(a, tmp_path, "[a2a]\nmax_tasks = 2\n") as info:
+        asyncio.run(scenario(info))
+
+
+def test_a2a_bad_options_are_one_line_errors(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    a = meshd_factory.spawn("a")
+    cfg = tmp_path / "bad.toml"
+    for config, flags, says in (
+            ("", ["--listen", "10.1.2.3:8768"], "plain HTTP on 10.1.2.3"),
+            ("[a2a]\nmax_tasks = 0\n", [], "a2a.max_tasks"),
+            ('[a2a]\n[[a2a.remote_agents]]\nurl = "http://203.0.113.9/.well-known/agent-card.json"\n', [],
+             "not in a2a.trusted_hosts")):
+        cfg.write_text(config)
+        r = subprocess.run([sys.executable, "-m", "meshd", "a2a", "--socket", str(a.socket), "--config",
+                            str(cfg), *flags], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert says in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# ----------------------------------------------------------------- external A2A agents in the mesh
+
+
+class WeatherExecutor(AgentExecutor):
+    """An A2A agent written with the SDK's server only: streams notes, asks for input, waits."""
+
+    def __init__(self) -> None:
+        # threading events: the server runs on a thread of its own, the test waits on its loop
+        self.cancelled = threading.Event()
+        self.started = threading.Event()
+        self.topics: list[str] = []
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.message is not None
+        if context.current_task is None:
+            await event_queue.enqueue_event(new_task_from_user_message(context.message))
+        updater = TaskUpdater(event_queue, context.task_id or "", context.context_id or "")
+        text = context.get_user_input()
+        self.topics.append(str(dict(context.message.metadata).get("topic")))
+        await updater.start_work(updater.new_agent_message([Part(text="looking at the sky")]))
+        if text == "wait":
+            self.started.set()
+            await asyncio.sleep(60)
+        if text == "where?":
+            await updater.requires_input(updater.new_agent_message([Part(text="which city?")]))
+            return
+        await updater.update_status(TaskState.TASK_STATE_WORKING,
+                                    updater.new_agent_message([Part(text="measuring")]))
+        await updater.add_artifact([Part(text=f"sunny in {text}")], name="forecast")
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.cancelled.set()
+        await TaskUpdater(event_queue, context.task_id or "", context.context_id or "").cancel()
+
+
+@contextlib.contextmanager
+def sdk_server(executor: AgentExecutor) -> Iterator[str]:
+    """An A2A agent on the SDK's own server (JSON-RPC and HTTP+JSON) on a free loopback port, on
+    a thread of its own (``meshd a2a`` reads its card while the test waits); yields its card URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    card = AgentCard(
+        name="Weather Bot", description="forecasts", version="1.0",
+        supported_interfaces=[
+            AgentInterface(url=base + "/rpc", protocol_binding="JSONRPC", protocol_version="1.0"),
+            AgentInterface(url=base, protocol_binding="HTTP+JSON", protocol_version="1.0")],
+        capabilities=AgentCapabilities(streaming=True), default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
+        skills=[AgentSkill(id="forecast", name="forecast", description="the weather", tags=["weather"])])
+    handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
+    app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, rpc_url="/rpc"),
+                            *create_rest_routes(handler)])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, 10, what="the SDK's server")
+        yield base + "/.well-known/agent-card.json"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        sock.close()
+
+
+def test_external_a2a_agent_is_called_from_the_mesh(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    executor = WeatherExecutor()
+
+    async def scenario() -> None:
+        async with Agent("planner", socket=a.socket) as planner:
+            await wait_listed(planner, "Weather-Bot")
+            record = next(r for r in await planner.agents() if r["name"] == "Weather-Bot")
+            assert record["capabilities"] == ["forecast"] and record["node_name"] == "b"
+
+            # streaming: the remote's WORKING notes arrive as progress, the artifact as the reply
+            notes: list[str] = []
+            reply = await planner.request("Weather-Bot", "weather.ask", "Oslo", timeout=20,
+                                          on_progress=notes.append)
+            assert reply == "sunny in Oslo"
+            assert notes == ["looking at the sky", "measuring"]
+            assert executor.topics[-1] == "weather.ask"
+
+            # INPUT_REQUIRED: a typed answer to continue from (the task id in a header)
+            asked = await planner.request("Weather-Bot", "weather.ask", "where?", timeout=20)
+            assert asked["state"] == "input-required" and asked["text"] == "which city?"
+            follow = await planner.request("Weather-Bot", "weather.ask", "Bergen", timeout=20,
+                                           headers={"a2a-task": asked["task_id"],
+                                                    "a2a-context": asked["context_id"]})
+            assert follow == "sunny in Bergen"
+
+            # a mesh cancel becomes CancelTask
+            call = asyncio.ensure_future(planner.request("Weather-Bot", "weather.ask", "wait", timeout=30))
+            assert await asyncio.to_thread(executor.started.wait, 10)
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+            assert await asyncio.to_thread(executor.cancelled.wait, 10)
+
+    with sdk_server(executor) as card_url:
+        port = card_url.split(":")[2].split("/")[0]
+        config = (f'[a2a]\ntrusted_hosts = ["127.0.0.1:{port}"]\n'
+                  f'[[a2a.remote_agents]]\nurl = "{card_url}"\n')
+        with meshd_a2a(b, tmp_path, config) as info:
+            assert info["remote_agents"] == {"Weather-Bot": card_url}
+            asyncio.run(scenario())
