@@ -51,6 +51,7 @@ from a2a.types import (
     Role,
     SendMessageConfiguration,
     SendMessageRequest,
+    SubscribeToTaskRequest,
     TaskState,
 )
 from a2a.utils.errors import A2AError, TaskNotCancelableError
@@ -107,6 +108,15 @@ async def served(http: httpx.AsyncClient, info: dict[str, Any], *names: str) -> 
             return catalog
         await asyncio.sleep(0.05)
     raise AssertionError(f"{names} never listed: {catalog}")
+
+
+async def wait_for_value(get: Any, timeout: float) -> Any:
+    """Await until ``get()`` is truthy (an event another task fills), at most ``timeout`` s."""
+    async def poll() -> Any:
+        while not (value := get()):
+            await asyncio.sleep(0.02)
+        return value
+    return await asyncio.wait_for(poll(), timeout)
 
 
 def user_message(payload: Any = "life", **metadata: Any) -> Message:
@@ -250,9 +260,21 @@ def test_a2a_client_calls_a_mesh_agent_on_another_daemon(meshd_factory: MeshdFac
                     running_id = event.status_update.task_id
                     break
             await asyncio.wait_for(seen["started"].wait(), 10)
+            # SubscribeToTask from a second client: the task as it is, then its end
+            watcher = client_for(http, card, binding, streaming=True)
+            watched: list[str] = []
+
+            async def watch() -> None:
+                async for event in watcher.subscribe(SubscribeToTaskRequest(id=running_id)):
+                    watched.append(kind_of(event))
+
+            watching = asyncio.ensure_future(watch())
+            await wait_for_value(lambda: watched, 10)
             cancelled = await client.cancel_task(CancelTaskRequest(id=running_id))
             assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
             await asyncio.wait_for(seen["cancelled"].wait(), 10)
+            await asyncio.wait_for(watching, 10)  # the subscription ends at the terminal state
+            assert watched[0] == "task:TASK_STATE_WORKING" and watched[-1] == "TASK_STATE_CANCELED", watched
             await stream.aclose()
             final = await client.get_task(GetTaskRequest(id=running_id))
             assert final.status.state == TaskState.TASK_STATE_CANCELED
@@ -341,7 +363,8 @@ def test_a2a_task_store_is_bounded(meshd_factory: MeshdFactory, tmp_path: Path) 
                         await client.cancel_task(CancelTaskRequest(id=task_id))
                 # fill again with finished ones: they are evicted, never refused
                 for _ in range(3):
-                    [event] = [e async for e in client.send_message(SendMessageRequest(message=user_message()))]
+                    [event] = [e async for e in client.send_message(
+                        SendMessageRequest(message=user_message()))]
                     assert event.task.status.state == TaskState.TASK_STATE_COMPLETED
 
     with meshd_a2a(a, tmp_path, "[a2a]\nmax_tasks = 2\n") as info:
@@ -403,7 +426,7 @@ class WeatherExecutor(AgentExecutor):
 def sdk_server(executor: AgentExecutor) -> Iterator[str]:
     """An A2A agent on the SDK's own server (JSON-RPC and HTTP+JSON) on a free loopback port, on
     a thread of its own (``meshd a2a`` reads its card while the test waits); yields its card URL."""
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio: TCP_NODELAY
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
