@@ -58,7 +58,7 @@ async def drain(client: Any, i: int) -> None:
 
 
 async def run(a: Any, b: Any, info: dict[str, Any], n: int) -> None:
-    token = Path(info["token_file"]).read_text().strip()
+    token = info["token"]
     async with Agent("direct", socket=a.socket) as me, Agent("echo", socket=b.socket) as echo, \
             httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http:
         @echo.on("a2a.message")
@@ -105,7 +105,9 @@ def main() -> None:
                                   "a2a", "--listen", "127.0.0.1:0", "--config", str(conf)],
                                  stdout=subprocess.DEVNULL, stderr=(workdir / "a2a.log").open("w"))
         wait_until(url_file.exists, 30, what="meshd a2a's URL file")
-        asyncio.run(run(a, b, json.loads(url_file.read_text()), n))
+        info = json.loads(url_file.read_text())
+        info["token"] = Path(info["token_file"]).read_text().strip()
+        asyncio.run(run(a, b, info, n))
     finally:
         if child is not None:
             child.terminate()

@@ -110,15 +110,6 @@ async def served(http: httpx.AsyncClient, info: dict[str, Any], *names: str) -> 
     raise AssertionError(f"{names} never listed: {catalog}")
 
 
-async def wait_for_value(get: Any, timeout: float) -> Any:
-    """Await until ``get()`` is truthy (an event another task fills), at most ``timeout`` s."""
-    async def poll() -> Any:
-        while not (value := get()):
-            await asyncio.sleep(0.02)
-        return value
-    return await asyncio.wait_for(poll(), timeout)
-
-
 def user_message(payload: Any = "life", **metadata: Any) -> Message:
     if isinstance(payload, str):
         parts = [Part(text=payload)]
@@ -263,13 +254,15 @@ def test_a2a_client_calls_a_mesh_agent_on_another_daemon(meshd_factory: MeshdFac
             # SubscribeToTask from a second client: the task as it is, then its end
             watcher = client_for(http, card, binding, streaming=True)
             watched: list[str] = []
+            subscribed = asyncio.Event()
 
             async def watch() -> None:
                 async for event in watcher.subscribe(SubscribeToTaskRequest(id=running_id)):
                     watched.append(kind_of(event))
+                    subscribed.set()
 
             watching = asyncio.ensure_future(watch())
-            await wait_for_value(lambda: watched, 10)
+            await asyncio.wait_for(subscribed.wait(), 10)
             cancelled = await client.cancel_task(CancelTaskRequest(id=running_id))
             assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
             await asyncio.wait_for(seen["cancelled"].wait(), 10)
