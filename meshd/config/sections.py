@@ -203,6 +203,9 @@ class A2aSettings(BaseModel):
                                "may ask for (metadata timeout_s or the X-Meshd-Timeout header).")
     topic: str = Field(default="a2a.message", description="Mesh topic of a request made for an A2A "
                        "message that names none (message metadata \"topic\").")
+    through_tools: bool = Field(default=False, description="Send A2A messages through the daemon's "
+                                "request_agent tool, so [tools] approval, quotas and authorization "
+                                "apply to them (a held call shows as AUTH_REQUIRED); else directly.")
     trusted_hosts: list[str] = Field(default_factory=list, description="Hosts (host or host:port) "
                                      "whose Agent Cards are trusted; a remote agent elsewhere is "
                                      "refused at start.")

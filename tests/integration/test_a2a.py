@@ -26,6 +26,7 @@ import pytest
 
 from meshd import Agent
 from meshd.testing import MeshdFactory, MeshdProcess, wait_listed, wait_until
+from meshd.wire.system_names import TOPIC_APPROVALS, system_agent_name
 
 pytest.importorskip("a2a", reason="the 'a2a' extra is not installed")
 
@@ -322,6 +323,54 @@ def test_a2a_errors_map_to_task_states(meshd_factory: MeshdFactory, tmp_path: Pa
                     assert error_data(status)["code"] == code, tenant
 
     with meshd_a2a(a, tmp_path, 'name = "a"\n[a2a]\nexpose = ["expert", "ghost"]\n') as info:
+        asyncio.run(scenario(info))
+
+
+def test_a2a_through_the_tools_a_held_call_is_auth_required(meshd_factory: MeshdFactory,
+                                                           tmp_path: Path) -> None:
+    """With ``a2a.through_tools``, the daemon's approval policy applies to A2A callers: a call
+    held for a person is AUTH_REQUIRED (with the approval id) until allowed, then COMPLETED;
+    a denied one ends REJECTED with APPROVAL_DENIED."""
+    conf = tmp_path / "meshd.toml"
+    conf.write_text('[tools]\napproval = { request_agent = "hold" }\n')
+    a = meshd_factory.spawn("a", "--config", str(conf))
+
+    async def decide(person: Agent, note: str, op: str) -> None:
+        approval = note.split()[3].rstrip(":")  # "held for approval ID: meshctl approvals ..."
+        sys_agent = system_agent_name(str(person.node))
+        assert (await person.request(sys_agent, TOPIC_APPROVALS, {"op": op, "id": approval},
+                                     timeout=10))
+
+    async def scenario(info: dict[str, Any]) -> None:
+        async with Agent("expert", socket=a.socket) as expert, Agent("person", socket=a.socket) as person, \
+                a2a_http(info) as http:
+            expert_handlers(expert, {})
+            await served(http, info, "expert")
+            card = await A2ACardResolver(http, info["url"] + "/agents/expert").get_agent_card()
+            for binding in BINDINGS:
+                streaming = client_for(http, card, binding, streaming=True)
+                for op, last in (("allow", "TASK_STATE_COMPLETED"), ("deny", "TASK_STATE_REJECTED")):
+                    kinds: list[str] = []
+                    async for event in streaming.send_message(SendMessageRequest(message=user_message("q"))):
+                        kinds.append(kind_of(event))
+                        if kinds[-1] == "TASK_STATE_AUTH_REQUIRED":
+                            held = event.status_update
+                            break
+                    assert kinds[-1] == "TASK_STATE_AUTH_REQUIRED", kinds
+                    # a subscriber sees the task waiting, then (decided by a person) its end
+                    watch = streaming.subscribe(SubscribeToTaskRequest(id=held.task_id))
+                    assert kind_of(await anext(watch)) == "task:TASK_STATE_AUTH_REQUIRED"
+                    await decide(person, held.status.message.parts[0].text, op)
+                    ended = [kind_of(e) async for e in watch]
+                    assert ended[-1] == last, ended
+                    task_id = held.task_id
+                    final = await streaming.get_task(GetTaskRequest(id=task_id))
+                    if op == "allow":
+                        assert artifact_data(final) == {"answer": 42, "got": "q"}
+                    else:
+                        assert error_data(final.status)["code"] == "APPROVAL_DENIED"
+
+    with meshd_a2a(a, tmp_path, "[a2a]\nthrough_tools = true\n") as info:
         asyncio.run(scenario(info))
 
 

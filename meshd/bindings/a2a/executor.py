@@ -3,7 +3,9 @@
 ``execute`` sends the request to the agent named by the call's tenant, with the client's time
 budget (request or message metadata ``timeout_s``, or the ``X-Meshd-Timeout`` header; else
 ``a2a.default_timeout``; at most ``a2a.max_timeout``), on the topic the message's metadata names
-(else ``a2a.topic``). Each ``progress`` note of the handler becomes a ``TASK_STATE_WORKING``
+(else ``a2a.topic``); with ``a2a.through_tools``, through the daemon's ``request_agent`` tool, so
+its approval policy applies (a call held for a person is ``TASK_STATE_AUTH_REQUIRED`` until
+decided). Each ``progress`` note of the handler becomes a ``TASK_STATE_WORKING``
 status update carrying the note, the reply an artifact and ``TASK_STATE_COMPLETED``, a meshd
 error the state of :data:`meshd.bindings.a2a.parts.ERROR_STATES`. ``CancelTask`` cancels the
 awaiting call, which cancels the mesh request (the handler's task is cancelled). Owns that
@@ -51,6 +53,7 @@ class ExposePolicy:
     topic: str = "a2a.message"
     default_timeout: float = 30.0
     max_timeout: float = 300.0
+    through_tools: bool = False  # by the request_agent tool: approvals, quotas, authorization apply
     own: set[str] = field(default_factory=set)  # this process's agents: never served (no loops)
 
 
@@ -112,9 +115,15 @@ class MeshExecutor(AgentExecutor):
             notes.put_nowait(note)
 
         await updater.start_work()
-        call = asyncio.ensure_future(self.agent.request(
-            target, topic, payload, timeout=budget_of(context, self.policy),
-            headers={"a2a-task": task_id, "a2a-context": context_id}, on_progress=on_progress))
+        budget = budget_of(context, self.policy)
+        if self.policy.through_tools:  # a held call's note becomes AUTH_REQUIRED (_note)
+            call = asyncio.ensure_future(self.agent.call_tool("request_agent", {
+                "agent": target, "topic": topic, "payload": payload, "timeout_s": budget},
+                timeout=budget, on_progress=on_progress))
+        else:
+            call = asyncio.ensure_future(self.agent.request(
+                target, topic, payload, timeout=budget,
+                headers={"a2a-task": task_id, "a2a-context": context_id}, on_progress=on_progress))
         try:
             while not call.done():
                 note = asyncio.ensure_future(notes.get())

@@ -112,7 +112,7 @@ async def _serve(opts: A2aOptions, name: str) -> None:
             hosts = [f"{n}:{port}" for n in ({shown, "127.0.0.1", "localhost"} if host in
                                               ("127.0.0.1", "localhost") else {shown})]
             policy = ExposePolicy(list(s.expose), topic=s.topic, default_timeout=s.default_timeout,
-                                  max_timeout=s.max_timeout, own={name})
+                                  max_timeout=s.max_timeout, through_tools=s.through_tools, own={name})
             store = BoundedTaskStore(s.max_tasks)
             app = build_app(agent, policy, CardMaker(base, bearer=True, mtls=opts.tls_client_ca is not None),
                             store)
