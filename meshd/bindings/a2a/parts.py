@@ -97,13 +97,17 @@ def _one(part: Part) -> dict[str, Any]:
 
 def payload_from_parts(parts: Any) -> Any:
     """A message's parts as a mesh payload: one text part is its string, one data part its
-    value, one raw part its bytes; anything else is the list of parts as maps
+    value, one raw part (without a filename) its bytes; anything else is the list of parts as maps
     (``{"text"|"data"|"raw"|"url": ..., "media_type", "filename"}``)."""
     items = list(parts)
-    if len(items) == 1:
-        only = _one(items[0])
-        if len(only) == 1:
-            return next(iter(only.values()))
+    if len(items) == 1:  # its media type says how it was encoded, and goes (a filename stays)
+        only = items[0]
+        if only.HasField("text"):
+            return only.text
+        if only.HasField("data"):
+            return _whole(MessageToDict(only.data))
+        if only.HasField("raw") and not only.filename:
+            return bytes(only.raw)
     return [_one(p) for p in items]
 
 
