@@ -16,7 +16,7 @@ from a2a.types import Part, Task, TaskState, TaskStatus
 from a2a.utils.errors import InternalError
 
 from meshd.bindings.a2a.cards import CardMaker, exposed
-from meshd.bindings.a2a.parts import ERROR_STATES, payload_from_parts, parts_from_payload, state_name
+from meshd.bindings.a2a.parts import ERROR_STATES, parts_from_payload, payload_from_parts, state_name
 from meshd.bindings.a2a.remote import host_trusted, mesh_name
 from meshd.bindings.a2a.store import BoundedTaskStore
 
