@@ -402,6 +402,10 @@ async def _ctl(args: argparse.Namespace) -> int:
             return await run_top(me, args)
         elif args.cmd == "tasks":
             return await _tasks(me, args)
+        elif args.cmd == "a2a":  # A2A agents on the LAN (meshd/bindings/a2a/ctl.py)
+            from meshd.bindings.a2a import ctl as a2a_ctl
+
+            return await a2a_ctl.run(me, args)
         elif args.cmd in ("tools", "approvals"):  # syscall tools (meshd/tools/ctl.py)
             from meshd.tools import ctl as tools_ctl
 
@@ -529,6 +533,9 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     from meshd.tools import ctl as tools_ctl  # meshctl tools|approvals
 
     tools_ctl.add_parsers(sub)
+    from meshd.bindings.a2a import ctl as a2a_ctl  # meshctl a2a list|trust (never imports the SDK)
+
+    a2a_ctl.add_parsers(sub)
     h = sub.add_parser("http", help="the daemon's HTTP gateway (docs/http.md)")
     hsub = h.add_subparsers(dest="http_cmd", required=True)
     hsub.add_parser("url", help="print the gateway's URL (from http.json beside the socket)")

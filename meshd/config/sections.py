@@ -211,6 +211,13 @@ class A2aSettings(BaseModel):
                                      "refused at start.")
     remote_agents: list[RemoteA2aAgent] = Field(default_factory=list, description="External A2A "
                                                 "agents registered as mesh agents.")
+    lan_discovery: bool = Field(default=False, description="Advertise served agents in DNS-SD "
+                                "_a2a._tcp and browse for others (listed discovered-but-not-"
+                                "admitted until `meshctl a2a trust NAME`).")
+    lan_interfaces: list[str] = Field(default_factory=list, description="IPv4 addresses DNS-SD runs "
+                                      "on (default: the listen address; 0.0.0.0 needs this list).")
+    lan_max_discovered: int = Field(default=256, ge=1, le=10_000, description="A2A agents kept as "
+                                    "discovered; past it the oldest not admitted is forgotten.")
 
     @field_validator("expose")
     @classmethod
@@ -218,6 +225,18 @@ class A2aSettings(BaseModel):
         for item in value:
             if not _AGENT_PATTERN.fullmatch(item):
                 raise ValueError(f"{item!r} is not an agent-name pattern")
+        return value
+
+    @field_validator("lan_interfaces")
+    @classmethod
+    def _ipv4(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for item in value:
+            try:
+                ipaddress.IPv4Address(item)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IPv4 address") from None
         return value
 
     @field_validator("trusted_hosts")

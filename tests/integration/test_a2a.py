@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from meshd import Agent
+from meshd.errors import Forbidden
 from meshd.testing import MeshdFactory, MeshdProcess, wait_listed, wait_until
 from meshd.wire.system_names import TOPIC_APPROVALS, system_agent_name
 
@@ -538,3 +539,88 @@ def test_external_a2a_agent_is_called_from_the_mesh(meshd_factory: MeshdFactory,
         with meshd_a2a(b, tmp_path, config) as info:
             assert info["remote_agents"] == {"Weather-Bot": card_url}
             asyncio.run(scenario())
+
+
+# --------------------------------------------------------------------------------- the LAN
+
+
+def meshctl(proc: MeshdProcess, *args: str) -> Any:
+    r = subprocess.run([sys.executable, "-c", "from meshd.cli.main import meshctl_main; "
+                        "raise SystemExit(meshctl_main())", "--socket", str(proc.socket), *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a2a_agents_on_the_lan_join_only_once_trusted(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    """DNS-SD ``_a2a._tcp`` on 127.0.0.1: meshd a2a advertises its served agents' cards, and an
+    A2A agent another host advertises is listed discovered-but-not-admitted until an operator
+    trusts it (``meshctl a2a trust NAME``); then it is a mesh agent like a configured one."""
+    from zeroconf import IPVersion
+    from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    executor = WeatherExecutor()
+    service = "_a2a._tcp.local."
+
+    async def scenario(info: dict[str, Any], card_url: str) -> None:
+        zc = AsyncZeroconf(interfaces=["127.0.0.1"], ip_version=IPVersion.V4Only)
+        try:
+            port = int(card_url.split(":")[2].split("/")[0])
+            label = f"weather-{uuid.uuid4().hex[:6]}"
+            foreign = AsyncServiceInfo(service, f"{label}.{service}", port=port, addresses=[socket.inet_aton(
+                "127.0.0.1")], properties={"url": card_url, "name": "Weather Bot", "proto": "1.0"},
+                server=f"{label}.local.")
+            await (await zc.async_register_service(foreign))
+            async with Agent("expert", socket=a.socket) as expert, Agent("outsider", socket=b.socket) as out:
+                expert_handlers(expert, {})
+                # ours: meshd a2a advertises the served agent with its card's URL
+                found: dict[str, AsyncServiceInfo] = {}
+                listed = asyncio.Event()
+
+                def on_change(zeroconf: Any, service_type: str, name: str, state_change: Any) -> None:
+                    found.setdefault(name, AsyncServiceInfo(service_type, name))
+                    listed.set()
+
+                browser = AsyncServiceBrowser(zc.zeroconf, service, handlers=[on_change])
+                want = info["url"] + "/agents/expert/.well-known/agent-card.json"
+                for _ in range(100):
+                    for record in list(found.values()):
+                        await record.async_request(zc.zeroconf, 1000)
+                    urls = {(r.properties or {}).get(b"url") for r in found.values()}
+                    if want.encode() in urls:
+                        break
+                    await asyncio.sleep(0.1)
+                assert want.encode() in urls, urls
+                await browser.async_cancel()
+                async with httpx.AsyncClient() as http:  # and an A2A client resolves it from there
+                    assert (await A2ACardResolver(http, want.removesuffix(
+                        "/.well-known/agent-card.json")).get_agent_card()).name == "expert"
+
+                # theirs: discovered, not admitted, not in the mesh
+                discovered: list[dict[str, Any]] = []
+                for _ in range(100):
+                    discovered = await asyncio.to_thread(meshctl, a, "a2a", "list", "--json")
+                    if any(d["name"] == label for d in discovered):
+                        break
+                    await asyncio.sleep(0.1)
+                item = next(d for d in discovered if d["name"] == label)
+                assert item["url"] == card_url and not item["admitted"]
+                assert "Weather-Bot" not in {r["name"] for r in await expert.agents()}
+                # an agent of another node may not admit it
+                with pytest.raises(Forbidden):
+                    await out.request(info["agent"], "meshd.a2a.lan", {"op": "trust", "name": label},
+                                      timeout=10)
+
+                admitted = await asyncio.to_thread(meshctl, a, "a2a", "trust", label)
+                assert admitted["admitted"] and admitted["mesh_name"] == "Weather-Bot"
+                await wait_listed(out, "Weather-Bot")
+                assert await out.request("Weather-Bot", "weather", "Oslo", timeout=20) == "sunny in Oslo"
+        finally:
+            await zc.async_close()
+
+    with sdk_server(executor) as card_url, \
+            meshd_a2a(a, tmp_path, "[a2a]\nlan_discovery = true\nexpose = [\"expert\"]\n") as info:
+        asyncio.run(scenario(info, card_url))

@@ -85,13 +85,99 @@ def _write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class LanAdmission:
+    """``meshctl a2a list|trust``'s other end: answers :data:`~meshd.bindings.a2a.ctl.TOPIC_LAN`
+    requests from agents of this node only, and admits a discovered agent as a
+    :class:`~meshd.bindings.a2a.remote.RemoteAgent` (trusted: its card's host and port)."""
+
+    def __init__(self, agent: Any, lan: Any, remotes: list[Any], opts: A2aOptions, own: set[str]) -> None:
+        self.agent = agent
+        self.lan = lan
+        self.remotes = remotes
+        self.opts = opts
+        self.own = own
+
+    async def handle(self, msg: Any) -> Any:
+        """The handler: a refusal goes back with its own code (FORBIDDEN, VALIDATION_FAILED), not
+        as HANDLER_ERROR."""
+        from meshd.client import DEFER
+
+        try:
+            return await self._answer(msg)
+        except MeshError as exc:
+            await self.agent.fail(msg, exc.message, code=exc.code)
+            return DEFER
+
+    async def _answer(self, msg: Any) -> Any:
+        from meshd.errors import Forbidden, ValidationFailed
+
+        if not await self._local(msg.sender):
+            raise Forbidden("meshd a2a answers LAN requests from agents of its own node only")
+        body = msg.payload if isinstance(msg.payload, dict) else {}
+        if self.lan is None:
+            raise ValidationFailed("LAN discovery is off (a2a.lan_discovery = false)")
+        if body.get("op") == "list":
+            return [d.view() for d in self.lan.discovered.values()]
+        if body.get("op") != "trust":
+            raise ValidationFailed("op must be 'list' or 'trust'")
+        item = self.lan.discovered.get(str(body.get("name")))
+        if item is None:
+            raise ValidationFailed(f"no discovered A2A agent {body.get('name')!r}; see meshctl a2a list")
+        if item.admitted:
+            return item.view()
+        return await self._admit(item)
+
+    async def _local(self, sender: str) -> bool:
+        name, _, node = sender.partition("@")
+        for record in await self.agent.agents():
+            if record.get("name") == name:
+                return bool(record.get("node") == self.agent.node and (not node or node in (
+                    self.agent.node, self.agent.node_name)))
+        return False
+
+    async def _admit(self, item: Any) -> Any:
+        from urllib.parse import urlsplit
+
+        from meshd.bindings.a2a.remote import RemoteAgent
+        from meshd.config.sections import RemoteA2aAgent
+        from meshd.errors import ValidationFailed
+
+        parts = urlsplit(item.url)
+        shown = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else str(parts.hostname)
+        trusted = [f"{shown}:{parts.port or (443 if parts.scheme == 'https' else 80)}"]
+        remote = RemoteAgent(RemoteA2aAgent(url=item.url), trusted, self.opts.socket)
+        try:
+            await remote.start()
+        except MeshError as exc:
+            item.error = exc.message
+            with contextlib.suppress(Exception):
+                await remote.close()
+            raise ValidationFailed(f"cannot admit {item.name}: {exc.message}") from None
+        self.remotes.append(remote)
+        self.own.add(remote.name)
+        item.admitted, item.mesh_name, item.error = True, remote.name, None
+        log.info("A2A agent %s (%s) trusted by an operator: in the mesh as %r", item.name, item.url,
+                 remote.name)
+        return item.view()
+
+
+async def _advertise(lan: Any, served: Any, cards: Any, port: int) -> None:
+    """Keep the DNS-SD advertisements equal to the served agents (checked every 2 s)."""
+    while True:
+        with contextlib.suppress(MeshError):
+            names = [str(r["name"]) for r in await served.served()]
+            await lan.advertise({n: cards.card_url(n) for n in names}, port)
+        await asyncio.sleep(2.0)
+
+
 async def _serve(opts: A2aOptions, name: str) -> None:
     import uvicorn
 
     from meshd.bindings.a2a.cards import CATALOG_PATH, CardMaker
+    from meshd.bindings.a2a.ctl import BINDING_META, TOPIC_LAN
     from meshd.bindings.a2a.executor import ExposePolicy
     from meshd.bindings.a2a.remote import RemoteAgent
-    from meshd.bindings.a2a.server import A2aGate, build_app
+    from meshd.bindings.a2a.server import A2aGate, ServedAgents, build_app
     from meshd.bindings.a2a.store import BoundedTaskStore
     from meshd.bindings.mcp_http import bind_listener, quiet_uvicorn, read_or_make_token
     from meshd.client import Agent
@@ -102,7 +188,9 @@ async def _serve(opts: A2aOptions, name: str) -> None:
     runtime_dir = (opts.socket or find_agent_socket()).parent
     token_path = opts.token_file or runtime_dir / f"a2a-{name}.token"
     url_file = runtime_dir / f"a2a-{name}.json"
-    async with Agent(name, socket=opts.socket) as agent:
+    lan: Any = None
+    tasks: list[asyncio.Task[None]] = []
+    async with Agent(name, socket=opts.socket, metadata={BINDING_META: True}) as agent:
         token, made = read_or_make_token(token_path)
         sock = bind_listener(host, port)
         try:
@@ -113,9 +201,9 @@ async def _serve(opts: A2aOptions, name: str) -> None:
                                               ("127.0.0.1", "localhost") else {shown})]
             policy = ExposePolicy(list(s.expose), topic=s.topic, default_timeout=s.default_timeout,
                                   max_timeout=s.max_timeout, through_tools=s.through_tools, own={name})
-            store = BoundedTaskStore(s.max_tasks)
-            app = build_app(agent, policy, CardMaker(base, bearer=True, mtls=opts.tls_client_ca is not None),
-                            store)
+            cards = CardMaker(base, bearer=True, mtls=opts.tls_client_ca is not None)
+            served = ServedAgents(agent, policy)
+            app = build_app(agent, policy, cards, BoundedTaskStore(s.max_tasks), served)
             extra: dict[str, Any] = {}
             if opts.tls_client_ca is not None:
                 import ssl
@@ -127,6 +215,15 @@ async def _serve(opts: A2aOptions, name: str) -> None:
             for remote in remotes:
                 await remote.start()
                 policy.own.add(remote.name)
+            if s.lan_discovery:
+                from meshd.bindings.a2a.lan import LanDiscovery
+
+                info = await agent.node_info()
+                lan = LanDiscovery(list(s.lan_interfaces) or [host], binding_id=f"{agent.node}-{port}",
+                                   mesh=str(info.get("mesh", "")), max_discovered=s.lan_max_discovered)
+                await lan.start()
+                tasks.append(asyncio.create_task(_advertise(lan, served, cards, port)))
+            agent.on(TOPIC_LAN)(LanAdmission(agent, lan, remotes, opts, policy.own).handle)
             _write_private(url_file, json.dumps({
                 "url": base, "catalog": base + CATALOG_PATH, "pid": os.getpid(),
                 "token_file": str(token_path), "agent": name,
@@ -135,6 +232,11 @@ async def _serve(opts: A2aOptions, name: str) -> None:
             await quiet_uvicorn()(config).serve(sockets=[sock])
         finally:
             sock.close()
+            for task in tasks:
+                task.cancel()
+            if lan is not None:
+                with contextlib.suppress(Exception):
+                    await lan.stop()
             for remote in remotes:
                 with contextlib.suppress(Exception):
                     await remote.close()

@@ -32,7 +32,7 @@ from meshd.bindings.a2a.executor import ExposePolicy, MeshExecutor
 from meshd.bindings.a2a.store import BoundedTaskStore
 from meshd.client import Agent
 
-__all__ = ["DIRECTORY_TTL", "A2aGate", "MeshRequestHandler", "build_app"]
+__all__ = ["DIRECTORY_TTL", "A2aGate", "MeshRequestHandler", "ServedAgents", "build_app"]
 
 log = logging.getLogger("meshd.a2a")
 
@@ -63,8 +63,8 @@ class MeshRequestHandler(DefaultRequestHandler):
             yield event
 
 
-class _Directory:
-    """The mesh directory as the cards see it, asked at most once per :data:`DIRECTORY_TTL`."""
+class ServedAgents:
+    """The mesh agents served over A2A, from the directory, asked at most once per :data:`DIRECTORY_TTL`."""
 
     def __init__(self, agent: Agent, policy: ExposePolicy) -> None:
         self.agent = agent
@@ -80,9 +80,9 @@ class _Directory:
         return self._records
 
 
-def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: BoundedTaskStore) -> Starlette:
+def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: BoundedTaskStore,
+              directory: ServedAgents) -> Starlette:
     """The Starlette app of ``meshd a2a`` (without the gate: :class:`A2aGate` wraps it)."""
-    directory = _Directory(agent, policy)
     # The handler's own card only answers its capability checks (streaming on, push off).
     host_card = cards.card({"name": "meshd", "capabilities": [], "metadata": {
         "description": "meshd agents over A2A; each agent's card is in the catalog"}})
