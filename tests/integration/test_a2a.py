@@ -624,3 +624,14 @@ def test_a2a_agents_on_the_lan_join_only_once_trusted(meshd_factory: MeshdFactor
     with sdk_server(executor) as card_url, \
             meshd_a2a(a, tmp_path, "[a2a]\nlan_discovery = true\nexpose = [\"expert\"]\n") as info:
         asyncio.run(scenario(info, card_url))
+
+
+def test_a2a_without_the_extra_is_a_one_line_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a2a.py"
+    blocker.write_text("raise ImportError('a2a hidden by the test')\n")
+    r = subprocess.run([sys.executable, "-m", "meshd", "a2a", "--socket", str(tmp_path / "none.sock")],
+                       capture_output=True, text=True, timeout=60,
+                       env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "meshd: meshd a2a needs the 'a2a' extra: pip install 'meshd-daemon[a2a]'"]
