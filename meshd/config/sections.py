@@ -201,6 +201,9 @@ class A2aSettings(BaseModel):
                                    "made for an A2A message may take when the client sets no budget.")
     max_timeout: float = Field(default=300.0, gt=0, le=86_400, description="Longest budget a client "
                                "may ask for (metadata timeout_s or the X-Meshd-Timeout header).")
+    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024,
+                                description="Largest HTTP request body accepted (413 past it): a "
+                                "1 MiB mesh payload fits, JSON and base64 included.")
     topic: str = Field(default="a2a.message", description="Mesh topic of a request made for an A2A "
                        "message that names none (message metadata \"topic\").")
     through_tools: bool = Field(default=False, description="Send A2A messages through the daemon's "

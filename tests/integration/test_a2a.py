@@ -414,6 +414,43 @@ def test_a2a_task_store_is_bounded(meshd_factory: MeshdFactory, tmp_path: Path) 
         asyncio.run(scenario(info))
 
 
+def test_a2a_hostile_http_input_is_refused_at_the_edge(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    a = meshd_factory.spawn("a")
+
+    async def scenario(info: dict[str, Any]) -> None:
+        rpc = info["url"] + "/a2a/jsonrpc"
+        async with Agent("expert", socket=a.socket) as expert, a2a_http(info) as http:
+            expert_handlers(expert, {})
+            await served(http, info, "expert")
+            big = await http.post(rpc, content=b"x" * 5000, headers={"content-type": "application/json"})
+            assert big.status_code == 413 and big.json()["error"] == "TOO_LARGE"
+
+            async def chunks() -> AsyncIterator[bytes]:
+                for _ in range(10):
+                    yield b"y" * 1000
+
+            chunked = await http.post(rpc, content=chunks(), headers={"content-type": "application/json"})
+            assert chunked.status_code == 413
+            foreign = await http.get(info["catalog"], headers={"host": "evil.example:80"})
+            assert foreign.status_code == 421
+            garbage = await http.post(rpc, content=b"{not json", headers={"content-type": "application/json"})
+            assert garbage.json()["error"]["code"] == -32700
+            unknown = await http.post(rpc, json={"jsonrpc": "2.0", "id": 1, "method": "NoSuchMethod",
+                                                 "params": {}})
+            assert unknown.json()["error"]["code"] == -32601
+            wrong = await http.post(rpc, json={"jsonrpc": "2.0", "id": 2, "method": "SendMessage",
+                                               "params": {"message": {"parts": "not a list"}}})
+            assert wrong.json()["error"]["code"] in (-32600, -32602)
+            # and it still serves
+            card = await A2ACardResolver(http, info["url"] + "/agents/expert").get_agent_card()
+            [event] = [e async for e in client_for(http, card, "JSONRPC", streaming=False).send_message(
+                SendMessageRequest(message=user_message("ok")))]
+            assert event.task.status.state == TaskState.TASK_STATE_COMPLETED
+
+    with meshd_a2a(a, tmp_path, "[a2a]\nmax_body_bytes = 4096\n") as info:
+        asyncio.run(scenario(info))
+
+
 def test_a2a_bad_options_are_one_line_errors(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
     a = meshd_factory.spawn("a")
     cfg = tmp_path / "bad.toml"

@@ -209,7 +209,8 @@ async def _serve(opts: A2aOptions, name: str) -> None:
                 import ssl
 
                 extra = {"ssl_ca_certs": str(opts.tls_client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
-            config = uvicorn.Config(A2aGate(app, token, hosts), log_level="warning", lifespan="off",
+            config = uvicorn.Config(A2aGate(app, token, hosts, s.max_body_bytes), log_level="warning",
+                                    lifespan="off",
                                     ssl_certfile=str(opts.tls_cert) if tls else None,
                                     ssl_keyfile=str(opts.tls_key) if tls else None, **extra)
             for remote in remotes:

@@ -111,12 +111,16 @@ def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: Bound
 
 class A2aGate:
     """ASGI middleware: a foreign Host gets 421; without the bearer token, anything but reading
-    a card or the catalog gets 401 (with ``WWW-Authenticate``). Counts refusals."""
+    a card or the catalog gets 401 (with ``WWW-Authenticate``); a body over ``max_body`` bytes
+    gets 413 before the SDK reads any of it (a chunked one is held, at most ``max_body``, and
+    replayed). Counts refusals."""
 
-    def __init__(self, app: Any, token: str | None, hosts: list[str]) -> None:
+    def __init__(self, app: Any, token: str | None, hosts: list[str],
+                 max_body: int = 2 * 1024 * 1024) -> None:
         self.app = app
         self._expected = f"Bearer {token}".encode() if token is not None else None
         self._hosts = frozenset(h.encode() for h in hosts)
+        self.max_body = max_body
         self.refused = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -134,7 +138,37 @@ class A2aGate:
             await self._refuse(send, 401, "UNAUTHORIZED", "a bearer token is required (the token file "
                                "named in meshd a2a's URL file); the Agent Card says so")
         else:
+            await self._bounded(scope, receive, send, headers)
+
+    async def _bounded(self, scope: dict[str, Any], receive: Any, send: Any,
+                       headers: dict[bytes, bytes]) -> None:
+        too_big = ("TOO_LARGE", f"the request body is over {self.max_body} bytes (a2a.max_body_bytes)")
+        length = headers.get(b"content-length")
+        if length is not None:
+            if not length.isdigit() or int(length) > self.max_body:
+                await self._refuse(send, 413, *too_big)
+                return
             await self.app(scope, receive, send)
+            return
+        if scope.get("method") in ("GET", "HEAD", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        held: list[dict[str, Any]] = []
+        size = 0
+        while True:  # chunked: held (bounded), then replayed
+            message = await receive()
+            held.append(message)
+            size += len(message.get("body", b""))
+            if size > self.max_body:
+                await self._refuse(send, 413, *too_big)
+                return
+            if message.get("type") != "http.request" or not message.get("more_body"):
+                break
+
+        async def replay() -> Any:
+            return held.pop(0) if held else await receive()
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, send: Any, status: int, code: str, message: str) -> None:
         self.refused += 1
