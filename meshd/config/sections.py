@@ -194,6 +194,9 @@ class A2aSettings(BaseModel):
                         "(port 0: any free port, written to a2a-NAME.json); not loopback needs TLS.")
     expose: list[str] = Field(default_factory=lambda: ["*"], description="Mesh agents served as A2A "
                               "agents (shell patterns on agent names); [] serves none.")
+    default_agent: str | None = Field(default=None, description="A served mesh agent that is also the "
+                                      "host's own A2A agent: its card at /.well-known/agent-card.json "
+                                      "(no tenant), and calls that name no tenant go to it.")
     max_tasks: int = Field(default=1000, ge=1, le=1_000_000, description="A2A tasks kept (finished "
                            "ones are forgotten oldest first); one more while all run is refused "
                            "with TASK_STORE_FULL.")

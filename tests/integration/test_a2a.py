@@ -278,6 +278,36 @@ def test_a2a_client_calls_a_mesh_agent_on_another_daemon(meshd_factory: MeshdFac
         asyncio.run(scenario(info))
 
 
+def test_a2a_the_hosts_own_agent_and_a2a_0_3_clients(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    """``a2a.default_agent``: its card at the host's root names no tenant, and calls without one
+    (single-agent clients, A2A 0.3 clients through the SDK's adapters) reach it."""
+    a = meshd_factory.spawn("a")
+
+    async def scenario(info: dict[str, Any]) -> None:
+        async with Agent("expert", socket=a.socket) as expert, a2a_http(info) as http:
+            expert_handlers(expert, {})
+            await served(http, info, "expert")
+            card = await A2ACardResolver(http, info["url"]).get_agent_card()
+            assert card.name == "expert" and not any(i.tenant for i in card.supported_interfaces)
+            for binding in BINDINGS:
+                [event] = [e async for e in client_for(http, card, binding, streaming=False).send_message(
+                    SendMessageRequest(message=user_message("root")))]
+                assert artifact_data(event.task) == {"answer": 42, "got": "root"}
+            # an A2A 0.3 client: 0.3 method names and shapes, no A2A-Version header (a client of
+            # its own: the SDK's 1.0 client set that header on the shared one)
+            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {info['token']}"}) as plain:
+                old = await plain.post(info["url"] + "/a2a/jsonrpc", json={
+                    "jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
+                        "role": "user", "messageId": "m-old", "kind": "message",
+                        "parts": [{"kind": "text", "text": "old"}]}}})
+            result = old.json()["result"]
+            assert result["kind"] == "task" and result["status"]["state"] == "completed", result
+            assert result["artifacts"][0]["parts"][0]["data"] == {"answer": 42, "got": "old"}
+
+    with meshd_a2a(a, tmp_path, '[a2a]\ndefault_agent = "expert"\n') as info:
+        asyncio.run(scenario(info))
+
+
 def test_a2a_errors_map_to_task_states(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
     """The table of docs/a2a.md, "Errors", end to end: each meshd failure ends the task in its
     state, with the code in the status message's data part."""

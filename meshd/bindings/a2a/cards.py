@@ -26,13 +26,15 @@ from a2a.types import (
     SecurityScheme,
     StringList,
 )
-from a2a.utils.constants import PROTOCOL_VERSION_1_0
+from a2a.utils.constants import PROTOCOL_VERSION_0_3, PROTOCOL_VERSION_1_0
 
 from meshd.wire.system_names import SYSTEM_PREFIX
 
-__all__ = ["CARD_PATH", "CATALOG_PATH", "JSONRPC_PATH", "REST_PATH", "SAFE_NAME", "CardMaker", "exposed"]
+__all__ = ["CARD_PATH", "CATALOG_PATH", "HOST_CARD_PATH", "JSONRPC_PATH", "REST_PATH", "SAFE_NAME",
+           "CardMaker", "exposed"]
 
 CARD_PATH: Final = "/agents/{name}/.well-known/agent-card.json"
+HOST_CARD_PATH: Final = "/.well-known/agent-card.json"  # a2a.default_agent's card, without a tenant
 CATALOG_PATH: Final = "/.well-known/ai-catalog.json"
 JSONRPC_PATH: Final = "/a2a/jsonrpc"
 REST_PATH: Final = "/a2a/rest"
@@ -71,8 +73,9 @@ class CardMaker:
     def card_url(self, name: str) -> str:
         return self.base_url + CARD_PATH.format(name=name)
 
-    def card(self, record: dict[str, Any]) -> AgentCard:
-        """The card of one agent record (as ``Agent.agents()`` lists it)."""
+    def card(self, record: dict[str, Any], *, tenant: bool = True) -> AgentCard:
+        """The card of one agent record (as ``Agent.agents()`` lists it); ``tenant=False``: the
+        host's own card (``a2a.default_agent``), whose interfaces name no tenant."""
         name = str(record["name"])
         raw = record.get("metadata")
         meta: dict[str, Any] = raw if isinstance(raw, dict) else {}
@@ -85,11 +88,17 @@ class CardMaker:
                                  tags=["meshd"])]
         schemes, requirements = self._security()
         interfaces = [
-            AgentInterface(url=self.base_url + JSONRPC_PATH, protocol_binding="JSONRPC", tenant=name,
-                           protocol_version=PROTOCOL_VERSION_1_0),
-            AgentInterface(url=self.base_url + REST_PATH, protocol_binding="HTTP+JSON", tenant=name,
-                           protocol_version=PROTOCOL_VERSION_1_0),
+            AgentInterface(url=self.base_url + JSONRPC_PATH, protocol_binding="JSONRPC",
+                           tenant=name if tenant else "", protocol_version=PROTOCOL_VERSION_1_0),
+            AgentInterface(url=self.base_url + REST_PATH, protocol_binding="HTTP+JSON",
+                           tenant=name if tenant else "", protocol_version=PROTOCOL_VERSION_1_0),
         ]
+        if not tenant:  # A2A 0.3 has no tenants: its clients reach the host's own agent only
+            interfaces += [
+                AgentInterface(url=self.base_url + JSONRPC_PATH, protocol_binding="JSONRPC",
+                               protocol_version=PROTOCOL_VERSION_0_3),
+                AgentInterface(url=self.base_url + REST_PATH, protocol_binding="HTTP+JSON",
+                               protocol_version=PROTOCOL_VERSION_0_3)]
         return AgentCard(
             name=name, description=description[:1000], version=str(meta.get("version") or "1"),
             supported_interfaces=interfaces,

@@ -54,6 +54,7 @@ class ExposePolicy:
     default_timeout: float = 30.0
     max_timeout: float = 300.0
     through_tools: bool = False  # by the request_agent tool: approvals, quotas, authorization apply
+    default_agent: str | None = None  # where a call without a tenant goes
     own: set[str] = field(default_factory=set)  # this process's agents: never served (no loops)
 
 
@@ -97,7 +98,7 @@ class MeshExecutor(AgentExecutor):
         updater = TaskUpdater(event_queue, task_id, context_id)
         if context.current_task is None and context.message is not None:
             await event_queue.enqueue_event(new_task_from_user_message(context.message))
-        target = context.call_context.tenant
+        target = context.call_context.tenant or self.policy.default_agent or ""
         if not exposed(target, self.policy.patterns, self.policy.own):
             await self._end(updater, context, "FORBIDDEN", f"agent {target!r} is not served over A2A "
                             "here (a2a.expose), or the call named no agent (its tenant)")

@@ -200,7 +200,8 @@ async def _serve(opts: A2aOptions, name: str) -> None:
             hosts = [f"{n}:{port}" for n in ({shown, "127.0.0.1", "localhost"} if host in
                                               ("127.0.0.1", "localhost") else {shown})]
             policy = ExposePolicy(list(s.expose), topic=s.topic, default_timeout=s.default_timeout,
-                                  max_timeout=s.max_timeout, through_tools=s.through_tools, own={name})
+                                  max_timeout=s.max_timeout, through_tools=s.through_tools, own={name},
+                                  default_agent=s.default_agent)
             cards = CardMaker(base, bearer=True, mtls=opts.tls_client_ca is not None)
             served = ServedAgents(agent, policy)
             app = build_app(agent, policy, cards, BoundedTaskStore(s.max_tasks), served)
@@ -251,6 +252,9 @@ async def _serve(opts: A2aOptions, name: str) -> None:
 def run_a2a(opts: A2aOptions) -> int:
     """``meshd a2a``: serve until SIGINT/SIGTERM; returns the exit code (2: the extra is missing,
     an option is bad, or a remote card cannot be trusted or read; 1: the daemon refused)."""
+    # The SDK opens OpenTelemetry spans around every call (about a hundred a request): with no
+    # OTel SDK configured they record nothing and cost ~10% of a request. Off unless asked for.
+    os.environ.setdefault("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "false")
     try:
         check_options(opts)
         import a2a  # noqa: F401

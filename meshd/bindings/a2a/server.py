@@ -27,7 +27,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from meshd.bindings.a2a.cards import CARD_PATH, CATALOG_PATH, JSONRPC_PATH, REST_PATH, CardMaker, exposed
+from meshd.bindings.a2a.cards import (
+    CARD_PATH,
+    CATALOG_PATH,
+    HOST_CARD_PATH,
+    JSONRPC_PATH,
+    REST_PATH,
+    CardMaker,
+    exposed,
+)
 from meshd.bindings.a2a.executor import ExposePolicy, MeshExecutor
 from meshd.bindings.a2a.store import BoundedTaskStore
 from meshd.client import Agent
@@ -84,10 +92,10 @@ def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: Bound
               directory: ServedAgents) -> Starlette:
     """The Starlette app of ``meshd a2a`` (without the gate: :class:`A2aGate` wraps it)."""
     # The handler's own card only answers its capability checks (streaming on, push off).
-    host_card = cards.card({"name": "meshd", "capabilities": [], "metadata": {
+    handler_card = cards.card({"name": "meshd", "capabilities": [], "metadata": {
         "description": "meshd agents over A2A; each agent's card is in the catalog"}})
     handler = MeshRequestHandler(agent_executor=MeshExecutor(agent, policy), store=store,
-                                 agent_card=host_card)
+                                 agent_card=handler_card)
 
     async def card(request: Request) -> Response:
         name = request.path_params["name"]
@@ -97,14 +105,26 @@ def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: Bound
         return JSONResponse({"error": "NO_SUCH_AGENT", "message": f"no agent {name!r} is served over "
                              f"A2A here; see {CATALOG_PATH}"}, status_code=404)
 
+    async def host_card(request: Request) -> Response:
+        name = policy.default_agent
+        for record in await directory.served() if name else []:
+            if record.get("name") == name:
+                return JSONResponse(agent_card_to_dict(cards.card(record, tenant=False)))
+        return JSONResponse({"error": "NO_SUCH_AGENT", "message": "this host serves many agents "
+                             f"(a2a.default_agent is {'not set' if not name else 'not online'}); see "
+                             f"{CATALOG_PATH}"}, status_code=404)
+
     async def catalog(request: Request) -> Response:
         return JSONResponse(cards.catalog(await directory.served()))
 
     routes: list[BaseRoute] = [
         Route(CATALOG_PATH, catalog, methods=["GET"]),
         Route(CARD_PATH, card, methods=["GET"]),
-        *create_jsonrpc_routes(handler, rpc_url=JSONRPC_PATH),
-        Mount(REST_PATH, routes=create_rest_routes(handler)),
+        Route(HOST_CARD_PATH, host_card, methods=["GET"]),
+        # The SDK's A2A 0.3 adapters too (by the A2A-Version header): 0.3 clients, which know no
+        # tenants, reach a2a.default_agent.
+        *create_jsonrpc_routes(handler, rpc_url=JSONRPC_PATH, enable_v0_3_compat=True),
+        Mount(REST_PATH, routes=create_rest_routes(handler, enable_v0_3_compat=True)),
     ]
     return Starlette(routes=routes)
 
