@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from meshd import Agent
-from meshd.errors import Forbidden
+from meshd.errors import Forbidden, PeerUnreachable, ValidationFailed
 from meshd.testing import MeshdFactory, MeshdProcess, wait_listed, wait_until
 from meshd.wire.system_names import TOPIC_APPROVALS, system_agent_name
 
@@ -533,11 +533,13 @@ class WeatherExecutor(AgentExecutor):
 
 
 @contextlib.contextmanager
-def sdk_server(executor: AgentExecutor) -> Iterator[str]:
-    """An A2A agent on the SDK's own server (JSON-RPC and HTTP+JSON) on a free loopback port, on
-    a thread of its own (``meshd a2a`` reads its card while the test waits); yields its card URL."""
+def sdk_server(executor: AgentExecutor, port: int = 0) -> Iterator[str]:
+    """An A2A agent on the SDK's own server (JSON-RPC and HTTP+JSON) on a loopback port (0: any
+    free one), on a thread of its own (``meshd a2a`` reads its card while the test waits); yields
+    its card URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio: TCP_NODELAY
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
     sock.listen(64)
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
     card = AgentCard(
@@ -702,3 +704,37 @@ def test_a2a_without_the_extra_is_a_one_line_error(tmp_path: Path) -> None:
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
         "meshd: meshd a2a needs the 'a2a' extra: pip install 'meshd-daemon[a2a]'"]
+
+
+def test_an_external_agent_down_at_start_joins_later_and_its_failures_are_typed(
+        meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    a = meshd_factory.spawn("a")
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # a port nobody listens on yet
+    card_url = f"http://127.0.0.1:{port}/.well-known/agent-card.json"
+    config = f'[a2a]\ntrusted_hosts = ["127.0.0.1:{port}"]\n[[a2a.remote_agents]]\nurl = "{card_url}"\n'
+
+    async def call(planner: Agent, *args: Any, **kwargs: Any) -> Any:
+        return await planner.request("Weather-Bot", "weather", *args, timeout=20, **kwargs)
+
+    with meshd_a2a(a, tmp_path, config) as info:
+        assert info["remote_agents"] == {} and info["remote_agents_waiting"] == [card_url]
+
+        async def joins() -> None:
+            async with Agent("planner", socket=a.socket) as planner:
+                await wait_listed(planner, "Weather-Bot", timeout=60)
+                assert await call(planner, "Oslo") == "sunny in Oslo"
+                with pytest.raises(ValidationFailed, match="not found"):  # a task it does not know
+                    await call(planner, "x", headers={"a2a-task": "no-such-task"})
+
+        with sdk_server(WeatherExecutor(), port):
+            asyncio.run(joins())
+
+        async def gone() -> None:  # the server stopped: the mesh agent stays, its calls fail typed
+            async with Agent("planner", socket=a.socket) as planner:
+                with pytest.raises(PeerUnreachable):
+                    await call(planner, "Oslo")
+
+        asyncio.run(gone())

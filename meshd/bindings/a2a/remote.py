@@ -23,9 +23,18 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 import httpx
-from a2a.client import ClientCallContext, ClientConfig, ClientFactory
+from a2a.client import A2AClientError, A2AClientTimeoutError, ClientCallContext, ClientConfig, ClientFactory
 from a2a.client.card_resolver import parse_agent_card
 from a2a.types import AgentCard, CancelTaskRequest, Message, Role, SendMessageRequest, TaskState
+from a2a.utils.errors import (
+    A2AError,
+    ContentTypeNotSupportedError,
+    InvalidParamsError,
+    InvalidRequestError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
 
 from meshd.bindings.a2a.parts import INTERRUPTED, parts_from_payload, payload_from_parts, state_name
 from meshd.client import DEFER, Agent
@@ -129,6 +138,37 @@ class RemoteAgent:
         await self.agent.connect()
         log.info("external A2A agent %r (%s) joined the mesh as %r", card.name, self.spec.url, self.name)
 
+    async def join(self, *, first: float = 1.0, most: float = 30.0) -> None:
+        """:meth:`start` until it works: a remote agent that is down (or whose mesh name is taken)
+        when ``meshd a2a`` starts joins once it can, retried with back-off (``first`` doubling up to
+        ``most`` seconds), each distinct failure logged once."""
+        delay, said = first, ""
+        while True:
+            try:
+                await self.start()
+                return
+            except MeshError as exc:
+                if exc.message != said:
+                    log.warning("external A2A agent %s not joined yet (retrying): %s", self.spec.url,
+                                exc.message)
+                    said = exc.message
+                await self._reset()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, most)
+
+    async def _reset(self) -> None:
+        if self.agent is not None:
+            with contextlib.suppress(Exception):
+                await self.agent.close()
+        self.agent = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    @property
+    def joined(self) -> bool:
+        return self.agent is not None
+
     async def close(self) -> None:
         if self.agent is not None:
             await self.agent.close()
@@ -156,6 +196,13 @@ class RemoteAgent:
         reader = asyncio.ensure_future(self._read(msg, call))
         try:
             return await asyncio.shield(reader)
+        except A2AError as exc:  # the remote refused the call, or could not be reached
+            code = _failure_code(exc)
+            await self._fail(msg, code, f"the A2A agent {self.name!r}: {exc.message}")
+            return DEFER
+        except httpx.HTTPError as exc:
+            await self._fail(msg, "PEER_UNREACHABLE", f"the A2A agent {self.name!r} is unreachable: {exc}")
+            return DEFER
         except asyncio.CancelledError:
             call.cancelled = True
             if call.task_id:  # the mesh requester cancelled: so does the A2A task
@@ -246,6 +293,18 @@ class _Call:
 
     task_id: str = ""
     cancelled: bool = False
+
+
+def _failure_code(exc: A2AError) -> str:
+    """The meshd code an A2A error of a remote agent becomes (docs/a2a.md, "External agents")."""
+    if isinstance(exc, A2AClientTimeoutError):
+        return "TIMEOUT"
+    if isinstance(exc, A2AClientError):  # the transport: connection refused, HTTP errors
+        return "PEER_UNREACHABLE"
+    if isinstance(exc, TaskNotFoundError | InvalidParamsError | InvalidRequestError | TaskNotCancelableError
+                  | UnsupportedOperationError | ContentTypeNotSupportedError):
+        return "VALIDATION_FAILED"
+    return "HANDLER_ERROR"
 
 
 def _quiet(task: asyncio.Future[Any]) -> None:

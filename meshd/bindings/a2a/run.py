@@ -29,6 +29,7 @@ __all__ = ["A2A_EXTRA_HINT", "A2aOptions", "check_options", "run_a2a"]
 
 log = logging.getLogger("meshd.a2a")
 
+REMOTE_START_WAIT: Final = 10.0  # seconds a remote agent may take to join before the server starts
 A2A_EXTRA_HINT: Final = "meshd a2a needs the 'a2a' extra: pip install 'meshd-daemon[a2a]'"
 
 
@@ -161,6 +162,11 @@ class LanAdmission:
         return item.view()
 
 
+async def _join(remote: Any, own: set[str]) -> None:
+    await remote.join()
+    own.add(remote.name)
+
+
 async def _advertise(lan: Any, served: Any, cards: Any, port: int) -> None:
     """Keep the DNS-SD advertisements equal to the served agents (checked every 2 s)."""
     while True:
@@ -214,9 +220,13 @@ async def _serve(opts: A2aOptions, name: str) -> None:
                                     lifespan="off",
                                     ssl_certfile=str(opts.tls_cert) if tls else None,
                                     ssl_keyfile=str(opts.tls_key) if tls else None, **extra)
-            for remote in remotes:
-                await remote.start()
-                policy.own.add(remote.name)
+            for remote in remotes:  # each joins now if it can, else in the background once it can
+                with contextlib.suppress(asyncio.TimeoutError, MeshError):
+                    await asyncio.wait_for(remote.start(), REMOTE_START_WAIT)
+                if remote.joined:
+                    policy.own.add(remote.name)
+                else:
+                    tasks.append(asyncio.create_task(_join(remote, policy.own)))
             if s.lan_discovery:
                 from meshd.bindings.a2a.lan import LanDiscovery
 
@@ -229,7 +239,8 @@ async def _serve(opts: A2aOptions, name: str) -> None:
             _write_private(url_file, json.dumps({
                 "url": base, "catalog": base + CATALOG_PATH, "pid": os.getpid(),
                 "token_file": str(token_path), "agent": name,
-                "remote_agents": {r.name: r.spec.url for r in remotes}}) + "\n")
+                "remote_agents": {r.name: r.spec.url for r in remotes if r.joined},
+                "remote_agents_waiting": [r.spec.url for r in remotes if not r.joined]}) + "\n")
             log.info("A2A on %s (catalog %s%s, bearer token in %s)", base, base, CATALOG_PATH, token_path)
             await quiet_uvicorn()(config).serve(sockets=[sock])
         finally:
