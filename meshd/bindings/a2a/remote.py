@@ -41,7 +41,7 @@ from meshd.client import DEFER, Agent
 from meshd.client import Message as MeshMessage
 from meshd.client.handlers import ANY_TOPIC
 from meshd.config.sections import RemoteA2aAgent
-from meshd.errors import ConfigError, MeshError
+from meshd.errors import ERRORS_BY_CODE, ConfigError, MeshError
 
 __all__ = ["MAX_CARD_BYTES", "RemoteAgent", "host_trusted", "mesh_name"]
 
@@ -272,8 +272,9 @@ class RemoteAgent:
         return None
 
     async def _fail(self, msg: MeshMessage, code: str, text: str) -> None:
+        """Answer ``msg`` with error ``code``; its class's retry hint goes with it."""
         assert self.agent is not None
-        await self.agent.fail(msg, text, code=code)
+        await self.agent.fail(msg, ERRORS_BY_CODE.get(code, MeshError)(text), code=code)
 
     def _cancel(self, task_id: str) -> None:
         async def cancel() -> None:
