@@ -197,6 +197,9 @@ class A2aSettings(BaseModel):
     default_agent: str | None = Field(default=None, description="A served mesh agent that is also the "
                                       "host's own A2A agent: its card at /.well-known/agent-card.json "
                                       "(no tenant), and calls that name no tenant go to it.")
+    tasks_agent: str = Field(default="meshd-tasks", description="A virtual A2A agent: a message to it "
+                             "becomes a meshd task (create_task) for the least-loaded agent with the "
+                             "capability its metadata names; \"\" serves none.")
     max_tasks: int = Field(default=1000, ge=1, le=1_000_000, description="A2A tasks kept (finished "
                            "ones are forgotten oldest first); one more while all run is refused "
                            "with TASK_STORE_FULL.")
@@ -231,6 +234,13 @@ class A2aSettings(BaseModel):
         for item in value:
             if not _AGENT_PATTERN.fullmatch(item):
                 raise ValueError(f"{item!r} is not an agent-name pattern")
+        return value
+
+    @field_validator("tasks_agent")
+    @classmethod
+    def _tasks_agent(cls, value: str) -> str:
+        if value and not re.fullmatch(r"[A-Za-z0-9._~-]{1,128}", value):
+            raise ValueError(f"{value!r}: \"\" or 1-128 characters of A-Z a-z 0-9 . _ ~ -")
         return value
 
     @field_validator("lan_interfaces")

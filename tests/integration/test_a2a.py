@@ -308,6 +308,71 @@ def test_a2a_the_hosts_own_agent_and_a2a_0_3_clients(meshd_factory: MeshdFactory
         asyncio.run(scenario(info))
 
 
+def test_a2a_messages_to_the_tasks_agent_become_meshd_tasks(meshd_factory: MeshdFactory,
+                                                          tmp_path: Path) -> None:
+    """``a2a.tasks_agent``: a message naming a capability is a meshd task (create_task) for the
+    least-loaded agent with it, on another daemon; its result is the artifact; an A2A cancel
+    cancels the meshd task."""
+    from meshd.tasks.worker import TaskWorker
+
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    started = asyncio.Event()
+
+    async def handle(task: Any) -> Any:
+        if task.title == "hang":
+            started.set()
+            await asyncio.sleep(60)
+        return sum(task.input)
+
+    async def scenario(info: dict[str, Any]) -> None:
+        async with Agent("adder", socket=b.socket, capabilities=["sum"]) as adder, \
+                Agent("owner", socket=a.socket) as owner, a2a_http(info) as http:
+            TaskWorker(adder, handle)
+            catalog = await served(http, info, "meshd-tasks", "adder")
+            tasks_entry = next(x for x in catalog["agents"] if x["name"] == "meshd-tasks")
+            assert "sum" in tasks_entry["skills"]
+            card = await A2ACardResolver(http, info["url"] + "/agents/meshd-tasks").get_agent_card()
+            for binding in BINDINGS:
+                streaming = client_for(http, card, binding, streaming=True)
+                events = [e async for e in streaming.send_message(SendMessageRequest(
+                    message=user_message([1, 2, 3], capability="sum", title="add"),
+                    metadata={"timeout_s": 20}))]
+                assert kind_of(events[-1]) == "TASK_STATE_COMPLETED", [kind_of(e) for e in events]
+                notes = [p.text for e in events if e.HasField("status_update")
+                         for p in e.status_update.status.message.parts]
+                assert notes and notes[0].startswith("meshd task ")
+                done = next(e for e in events if e.HasField("artifact_update"))
+                assert MessageToDict(done.artifact_update.artifact.parts[0].data) == 6
+
+                [missing] = [e async for e in client_for(http, card, binding, streaming=False).send_message(
+                    SendMessageRequest(message=user_message([1])))]
+                assert missing.task.status.state == TaskState.TASK_STATE_REJECTED
+                assert error_data(missing.task.status)["code"] == "VALIDATION_FAILED"
+
+                started.clear()
+                stream = streaming.send_message(SendMessageRequest(message=user_message(
+                    [0], capability="sum", title="hang")))
+                meshd_id = ""
+                async for event in stream:
+                    update = event.status_update if event.HasField("status_update") else None
+                    for part in update.status.message.parts if update is not None else []:
+                        meshd_id = meshd_id or part.text.split()[2].rstrip(":")
+                    if meshd_id:
+                        break
+                await asyncio.wait_for(started.wait(), 20)
+                cancelled = await streaming.cancel_task(CancelTaskRequest(id=event.status_update.task_id))
+                assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+                await stream.aclose()
+                record = await owner.call_tool("wait_task", {"task_id": meshd_id, "timeout_s": 10},
+                                               timeout=15)
+                assert record["state"] == "cancelled", record
+
+    with meshd_a2a(a, tmp_path) as info:
+        asyncio.run(scenario(info))
+
+
 def test_a2a_errors_map_to_task_states(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
     """The table of docs/a2a.md, "Errors", end to end: each meshd failure ends the task in its
     state, with the code in the status message's data part."""

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from a2a.types import Message, Part, Role, TaskState
 from meshd.bindings.a2a.cards import exposed
 from meshd.bindings.a2a.parts import error_parts, parts_from_payload, payload_from_parts, state_for_error
 from meshd.client import Agent
-from meshd.errors import MeshError
+from meshd.errors import Cancelled, MeshError, RequestTimeout, TaskFailed, ValidationFailed
 
 __all__ = ["NOTES_MAX", "TIMEOUT_HEADER", "ExposePolicy", "MeshExecutor", "budget_of"]
 
@@ -43,6 +44,7 @@ NOTES_MAX: Final = 256
 """Progress notes of one task waiting to become status updates; past it the oldest is dropped
 (counted): a handler that reports faster than the client reads cannot grow this process."""
 HELD_PREFIX: Final = "held for approval"
+TASK_WAIT_SLICE: Final = 300.0  # the longest wait_task the tools allow by default ([tools] max_wait)
 
 
 @dataclass(slots=True)
@@ -55,6 +57,7 @@ class ExposePolicy:
     max_timeout: float = 300.0
     through_tools: bool = False  # by the request_agent tool: approvals, quotas, authorization apply
     default_agent: str | None = None  # where a call without a tenant goes
+    tasks_agent: str = ""  # the virtual agent whose messages become meshd tasks ("" = none)
     own: set[str] = field(default_factory=set)  # this process's agents: never served (no loops)
 
 
@@ -91,6 +94,7 @@ class MeshExecutor(AgentExecutor):
         self.agent = agent
         self.policy = policy
         self.notes_dropped = 0
+        self._cancelling: set[asyncio.Future[Any]] = set()  # cancel_task calls of cancelled tasks
         self._on_outcome = on_outcome or (lambda state: None)
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -99,7 +103,8 @@ class MeshExecutor(AgentExecutor):
         if context.current_task is None and context.message is not None:
             await event_queue.enqueue_event(new_task_from_user_message(context.message))
         target = context.call_context.tenant or self.policy.default_agent or ""
-        if not exposed(target, self.policy.patterns, self.policy.own):
+        as_task = bool(self.policy.tasks_agent) and target == self.policy.tasks_agent
+        if not as_task and not exposed(target, self.policy.patterns, self.policy.own):
             await self._end(updater, context, "FORBIDDEN", f"agent {target!r} is not served over A2A "
                             "here (a2a.expose), or the call named no agent (its tenant)")
             return
@@ -117,7 +122,9 @@ class MeshExecutor(AgentExecutor):
 
         await updater.start_work()
         budget = budget_of(context, self.policy)
-        if self.policy.through_tools:  # a held call's note becomes AUTH_REQUIRED (_note)
+        if as_task:  # a meshd task for the least-loaded agent with the capability
+            call = asyncio.ensure_future(self._mesh_task(meta, payload, budget, on_progress))
+        elif self.policy.through_tools:  # a held call's note becomes AUTH_REQUIRED (_note)
             call = asyncio.ensure_future(self.agent.call_tool("request_agent", {
                 "agent": target, "topic": topic, "payload": payload, "timeout_s": budget},
                 timeout=budget, on_progress=on_progress))
@@ -148,6 +155,46 @@ class MeshExecutor(AgentExecutor):
         await updater.add_artifact(parts_from_payload(result), name="reply")
         await updater.complete()
         self._on_outcome("completed")
+
+    async def _mesh_task(self, meta: dict[str, Any], payload: Any, budget: float,
+                         on_progress: Callable[[str], None]) -> Any:
+        """``create_task`` then ``wait_task`` (the daemon's tools, so quotas apply): the task's
+        result, or its failure typed; a cancel cancels the meshd task too."""
+        capability = meta.get("capability")
+        if not isinstance(capability, str) or not capability:
+            raise ValidationFailed(f"a message to {self.policy.tasks_agent!r} names the capability the "
+                                   "task needs: message metadata 'capability'")
+        title = str(meta.get("title") or (payload if isinstance(payload, str) else "") or "an A2A task")
+        record = await self.agent.call_tool("create_task", {
+            "title": title[:200], "capability": capability, "input": payload, "deadline_s": budget},
+            timeout=min(budget, 30.0))
+        task_id = str(record.get("id"))
+        on_progress(f"meshd task {task_id}: {record.get('state')}")
+        end = time.monotonic() + budget
+        try:
+            while (left := end - time.monotonic()) > 0:
+                wait = min(left, TASK_WAIT_SLICE)
+                done = await self.agent.call_tool("wait_task", {"task_id": task_id, "timeout_s": wait},
+                                                  timeout=wait + 5.0, on_progress=on_progress)
+                state = done.get("state")
+                if state == "done":
+                    return done.get("result")
+                if state == "failed":
+                    raise TaskFailed(f"meshd task {task_id} failed: {done.get('error') or 'no reason given'}")
+                if state == "cancelled":
+                    raise Cancelled(f"meshd task {task_id} was cancelled")
+            raise RequestTimeout(f"meshd task {task_id} did not finish within {budget:g} s")
+        except asyncio.CancelledError:
+            cancel = asyncio.ensure_future(self.agent.call_tool("cancel_task", {"task_id": task_id},
+                                                                timeout=10.0))
+            self._cancelling.add(cancel)
+            cancel.add_done_callback(self._cancel_done)
+            raise
+
+    def _cancel_done(self, task: asyncio.Future[Any]) -> None:
+        self._cancelling.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.info("cancelling a meshd task failed: %s", task.exception())
 
     async def _note(self, updater: TaskUpdater, context: RequestContext, note: str) -> None:
         state: TaskState = TaskState.TASK_STATE_AUTH_REQUIRED if note.startswith(HELD_PREFIX) else \

@@ -43,6 +43,9 @@ ERROR_STATES: Final[dict[str, TaskState]] = {
     "UNDELIVERABLE": TaskState.TASK_STATE_FAILED,
     "QUEUE_FULL": TaskState.TASK_STATE_FAILED,
     "DAEMON_UNREACHABLE": TaskState.TASK_STATE_FAILED,
+    "TASK_FAILED": TaskState.TASK_STATE_FAILED,
+    "QUOTA_EXCEEDED": TaskState.TASK_STATE_FAILED,
+    "TASK_STORE_FULL": TaskState.TASK_STATE_FAILED,
 }
 #: States in which a remote A2A agent waits for its requester (answered to the mesh as data).
 INTERRUPTED: Final = frozenset({TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED})

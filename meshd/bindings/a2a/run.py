@@ -207,7 +207,7 @@ async def _serve(opts: A2aOptions, name: str) -> None:
                                               ("127.0.0.1", "localhost") else {shown})]
             policy = ExposePolicy(list(s.expose), topic=s.topic, default_timeout=s.default_timeout,
                                   max_timeout=s.max_timeout, through_tools=s.through_tools, own={name},
-                                  default_agent=s.default_agent)
+                                  default_agent=s.default_agent, tasks_agent=s.tasks_agent)
             cards = CardMaker(base, bearer=True, mtls=opts.tls_client_ca is not None)
             served = ServedAgents(agent, policy)
             app = build_app(agent, policy, cards, BoundedTaskStore(s.max_tasks), served)

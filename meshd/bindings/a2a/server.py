@@ -32,6 +32,7 @@ from meshd.bindings.a2a.cards import (
     CATALOG_PATH,
     HOST_CARD_PATH,
     JSONRPC_PATH,
+    MAX_SKILLS,
     REST_PATH,
     CardMaker,
     exposed,
@@ -44,6 +45,9 @@ __all__ = ["DIRECTORY_TTL", "A2aGate", "MeshRequestHandler", "ServedAgents", "bu
 
 log = logging.getLogger("meshd.a2a")
 
+TASKS_AGENT_TEXT: Final = ("Hands a task to the least-loaded mesh agent with a capability: name it in "
+                           "the message metadata 'capability' (and a 'title'); the task's result is the "
+                           "reply.")
 DIRECTORY_TTL: Final = 1.0  # seconds a directory listing serves cards before it is asked again
 _PUBLIC_SUFFIXES: Final = ("/.well-known/agent-card.json", CATALOG_PATH)
 
@@ -82,8 +86,15 @@ class ServedAgents:
 
     async def served(self) -> list[dict[str, Any]]:
         if time.monotonic() - self._at >= DIRECTORY_TTL:
-            self._records = [r for r in await self.agent.agents()
-                             if exposed(str(r.get("name")), self.policy.patterns, self.policy.own)]
+            everyone = await self.agent.agents()
+            virtual = self.policy.tasks_agent
+            records = [r for r in everyone if r.get("name") != virtual and
+                       exposed(str(r.get("name")), self.policy.patterns, self.policy.own)]
+            if virtual:  # the tasks agent: its skills are every capability in the mesh
+                caps = sorted({str(c) for r in everyone for c in (r.get("capabilities") or [])})
+                records.insert(0, {"name": virtual, "capabilities": caps[:MAX_SKILLS], "state": "online",
+                                   "metadata": {"description": TASKS_AGENT_TEXT}})
+            self._records = records
             self._at = time.monotonic()
         return self._records
 
