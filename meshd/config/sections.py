@@ -220,6 +220,12 @@ class A2aSettings(BaseModel):
                                      "refused at start.")
     remote_agents: list[RemoteA2aAgent] = Field(default_factory=list, description="External A2A "
                                                 "agents registered as mesh agents.")
+    card_keys: list[Path] = Field(default_factory=list, description="Public keys (PEM) trusted to sign "
+                                  "Agent Cards: a remote card one of them signed is trusted from any "
+                                  "host.")
+    signing_key: Path | None = Field(default=None, description="Private key (PEM: EC P-256, RSA or "
+                                     "Ed25519) that signs the cards this server serves.")
+    signing_key_id: str = Field(default="meshd", description="The kid of signing_key in the signatures.")
     lan_discovery: bool = Field(default=False, description="Advertise served agents in DNS-SD "
                                 "_a2a._tcp and browse for others (listed discovered-but-not-"
                                 "admitted until `meshctl a2a trust NAME`).")

@@ -803,3 +803,56 @@ def test_an_external_agent_down_at_start_joins_later_and_its_failures_are_typed(
                     await call(planner, "Oslo")
 
         asyncio.run(gone())
+
+
+def test_a_signed_card_is_trusted_from_any_host(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    """Two meshes: mesh one's ``meshd a2a`` signs its cards (``a2a.signing_key``); mesh two's
+    trusts cards signed by that key (``a2a.card_keys``) with no trusted host, and its agents reach
+    mesh one's agent through A2A. A card signed by another key is not trusted."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    def keypair(name: str) -> tuple[Path, Path]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        private, public = tmp_path / f"{name}.key", tmp_path / f"{name}.pub"
+        private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                              serialization.NoEncryption()))
+        public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                         serialization.PublicFormat.SubjectPublicKeyInfo))
+        return private, public
+
+    signing, trusted_pub = keypair("one")
+    _, other_pub = keypair("other")
+    one = meshd_factory.spawn("one")
+    two = meshd_factory.spawn("two", mesh=meshd_factory.mesh + "b")
+
+    async def call_through(info_two: dict[str, Any]) -> None:
+        async with Agent("asker", socket=two.socket) as asker:
+            await wait_listed(asker, "expert")
+            assert await asker.request("expert", "a2a.message", "via A2A", timeout=20) == \
+                {"answer": 42, "got": "via A2A"}
+
+    with meshd_a2a(one, tmp_path, f'[a2a]\nsigning_key = "{signing}"\nsigning_key_id = "one"\n',
+                   name="one") as info_one:
+        card_url = info_one["url"] + "/agents/expert/.well-known/agent-card.json"
+
+        async def check_signed() -> None:
+            async with Agent("expert", socket=one.socket) as expert, a2a_http(info_one) as http:
+                expert_handlers(expert, {})
+                await served(http, info_one, "expert")
+                card = await A2ACardResolver(http, card_url.removesuffix("/.well-known/agent-card.json")
+                                             ).get_agent_card()
+                assert len(card.signatures) == 1
+                for key_file, config_name, joins in ((trusted_pub, "two", True), (other_pub, "three", False)):
+                    config = (f'[a2a]\ncard_keys = ["{key_file}"]\n'
+                              f'[[a2a.remote_agents]]\nurl = "{card_url}"\n'
+                              f'token_file = "{info_one["token_file"]}"\n')
+                    with meshd_a2a(two, tmp_path, config, name=config_name) as info_two:
+                        if joins:
+                            assert info_two["remote_agents"] == {"expert": card_url}
+                            await call_through(info_two)
+                        else:
+                            assert info_two["remote_agents_waiting"] == [card_url]
+                            assert "not signed by a key of a2a.card_keys" in info_two["log"].read_text()
+
+        asyncio.run(check_signed())

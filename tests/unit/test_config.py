@@ -364,7 +364,7 @@ def test_example_values_are_the_defaults(tmp_path: Path) -> None:
     defaults = load(environ={"HOME": "/home/u"})
     for key in Settings.model_fields:
         if key in {"name", "state_dir", "socket", "authorized_keys_dir", "mesh_secret_file",
-                   "http_tls_cert", "http_tls_key", "a2a"}:  # examples (a2a: its default_agent)
+                   "http_tls_cert", "http_tls_key", "a2a"}:  # examples (a2a: its default_agent, signing_key)
             continue
         assert getattr(s, key) == getattr(defaults, key), key
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -53,12 +54,14 @@ def exposed(name: str, patterns: list[str], own: set[str]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class CardMaker:
-    """Builds the cards of one server: its base URL and how clients authenticate (a bearer
-    token, or the TLS client certificate scheme when ``mtls``)."""
+    """Builds the cards of one server: its base URL, how clients authenticate (a bearer
+    token, or the TLS client certificate scheme when ``mtls``) and, with ``signer``
+    (meshd/bindings/a2a/signing.py), each card signed."""
 
     base_url: str
     bearer: bool = True
     mtls: bool = False
+    signer: Callable[[AgentCard], AgentCard] | None = None
 
     def _security(self) -> tuple[dict[str, SecurityScheme], list[SecurityRequirement]]:
         schemes: dict[str, SecurityScheme] = {}
@@ -99,7 +102,7 @@ class CardMaker:
                                protocol_version=PROTOCOL_VERSION_0_3),
                 AgentInterface(url=self.base_url + REST_PATH, protocol_binding="HTTP+JSON",
                                protocol_version=PROTOCOL_VERSION_0_3)]
-        return AgentCard(
+        card = AgentCard(
             name=name, description=description[:1000], version=str(meta.get("version") or "1"),
             supported_interfaces=interfaces,
             provider=AgentProvider(organization="meshd", url=self.base_url),
@@ -107,6 +110,7 @@ class CardMaker:
             security_schemes=schemes, security_requirements=requirements,
             default_input_modes=["text/plain", "application/json"],
             default_output_modes=["text/plain", "application/json"], skills=skills)
+        return self.signer(card) if self.signer is not None else card
 
     def catalog(self, records: list[dict[str, Any]]) -> dict[str, Any]:
         """``/.well-known/ai-catalog.json``: every served agent, with its card's URL."""

@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -99,10 +100,14 @@ async def fetch_card(http: httpx.AsyncClient, url: str) -> AgentCard:
 class RemoteAgent:
     """One external A2A agent, registered in the mesh under :attr:`name` while started."""
 
-    def __init__(self, spec: RemoteA2aAgent, trusted: list[str], socket: Path | None) -> None:
-        if not host_trusted(spec.url, trusted):
+    def __init__(self, spec: RemoteA2aAgent, trusted: list[str], socket: Path | None,
+                 verified: Callable[[AgentCard], bool] | None = None) -> None:
+        if not host_trusted(spec.url, trusted) and verified is None:
             raise ConfigError("a2a.remote_agents", f"{spec.url}: its host is not in a2a.trusted_hosts "
-                              f"({', '.join(trusted) or 'none'}); a card is trusted only from those")
+                              f"({', '.join(trusted) or 'none'}) and no a2a.card_keys are set; a card "
+                              "is trusted only from those hosts or signed by those keys")
+        self.verified = verified
+        self.signed = False
         self.spec = spec
         self.trusted = trusted
         self.socket = socket
@@ -120,7 +125,13 @@ class RemoteAgent:
             headers["Authorization"] = "Bearer " + self.spec.token_file.read_text(encoding="utf-8").strip()
         self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30.0, read=None))
         card = await fetch_card(self._http, self.spec.url)
-        usable = [i for i in card.supported_interfaces if host_trusted(i.url, self.trusted)]
+        # A card signed by a trusted key is trusted whole, wherever it came from; else only from a
+        # trusted host, and only its interfaces on trusted hosts are used.
+        self.signed = bool(card.signatures) and self.verified is not None and self.verified(card)
+        if not self.signed and not host_trusted(self.spec.url, self.trusted):
+            raise ConfigError("a2a.remote_agents", f"{self.spec.url}: the card is not signed by a key of "
+                              "a2a.card_keys, and its host is not in a2a.trusted_hosts")
+        usable = [i for i in card.supported_interfaces if self.signed or host_trusted(i.url, self.trusted)]
         if not usable:
             raise ConfigError("a2a.remote_agents", f"{self.spec.url}: none of the card's interfaces is on a "
                               "trusted host (a2a.trusted_hosts)")
@@ -138,12 +149,25 @@ class RemoteAgent:
         await self.agent.connect()
         log.info("external A2A agent %r (%s) joined the mesh as %r", card.name, self.spec.url, self.name)
 
-    async def join(self, *, first: float = 1.0, most: float = 30.0) -> None:
+    async def try_start(self, wait: float) -> str | None:
+        """One :meth:`start` within ``wait`` seconds; None if it joined, else why not (logged)."""
+        try:
+            await asyncio.wait_for(self.start(), wait)
+            return None
+        except (MeshError, TimeoutError) as exc:
+            why = exc.message if isinstance(exc, MeshError) else f"no answer within {wait:g} s"
+            log.warning("external A2A agent %s not joined yet (retrying): %s", self.spec.url, why)
+            await self._reset()
+            return why
+
+    async def join(self, said: str | None = None, *, first: float = 1.0, most: float = 30.0) -> None:
         """:meth:`start` until it works: a remote agent that is down (or whose mesh name is taken)
         when ``meshd a2a`` starts joins once it can, retried with back-off (``first`` doubling up to
-        ``most`` seconds), each distinct failure logged once."""
-        delay, said = first, ""
+        ``most`` seconds), each distinct failure logged once (``said``: the last one logged)."""
+        delay = first
         while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, most)
             try:
                 await self.start()
                 return
@@ -153,8 +177,6 @@ class RemoteAgent:
                                 exc.message)
                     said = exc.message
                 await self._reset()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, most)
 
     async def _reset(self) -> None:
         if self.agent is not None:

@@ -91,7 +91,9 @@ class LanAdmission:
     requests from agents of this node only, and admits a discovered agent as a
     :class:`~meshd.bindings.a2a.remote.RemoteAgent` (trusted: its card's host and port)."""
 
-    def __init__(self, agent: Any, lan: Any, remotes: list[Any], opts: A2aOptions, own: set[str]) -> None:
+    def __init__(self, agent: Any, lan: Any, remotes: list[Any], opts: A2aOptions, own: set[str],
+                 verified: Any = None) -> None:
+        self.verified = verified
         self.agent = agent
         self.lan = lan
         self.remotes = remotes
@@ -146,7 +148,7 @@ class LanAdmission:
         parts = urlsplit(item.url)
         shown = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else str(parts.hostname)
         trusted = [f"{shown}:{parts.port or (443 if parts.scheme == 'https' else 80)}"]
-        remote = RemoteAgent(RemoteA2aAgent(url=item.url), trusted, self.opts.socket)
+        remote = RemoteAgent(RemoteA2aAgent(url=item.url), trusted, self.opts.socket, self.verified)
         try:
             await remote.start()
         except MeshError as exc:
@@ -162,8 +164,8 @@ class LanAdmission:
         return item.view()
 
 
-async def _join(remote: Any, own: set[str]) -> None:
-    await remote.join()
+async def _join(remote: Any, own: set[str], said: str) -> None:
+    await remote.join(said)
     own.add(remote.name)
 
 
@@ -190,7 +192,11 @@ async def _serve(opts: A2aOptions, name: str) -> None:
 
     host, port, tls = check_options(opts)
     s = opts.settings
-    remotes = [RemoteAgent(spec, s.trusted_hosts, opts.socket) for spec in s.remote_agents]
+    from meshd.bindings.a2a.signing import card_signer, card_verifier
+
+    verified = card_verifier(list(s.card_keys))
+    signer = card_signer(s.signing_key, s.signing_key_id) if s.signing_key is not None else None
+    remotes = [RemoteAgent(spec, s.trusted_hosts, opts.socket, verified) for spec in s.remote_agents]
     runtime_dir = (opts.socket or find_agent_socket()).parent
     token_path = opts.token_file or runtime_dir / f"a2a-{name}.token"
     url_file = runtime_dir / f"a2a-{name}.json"
@@ -208,7 +214,7 @@ async def _serve(opts: A2aOptions, name: str) -> None:
             policy = ExposePolicy(list(s.expose), topic=s.topic, default_timeout=s.default_timeout,
                                   max_timeout=s.max_timeout, through_tools=s.through_tools, own={name},
                                   default_agent=s.default_agent, tasks_agent=s.tasks_agent)
-            cards = CardMaker(base, bearer=True, mtls=opts.tls_client_ca is not None)
+            cards = CardMaker(base, bearer=True, mtls=opts.tls_client_ca is not None, signer=signer)
             served = ServedAgents(agent, policy)
             app = build_app(agent, policy, cards, BoundedTaskStore(s.max_tasks), served)
             extra: dict[str, Any] = {}
@@ -221,12 +227,11 @@ async def _serve(opts: A2aOptions, name: str) -> None:
                                     ssl_certfile=str(opts.tls_cert) if tls else None,
                                     ssl_keyfile=str(opts.tls_key) if tls else None, **extra)
             for remote in remotes:  # each joins now if it can, else in the background once it can
-                with contextlib.suppress(asyncio.TimeoutError, MeshError):
-                    await asyncio.wait_for(remote.start(), REMOTE_START_WAIT)
-                if remote.joined:
+                why = await remote.try_start(REMOTE_START_WAIT)
+                if why is None:
                     policy.own.add(remote.name)
                 else:
-                    tasks.append(asyncio.create_task(_join(remote, policy.own)))
+                    tasks.append(asyncio.create_task(_join(remote, policy.own, why)))
             if s.lan_discovery:
                 from meshd.bindings.a2a.lan import LanDiscovery
 
@@ -235,7 +240,7 @@ async def _serve(opts: A2aOptions, name: str) -> None:
                                    mesh=str(info.get("mesh", "")), max_discovered=s.lan_max_discovered)
                 await lan.start()
                 tasks.append(asyncio.create_task(_advertise(lan, served, cards, port)))
-            agent.on(TOPIC_LAN)(LanAdmission(agent, lan, remotes, opts, policy.own).handle)
+            agent.on(TOPIC_LAN)(LanAdmission(agent, lan, remotes, opts, policy.own, verified).handle)
             _write_private(url_file, json.dumps({
                 "url": base, "catalog": base + CATALOG_PATH, "pid": os.getpid(),
                 "token_file": str(token_path), "agent": name,
