@@ -186,14 +186,14 @@ def _meshd_a2a(args: argparse.Namespace) -> int:
     from meshd.config.sections import A2aSettings
 
     try:
-        section = settings_from_args(argparse.Namespace(config=args.config)).a2a
+        settings = settings_from_args(argparse.Namespace(config=args.config))
     except ConfigError as exc:
         print(f"meshd a2a: config error: {exc}", file=sys.stderr)
         return 2
-    assert isinstance(section, A2aSettings)
-    return run_a2a(A2aOptions(settings=section, socket=args.socket, name=args.name, listen=args.listen,
+    assert isinstance(settings.a2a, A2aSettings)
+    return run_a2a(A2aOptions(settings=settings.a2a, socket=args.socket, name=args.name, listen=args.listen,
                               token_file=args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                              tls_client_ca=args.tls_client_ca))
+                              tls_client_ca=args.tls_client_ca, state_dir=settings.state_dir))
 
 
 # --------------------------------------------------------------------------------- meshctl

@@ -755,9 +755,25 @@ def test_a2a_agents_on_the_lan_join_only_once_trusted(meshd_factory: MeshdFactor
         finally:
             await zc.async_close()
 
-    with sdk_server(executor) as card_url, \
-            meshd_a2a(a, tmp_path, "[a2a]\nlan_discovery = true\nexpose = [\"expert\"]\n") as info:
-        asyncio.run(scenario(info, card_url))
+    # the admissions are remembered in the (daemon's) state dir: after a restart it joins again
+    state = tmp_path / "a2a-state"
+    config = f'state_dir = "{state}"\n[a2a]\nlan_discovery = true\nexpose = ["expert"]\n'
+
+    async def rejoined() -> None:
+        async with Agent("outsider", socket=b.socket) as out:
+            await wait_listed(out, "Weather-Bot")
+            assert await out.request("Weather-Bot", "weather", "Bergen", timeout=20) == "sunny in Bergen"
+
+    with sdk_server(executor) as card_url:
+        with meshd_a2a(a, tmp_path, config) as info:
+            asyncio.run(scenario(info, card_url))
+        remembered = state / "a2a-a2a-admitted.json"
+        assert remembered.stat().st_mode & 0o777 == 0o600
+        assert list(json.loads(remembered.read_text()).values()) == [card_url]
+        with meshd_a2a(a, tmp_path, config):
+            asyncio.run(rejoined())
+            listed = meshctl(a, "a2a", "list", "--json")
+            assert [(d["url"], d["admitted"]) for d in listed if d["url"] == card_url] == [(card_url, True)]
 
 
 def test_a2a_without_the_extra_is_a_one_line_error(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ class A2aOptions:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    state_dir: Path | None = None  # the daemon's: where LAN admissions are remembered
 
 
 def check_options(opts: A2aOptions) -> tuple[str, int, bool]:
@@ -86,84 +87,6 @@ def _write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-class LanAdmission:
-    """``meshctl a2a list|trust``'s other end: answers :data:`~meshd.bindings.a2a.ctl.TOPIC_LAN`
-    requests from agents of this node only, and admits a discovered agent as a
-    :class:`~meshd.bindings.a2a.remote.RemoteAgent` (trusted: its card's host and port)."""
-
-    def __init__(self, agent: Any, lan: Any, remotes: list[Any], opts: A2aOptions, own: set[str],
-                 verified: Any = None) -> None:
-        self.verified = verified
-        self.agent = agent
-        self.lan = lan
-        self.remotes = remotes
-        self.opts = opts
-        self.own = own
-
-    async def handle(self, msg: Any) -> Any:
-        """The handler: a refusal goes back with its own code (FORBIDDEN, VALIDATION_FAILED), not
-        as HANDLER_ERROR."""
-        from meshd.client import DEFER
-
-        try:
-            return await self._answer(msg)
-        except MeshError as exc:
-            await self.agent.fail(msg, exc.message, code=exc.code)
-            return DEFER
-
-    async def _answer(self, msg: Any) -> Any:
-        from meshd.errors import Forbidden, ValidationFailed
-
-        if not await self._local(msg.sender):
-            raise Forbidden("meshd a2a answers LAN requests from agents of its own node only")
-        body = msg.payload if isinstance(msg.payload, dict) else {}
-        if self.lan is None:
-            raise ValidationFailed("LAN discovery is off (a2a.lan_discovery = false)")
-        if body.get("op") == "list":
-            return [d.view() for d in self.lan.discovered.values()]
-        if body.get("op") != "trust":
-            raise ValidationFailed("op must be 'list' or 'trust'")
-        item = self.lan.discovered.get(str(body.get("name")))
-        if item is None:
-            raise ValidationFailed(f"no discovered A2A agent {body.get('name')!r}; see meshctl a2a list")
-        if item.admitted:
-            return item.view()
-        return await self._admit(item)
-
-    async def _local(self, sender: str) -> bool:
-        name, _, node = sender.partition("@")
-        for record in await self.agent.agents():
-            if record.get("name") == name:
-                return bool(record.get("node") == self.agent.node and (not node or node in (
-                    self.agent.node, self.agent.node_name)))
-        return False
-
-    async def _admit(self, item: Any) -> Any:
-        from urllib.parse import urlsplit
-
-        from meshd.bindings.a2a.remote import RemoteAgent
-        from meshd.config.sections import RemoteA2aAgent
-        from meshd.errors import ValidationFailed
-
-        parts = urlsplit(item.url)
-        shown = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else str(parts.hostname)
-        trusted = [f"{shown}:{parts.port or (443 if parts.scheme == 'https' else 80)}"]
-        remote = RemoteAgent(RemoteA2aAgent(url=item.url), trusted, self.opts.socket, self.verified)
-        try:
-            await remote.start()
-        except MeshError as exc:
-            item.error = exc.message
-            with contextlib.suppress(Exception):
-                await remote.close()
-            raise ValidationFailed(f"cannot admit {item.name}: {exc.message}") from None
-        self.remotes.append(remote)
-        self.own.add(remote.name)
-        item.admitted, item.mesh_name, item.error = True, remote.name, None
-        log.info("A2A agent %s (%s) trusted by an operator: in the mesh as %r", item.name, item.url,
-                 remote.name)
-        return item.view()
-
-
 async def _join(remote: Any, own: set[str], said: str) -> None:
     await remote.join(said)
     own.add(remote.name)
@@ -181,6 +104,7 @@ async def _advertise(lan: Any, served: Any, cards: Any, port: int) -> None:
 async def _serve(opts: A2aOptions, name: str) -> None:
     import uvicorn
 
+    from meshd.bindings.a2a.admission import LanAdmission
     from meshd.bindings.a2a.cards import CATALOG_PATH, CardMaker
     from meshd.bindings.a2a.ctl import BINDING_META, TOPIC_LAN
     from meshd.bindings.a2a.executor import ExposePolicy
@@ -240,7 +164,12 @@ async def _serve(opts: A2aOptions, name: str) -> None:
                                    mesh=str(info.get("mesh", "")), max_discovered=s.lan_max_discovered)
                 await lan.start()
                 tasks.append(asyncio.create_task(_advertise(lan, served, cards, port)))
-            agent.on(TOPIC_LAN)(LanAdmission(agent, lan, remotes, opts, policy.own, verified).handle)
+            store = opts.state_dir / f"a2a-{name}-admitted.json" if opts.state_dir else None
+            admission = LanAdmission(agent, lan, remotes, socket=opts.socket, own=policy.own, store=store,
+                                     limit=s.lan_max_discovered, verified=verified)
+            if lan is not None:
+                admission.rejoin()
+            agent.on(TOPIC_LAN)(admission.handle)
             _write_private(url_file, json.dumps({
                 "url": base, "catalog": base + CATALOG_PATH, "pid": os.getpid(),
                 "token_file": str(token_path), "agent": name,
