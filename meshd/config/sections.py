@@ -207,6 +207,8 @@ class A2aSettings(BaseModel):
                                    "made for an A2A message may take when the client sets no budget.")
     max_timeout: float = Field(default=300.0, gt=0, le=86_400, description="Longest budget a client "
                                "may ask for (metadata timeout_s or the X-Meshd-Timeout header).")
+    max_connections: int = Field(default=256, ge=1, le=100_000, description="HTTP connections and "
+                                 "streams served at once; one more is answered 503.")
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024,
                                 description="Largest HTTP request body accepted (413 past it): a "
                                 "1 MiB mesh payload fits, JSON and base64 included.")

@@ -536,13 +536,32 @@ def test_a2a_hostile_http_input_is_refused_at_the_edge(meshd_factory: MeshdFacto
             wrong = await http.post(rpc, json={"jsonrpc": "2.0", "id": 2, "method": "SendMessage",
                                                "params": {"message": {"parts": "not a list"}}})
             assert wrong.json()["error"]["code"] in (-32600, -32602)
+            # connections beyond a2a.max_connections are answered 503 (idle ones count)
+            host, port = info["url"].removeprefix("http://").split(":")
+            idle = [socket.create_connection((host, int(port))) for _ in range(4)]
+            try:
+                statuses = []
+                for _ in range(100):  # until the server has taken the idle connections in
+                    async with httpx.AsyncClient() as fresh:
+                        statuses.append((await fresh.get(info["catalog"])).status_code)
+                    if statuses[-1] == 503:
+                        break
+                    await asyncio.sleep(0.02)
+                assert statuses[-1] == 503, statuses
+            finally:
+                for sock in idle:
+                    sock.close()
+            for _ in range(100):  # until the server has seen them close
+                if (await http.get(info["catalog"])).status_code == 200:
+                    break
+                await asyncio.sleep(0.02)
             # and it still serves
             card = await A2ACardResolver(http, info["url"] + "/agents/expert").get_agent_card()
             [event] = [e async for e in client_for(http, card, "JSONRPC", streaming=False).send_message(
                 SendMessageRequest(message=user_message("ok")))]
             assert event.task.status.state == TaskState.TASK_STATE_COMPLETED
 
-    with meshd_a2a(a, tmp_path, "[a2a]\nmax_body_bytes = 4096\n") as info:
+    with meshd_a2a(a, tmp_path, "[a2a]\nmax_body_bytes = 4096\nmax_connections = 4\n") as info:
         asyncio.run(scenario(info))
 
 

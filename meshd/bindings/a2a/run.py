@@ -147,7 +147,7 @@ async def _serve(opts: A2aOptions, name: str) -> None:
 
                 extra = {"ssl_ca_certs": str(opts.tls_client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
             config = uvicorn.Config(A2aGate(app, token, hosts, s.max_body_bytes), log_level="warning",
-                                    lifespan="off",
+                                    lifespan="off", limit_concurrency=s.max_connections,
                                     ssl_certfile=str(opts.tls_cert) if tls else None,
                                     ssl_keyfile=str(opts.tls_key) if tls else None, **extra)
             for remote in remotes:  # each joins now if it can, else in the background once it can

@@ -40,6 +40,7 @@ from meshd.bindings.a2a.cards import (
 from meshd.bindings.a2a.executor import ExposePolicy, MeshExecutor
 from meshd.bindings.a2a.store import BoundedTaskStore
 from meshd.client import Agent
+from meshd.errors import MeshError
 
 __all__ = ["DIRECTORY_TTL", "A2aGate", "MeshRequestHandler", "ServedAgents", "build_app"]
 
@@ -110,7 +111,11 @@ def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: Bound
 
     async def card(request: Request) -> Response:
         name = request.path_params["name"]
-        for record in await directory.served():
+        try:
+            records = await directory.served()
+        except MeshError as exc:
+            return _unavailable(exc)
+        for record in records:
             if record.get("name") == name:
                 return JSONResponse(agent_card_to_dict(cards.card(record)))
         return JSONResponse({"error": "NO_SUCH_AGENT", "message": f"no agent {name!r} is served over "
@@ -118,7 +123,11 @@ def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: Bound
 
     async def host_card(request: Request) -> Response:
         name = policy.default_agent
-        for record in await directory.served() if name else []:
+        try:
+            records = await directory.served() if name else []
+        except MeshError as exc:
+            return _unavailable(exc)
+        for record in records:
             if record.get("name") == name:
                 return JSONResponse(agent_card_to_dict(cards.card(record, tenant=False)))
         return JSONResponse({"error": "NO_SUCH_AGENT", "message": "this host serves many agents "
@@ -126,7 +135,10 @@ def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: Bound
                              f"{CATALOG_PATH}"}, status_code=404)
 
     async def catalog(request: Request) -> Response:
-        return JSONResponse(cards.catalog(await directory.served()))
+        try:
+            return JSONResponse(cards.catalog(await directory.served()))
+        except MeshError as exc:
+            return _unavailable(exc)
 
     routes: list[BaseRoute] = [
         Route(CATALOG_PATH, catalog, methods=["GET"]),
@@ -138,6 +150,12 @@ def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: Bound
         Mount(REST_PATH, routes=create_rest_routes(handler, enable_v0_3_compat=True)),
     ]
     return Starlette(routes=routes)
+
+
+def _unavailable(exc: MeshError) -> Response:
+    """The directory could not be read (the daemon restarts): 503, with the code, not a 500."""
+    return JSONResponse({"error": exc.code, "message": exc.message}, status_code=503,
+                        headers={"Retry-After": "1"})
 
 
 class A2aGate:
