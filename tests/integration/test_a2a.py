@@ -499,11 +499,13 @@ def test_a2a_task_store_is_bounded(meshd_factory: MeshdFactory, tmp_path: Path) 
                 for task_id in running[1:]:  # clear the store for the next binding
                     with contextlib.suppress(A2AError):
                         await client.cancel_task(CancelTaskRequest(id=task_id))
-                # fill again with finished ones: they are evicted, never refused
+                # fill again with finished ones: they are evicted, never refused (and counted)
                 for _ in range(3):
                     [event] = [e async for e in client.send_message(
                         SendMessageRequest(message=user_message()))]
                     assert event.task.status.state == TaskState.TASK_STATE_COMPLETED
+            stats = await asyncio.to_thread(meshctl, a, "a2a", "stats")
+            assert stats["tasks_refused"] == 2 and stats["tasks_max"] == 2 and stats["tasks_evicted"] >= 6
 
     with meshd_a2a(a, tmp_path, "[a2a]\nmax_tasks = 2\n") as info:
         asyncio.run(scenario(info))
@@ -555,6 +557,9 @@ def test_a2a_hostile_http_input_is_refused_at_the_edge(meshd_factory: MeshdFacto
                 if (await http.get(info["catalog"])).status_code == 200:
                     break
                 await asyncio.sleep(0.02)
+            # every refusal is counted (meshctl a2a stats)
+            stats = await asyncio.to_thread(meshctl, a, "a2a", "stats")
+            assert stats["http_refused"]["TOO_LARGE"] == 2 and stats["http_refused"]["MISDIRECTED"] == 1
             # and it still serves
             card = await A2ACardResolver(http, info["url"] + "/agents/expert").get_agent_card()
             [event] = [e async for e in client_for(http, card, "JSONRPC", streaming=False).send_message(

@@ -41,7 +41,9 @@ def card_host(url: str) -> str:
 class LanAdmission:
     def __init__(self, agent: Agent, lan: Any, remotes: list[RemoteAgent], *, socket: Path | None,
                  own: set[str], store: Path | None, limit: int,
-                 verified: Callable[[Any], bool] | None = None) -> None:
+                 verified: Callable[[Any], bool] | None = None,
+                 stats: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.stats = stats or dict
         self.agent = agent
         self.lan = lan
         self.remotes = remotes
@@ -120,12 +122,14 @@ class LanAdmission:
         if not await self._local(msg.sender):
             raise Forbidden("meshd a2a answers LAN requests from agents of its own node only")
         body = msg.payload if isinstance(msg.payload, dict) else {}
+        if body.get("op") == "stats":
+            return self.stats()
         if self.lan is None:
             raise ValidationFailed("LAN discovery is off (a2a.lan_discovery = false)")
         if body.get("op") == "list":
             return [d.view() for d in self.lan.discovered.values()]
         if body.get("op") != "trust":
-            raise ValidationFailed("op must be 'list' or 'trust'")
+            raise ValidationFailed("op must be 'list', 'trust' or 'stats'")
         item = self.lan.discovered.get(str(body.get("name")))
         if item is None:
             raise ValidationFailed(f"no discovered A2A agent {body.get('name')!r}; see meshctl a2a list")

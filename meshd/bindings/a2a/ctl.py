@@ -1,4 +1,5 @@
-"""``meshctl a2a list|trust NAME``: an operator's side of the A2A agents found on the LAN.
+"""``meshctl a2a list|trust NAME|stats``: an operator's side of ``meshd a2a`` (the A2A agents
+found on the LAN, and its counters).
 
 Owns the parsers and what they print. It asks the ``meshd a2a`` binding attached to this node
 (found in the directory by its registration metadata, or named with ``--binding``) over the mesh,
@@ -22,6 +23,8 @@ def add_parsers(sub: Any) -> None:
     asub = a.add_subparsers(dest="a2a_cmd", required=True)
     p = asub.add_parser("list", help="discovered A2A agents, admitted or not")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--binding", default=None, help="the meshd a2a agent (default: the one on this node)")
+    p = asub.add_parser("stats", help="meshd a2a's bounds and counters: tasks, refusals, drops (JSON)")
     p.add_argument("--binding", default=None, help="the meshd a2a agent (default: the one on this node)")
     p = asub.add_parser("trust", help="admit a discovered A2A agent: it joins the mesh")
     p.add_argument("name", help="its name as `meshctl a2a list` shows it")

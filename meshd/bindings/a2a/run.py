@@ -140,13 +140,15 @@ async def _serve(opts: A2aOptions, name: str) -> None:
                                   default_agent=s.default_agent, tasks_agent=s.tasks_agent)
             cards = CardMaker(base, bearer=True, mtls=opts.tls_client_ca is not None, signer=signer)
             served = ServedAgents(agent, policy)
-            app = build_app(agent, policy, cards, BoundedTaskStore(s.max_tasks), served)
+            store = BoundedTaskStore(s.max_tasks)
+            app = build_app(agent, policy, cards, store, served)
             extra: dict[str, Any] = {}
             if opts.tls_client_ca is not None:
                 import ssl
 
                 extra = {"ssl_ca_certs": str(opts.tls_client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
-            config = uvicorn.Config(A2aGate(app, token, hosts, s.max_body_bytes), log_level="warning",
+            gate = A2aGate(app, token, hosts, s.max_body_bytes)
+            config = uvicorn.Config(gate, log_level="warning",
                                     lifespan="off", limit_concurrency=s.max_connections,
                                     ssl_certfile=str(opts.tls_cert) if tls else None,
                                     ssl_keyfile=str(opts.tls_key) if tls else None, **extra)
@@ -164,9 +166,19 @@ async def _serve(opts: A2aOptions, name: str) -> None:
                                    mesh=str(info.get("mesh", "")), max_discovered=s.lan_max_discovered)
                 await lan.start()
                 tasks.append(asyncio.create_task(_advertise(lan, served, cards, port)))
-            store = opts.state_dir / f"a2a-{name}-admitted.json" if opts.state_dir else None
-            admission = LanAdmission(agent, lan, remotes, socket=opts.socket, own=policy.own, store=store,
-                                     limit=s.lan_max_discovered, verified=verified)
+            memory = opts.state_dir / f"a2a-{name}-admitted.json" if opts.state_dir else None
+
+            def stats() -> dict[str, Any]:  # meshctl a2a stats: what was bounded, refused, dropped
+                return {"tasks": len(store), "tasks_max": store.max_tasks, "tasks_refused": store.refused,
+                        "tasks_evicted": store.evicted, "notes_dropped": app.state.executor.notes_dropped,
+                        "http_refused": dict(gate.refused),
+                        "remote_agents": {r.spec.url: r.name if r.joined else None for r in remotes},
+                        "lan": None if lan is None else {"discovered": len(lan.discovered),
+                                                         "dropped": lan.dropped, "ignored": lan.ignored,
+                                                         "advertised": lan.advertised}}
+
+            admission = LanAdmission(agent, lan, remotes, socket=opts.socket, own=policy.own, store=memory,
+                                     limit=s.lan_max_discovered, verified=verified, stats=stats)
             if lan is not None:
                 admission.rejoin()
             agent.on(TOPIC_LAN)(admission.handle)

@@ -9,6 +9,7 @@ every call but reading cards and the catalog (a card says how to authenticate, s
 
 from __future__ import annotations
 
+import collections
 import hmac
 import json
 import logging
@@ -106,8 +107,8 @@ def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: Bound
     # The handler's own card only answers its capability checks (streaming on, push off).
     handler_card = cards.card({"name": "meshd", "capabilities": [], "metadata": {
         "description": "meshd agents over A2A; each agent's card is in the catalog"}})
-    handler = MeshRequestHandler(agent_executor=MeshExecutor(agent, policy), store=store,
-                                 agent_card=handler_card)
+    executor = MeshExecutor(agent, policy)
+    handler = MeshRequestHandler(agent_executor=executor, store=store, agent_card=handler_card)
 
     async def card(request: Request) -> Response:
         name = request.path_params["name"]
@@ -149,7 +150,9 @@ def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: Bound
         *create_jsonrpc_routes(handler, rpc_url=JSONRPC_PATH, enable_v0_3_compat=True),
         Mount(REST_PATH, routes=create_rest_routes(handler, enable_v0_3_compat=True)),
     ]
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes)
+    app.state.executor = executor  # its counters, for meshctl a2a stats
+    return app
 
 
 def _unavailable(exc: MeshError) -> Response:
@@ -170,7 +173,7 @@ class A2aGate:
         self._expected = f"Bearer {token}".encode() if token is not None else None
         self._hosts = frozenset(h.encode() for h in hosts)
         self.max_body = max_body
-        self.refused = 0
+        self.refused: collections.Counter[str] = collections.Counter()  # by code: MISDIRECTED, ...
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope.get("type") != "http":
@@ -220,7 +223,7 @@ class A2aGate:
         await self.app(scope, replay, send)
 
     async def _refuse(self, send: Any, status: int, code: str, message: str) -> None:
-        self.refused += 1
+        self.refused[code] += 1
         body = json.dumps({"error": code, "message": message}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if status == 401:
