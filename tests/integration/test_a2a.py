@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import queue
 import socket
 import subprocess
 import sys
@@ -596,6 +597,7 @@ class WeatherExecutor(AgentExecutor):
         self.cancelled = threading.Event()
         self.started = threading.Event()
         self.topics: list[str] = []
+        self.texts: queue.Queue[str] = queue.Queue()
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None
@@ -604,6 +606,7 @@ class WeatherExecutor(AgentExecutor):
         updater = TaskUpdater(event_queue, context.task_id or "", context.context_id or "")
         text = context.get_user_input()
         self.topics.append(str(dict(context.message.metadata).get("topic")))
+        self.texts.put(text)
         await updater.start_work(updater.new_agent_message([Part(text="looking at the sky")]))
         if text == "wait":
             self.started.set()
@@ -681,6 +684,11 @@ def test_external_a2a_agent_is_called_from_the_mesh(meshd_factory: MeshdFactory,
                                            headers={"a2a-task": asked["task_id"],
                                                     "a2a-context": asked["context_id"]})
             assert follow == "sunny in Bergen"
+
+            # a mesh send (no answer wanted) is a SendMessage too
+            await planner.send("Weather-Bot", "weather.tell", "Paris")
+            told = [await asyncio.to_thread(executor.texts.get, True, 10) for _ in range(4)]
+            assert told[-1] == "Paris", told
 
             # a mesh cancel becomes CancelTask
             call = asyncio.ensure_future(planner.request("Weather-Bot", "weather.ask", "wait", timeout=30))

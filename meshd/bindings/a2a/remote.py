@@ -1,12 +1,14 @@
 """External A2A agents as mesh agents: one mesh agent per configured Agent Card.
 
-Owns the trust rule (a card is fetched only from a host in ``a2a.trusted_hosts``, and only its
-interfaces on such hosts are used), the card's size bound, the registration (the card's skills
-become capabilities) and the request path: a mesh request becomes ``SendMessage`` (streaming when
-the card says so) with the requester's time left; ``WORKING`` status updates become ``progress``
-notes; a completed task's artifacts become the reply; ``INPUT_REQUIRED`` / ``AUTH_REQUIRED``
-become a typed answer the requester can continue from (docs/a2a.md, "External agents"); a failed,
-rejected or cancelled task an error; a mesh cancel becomes ``CancelTask``.
+Owns the trust rule (a card from a host in ``a2a.trusted_hosts``, only its interfaces on such
+hosts used; or a card signed by a key of ``a2a.card_keys``, trusted whole), the card's size
+bound, the registration (the card's skills become capabilities), joining late when the remote is
+down at start, and the request path: a mesh request becomes ``SendMessage`` (streaming when the
+card says so) with the requester's time left (a mesh ``send`` too, its outcome only logged);
+``WORKING`` status updates become ``progress`` notes; a completed task's artifacts become the
+reply; ``INPUT_REQUIRED`` / ``AUTH_REQUIRED`` become a typed answer the requester can continue from
+(docs/a2a.md, "External agents"); a failed, rejected or cancelled task an error; a mesh cancel
+becomes ``CancelTask``.
 """
 
 from __future__ import annotations
@@ -201,9 +203,15 @@ class RemoteAgent:
             await self._http.aclose()
 
     def _on_request(self, msg: MeshMessage) -> Any:
-        if not msg.is_request:
-            return None
-        return self._ask(msg)
+        return self._ask(msg) if msg.is_request else self._tell(msg)
+
+    async def _tell(self, msg: MeshMessage) -> None:
+        """A mesh ``send`` (no answer wanted) is a ``SendMessage`` too; its outcome is only logged."""
+        await asyncio.sleep(0)  # into a task first (see _ask)
+        try:
+            await self._read(msg, _Call())
+        except (A2AError, httpx.HTTPError, MeshError) as exc:
+            log.info("a message to the A2A agent %r failed: %s", self.name, exc)
 
     async def _ask(self, msg: MeshMessage) -> Any:
         """One mesh request as one A2A ``SendMessage``; returns the reply payload or raises.
