@@ -904,3 +904,91 @@ def test_a_signed_card_is_trusted_from_any_host(meshd_factory: MeshdFactory, tmp
                             assert "not signed by a key of a2a.card_keys" in info_two["log"].read_text()
 
         asyncio.run(check_signed())
+
+
+def _tls_files(tmp: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, both signed by the CA."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    files: dict[str, Path] = {}
+
+    def write(name: str, key: Any, cert: Any) -> None:
+        files[name + ".key"] = tmp / f"{name}.key"
+        files[name + ".pem"] = tmp / f"{name}.pem"
+        files[name + ".key"].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                           serialization.PrivateFormat.PKCS8,
+                                                           serialization.NoEncryption()))
+        files[name + ".pem"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+    def issue(cn: str, key: Any, issuer: Any, signer: Any, *, ca: bool, san: Any = None) -> Any:
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+        builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if san is not None:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    import ipaddress
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    write("ca", ca_key, issue("test CA", ca_key, ca_name, ca_key, ca=True))
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    write("server", server_key, issue("127.0.0.1", server_key, ca_name, ca_key, ca=False,
+                                      san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]))
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    write("client", client_key, issue("client", client_key, ca_name, ca_key, ca=False))
+    return files
+
+
+def test_a2a_over_tls_with_client_certificates(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    """``--tls-cert/--tls-key`` and ``--tls-client-ca``: https cards and endpoints, the cards
+    declare the mtls scheme, and a client without a certificate the CA signed gets no connection."""
+    import ssl
+
+    tls = _tls_files(tmp_path)
+    a = meshd_factory.spawn("a")
+    url_file = a.socket.parent / "a2a-tls.json"
+    (tmp_path / "tls.toml").write_text("")
+    child = subprocess.Popen([sys.executable, "-m", "meshd", "a2a", "--socket", str(a.socket),
+                              "--name", "tls", "--listen", "127.0.0.1:0",
+                              "--config", str(tmp_path / "tls.toml"),
+                              "--tls-cert", str(tls["server.pem"]), "--tls-key", str(tls["server.key"]),
+                              "--tls-client-ca", str(tls["ca.pem"])], stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: url_file.exists() or child.poll() is not None, 30, what="a2a URL file")
+        info = json.loads(url_file.read_text())
+        token = Path(info["token_file"]).read_text().strip()
+        assert info["url"].startswith("https://127.0.0.1:")
+
+        async def scenario() -> None:
+            trust = ssl.create_default_context(cafile=str(tls["ca.pem"]))
+            with_cert = ssl.create_default_context(cafile=str(tls["ca.pem"]))
+            with_cert.load_cert_chain(str(tls["client.pem"]), str(tls["client.key"]))
+            async with Agent("expert", socket=a.socket) as expert, httpx.AsyncClient(
+                    verify=with_cert, headers={"Authorization": f"Bearer {token}"}) as http:
+                expert_handlers(expert, {})
+                await served(http, info, "expert")
+                card = await A2ACardResolver(http, info["url"] + "/agents/expert").get_agent_card()
+                assert {"bearer", "mtls"} <= set(card.security_schemes)
+                assert all(i.url.startswith("https://") for i in card.supported_interfaces)
+                [event] = [e async for e in client_for(http, card, "JSONRPC", streaming=False).send_message(
+                    SendMessageRequest(message=user_message("over TLS")))]
+                assert artifact_data(event.task) == {"answer": 42, "got": "over TLS"}
+                async with httpx.AsyncClient(verify=trust) as no_cert:
+                    with pytest.raises(httpx.HTTPError):
+                        await no_cert.get(info["catalog"])
+
+        asyncio.run(scenario())
+    finally:
+        child.terminate()
+        assert child.wait(20) == 0
