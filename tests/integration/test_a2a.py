@@ -347,6 +347,16 @@ def test_a2a_messages_to_the_tasks_agent_become_meshd_tasks(meshd_factory: Meshd
                 done = next(e for e in events if e.HasField("artifact_update"))
                 assert MessageToDict(done.artifact_update.artifact.parts[0].data) == 6
 
+                # a plan: tasks with deps, across agents; the reply holds each task's result
+                [planned] = [e async for e in client_for(http, card, binding, streaming=False).send_message(
+                    SendMessageRequest(message=user_message({"tasks": [
+                        {"id": "first", "title": "add", "capability": "sum", "input": [1, 1]},
+                        {"id": "second", "title": "add", "capability": "sum", "input": [2, 2],
+                         "deps": ["first"]}]}, plan=True), metadata={"timeout_s": 30}))]
+                assert planned.task.status.state == TaskState.TASK_STATE_COMPLETED, planned.task.status
+                reply = artifact_data(planned.task)
+                assert reply["results"] == {"first": 2, "second": 4} and reply["state"] == "done"
+
                 [missing] = [e async for e in client_for(http, card, binding, streaming=False).send_message(
                     SendMessageRequest(message=user_message([1])))]
                 assert missing.task.status.state == TaskState.TASK_STATE_REJECTED

@@ -158,38 +158,76 @@ class MeshExecutor(AgentExecutor):
 
     async def _mesh_task(self, meta: dict[str, Any], payload: Any, budget: float,
                          on_progress: Callable[[str], None]) -> Any:
-        """``create_task`` then ``wait_task`` (the daemon's tools, so quotas apply): the task's
-        result, or its failure typed; a cancel cancels the meshd task too."""
+        """``create_task`` (or, with metadata ``plan``, ``create_plan``) then ``wait_task`` (the
+        daemon's tools, so quotas apply): the result, or the failure typed; a cancel cancels the
+        meshd task(s) too."""
+        if meta.get("plan"):
+            return await self._mesh_plan(payload, budget, on_progress)
         capability = meta.get("capability")
         if not isinstance(capability, str) or not capability:
             raise ValidationFailed(f"a message to {self.policy.tasks_agent!r} names the capability the "
-                                   "task needs: message metadata 'capability'")
+                                   "task needs: message metadata 'capability' (or 'plan': true)")
         title = str(meta.get("title") or (payload if isinstance(payload, str) else "") or "an A2A task")
         record = await self.agent.call_tool("create_task", {
             "title": title[:200], "capability": capability, "input": payload, "deadline_s": budget},
             timeout=min(budget, 30.0))
         task_id = str(record.get("id"))
         on_progress(f"meshd task {task_id}: {record.get('state')}")
-        end = time.monotonic() + budget
         try:
-            while (left := end - time.monotonic()) > 0:
-                wait = min(left, TASK_WAIT_SLICE)
-                done = await self.agent.call_tool("wait_task", {"task_id": task_id, "timeout_s": wait},
-                                                  timeout=wait + 5.0, on_progress=on_progress)
-                state = done.get("state")
-                if state == "done":
-                    return done.get("result")
-                if state == "failed":
-                    raise TaskFailed(f"meshd task {task_id} failed: {done.get('error') or 'no reason given'}")
-                if state == "cancelled":
-                    raise Cancelled(f"meshd task {task_id} was cancelled")
-            raise RequestTimeout(f"meshd task {task_id} did not finish within {budget:g} s")
+            return await self._finished(task_id, time.monotonic() + budget, budget, on_progress)
         except asyncio.CancelledError:
+            self._cancel_meshd([task_id])
+            raise
+
+    async def _mesh_plan(self, payload: Any, budget: float, on_progress: Callable[[str], None]) -> Any:
+        """A plan: the payload is ``create_plan``'s arguments (``tasks``, with ids, capabilities and
+        deps; ``rounds``); the reply ``{"plan_id", "results": {task id in the plan: result}}``."""
+        if not isinstance(payload, dict) or not isinstance(payload.get("tasks"), list):
+            raise ValidationFailed("a plan is a data part {\"tasks\": [{\"id\", \"title\", \"capability\", "
+                                   "\"input\", \"deps\"}, ...]} (docs/tasks.md)")
+        args: dict[str, Any] = {"tasks": payload["tasks"], "deadline_s": budget}
+        if "rounds" in payload:
+            args["rounds"] = payload["rounds"]
+        plan = await self.agent.call_tool("create_plan", args, timeout=min(budget, 30.0))
+        plan_id, tasks = str(plan.get("id")), list(plan.get("tasks") or [])
+        on_progress(f"meshd plan {plan_id}: {len(tasks)} tasks")
+        end = time.monotonic() + budget
+        waiting = [str(t.get("id")) for t in tasks]
+        try:
+            while waiting:
+                await self._finished(waiting[0], end, budget, on_progress)
+                waiting.pop(0)
+        except asyncio.CancelledError:
+            self._cancel_meshd(waiting)
+            raise
+        final = await self.agent.call_tool("task_status", {"plan_id": plan_id}, timeout=10.0)
+        results = {str(t.get("key") or t.get("id")): t.get("result") for t in final.get("tasks") or []}
+        return {"plan_id": plan_id, "state": final.get("state"), "results": results}
+
+    async def _finished(self, task_id: str, end: float, budget: float,
+                        on_progress: Callable[[str], None]) -> Any:
+        """``wait_task`` in slices until the task ends (its notes to ``on_progress``): its result,
+        or TaskFailed / Cancelled / RequestTimeout."""
+        while (left := end - time.monotonic()) > 0:
+            wait = min(left, TASK_WAIT_SLICE)
+            done = await self.agent.call_tool("wait_task", {"task_id": task_id, "timeout_s": wait},
+                                              timeout=wait + 5.0, on_progress=on_progress)
+            state = done.get("state")
+            if state == "done":
+                return done.get("result")
+            if state == "failed":
+                raise TaskFailed(f"meshd task {task_id} failed: {done.get('error') or 'no reason given'}")
+            if state == "cancelled":
+                raise Cancelled(f"meshd task {task_id} was cancelled")
+        raise RequestTimeout(f"meshd task {task_id} did not finish within {budget:g} s")
+
+    def _cancel_meshd(self, task_ids: list[str]) -> None:
+        """Cancel the meshd tasks an A2A task made (in the background: the A2A side is cancelled)."""
+        for task_id in task_ids:
             cancel = asyncio.ensure_future(self.agent.call_tool("cancel_task", {"task_id": task_id},
                                                                 timeout=10.0))
             self._cancelling.add(cancel)
             cancel.add_done_callback(self._cancel_done)
-            raise
 
     def _cancel_done(self, task: asyncio.Future[Any]) -> None:
         self._cancelling.discard(task)
