@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -1002,3 +1004,27 @@ def test_a2a_over_tls_with_client_certificates(meshd_factory: MeshdFactory, tmp_
     finally:
         child.terminate()
         assert child.wait(20) == 0
+
+
+def test_stopping_meshd_a2a_cancels_the_mesh_requests_it_runs(meshd_factory: MeshdFactory,
+                                                              tmp_path: Path) -> None:
+    a = meshd_factory.spawn("a")
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    seen: dict[str, Any] = {}
+
+    async def scenario(info: dict[str, Any]) -> None:
+        async with Agent("expert", socket=b.socket) as expert, a2a_http(info) as http:
+            expert_handlers(expert, seen)
+            await served(http, info, "expert")
+            card = await A2ACardResolver(http, info["url"] + "/agents/expert").get_agent_card()
+            [event] = [e async for e in client_for(http, card, "JSONRPC", streaming=False).send_message(
+                SendMessageRequest(message=user_message("x", topic="slow"),
+                                   configuration=SendMessageConfiguration(return_immediately=True)))]
+            assert event.task.id
+            await asyncio.wait_for(seen["started"].wait(), 10)
+            os.kill(info["pid"], signal.SIGTERM)  # the meshd a2a this test started
+            await asyncio.wait_for(seen["cancelled"].wait(), 15)
+
+    with meshd_a2a(a, tmp_path) as info:
+        asyncio.run(scenario(info))

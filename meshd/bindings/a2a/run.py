@@ -188,7 +188,13 @@ async def _serve(opts: A2aOptions, name: str) -> None:
                 "remote_agents": {r.name: r.spec.url for r in remotes if r.joined},
                 "remote_agents_waiting": [r.spec.url for r in remotes if not r.joined]}) + "\n")
             log.info("A2A on %s (catalog %s%s, bearer token in %s)", base, base, CATALOG_PATH, token_path)
-            await quiet_uvicorn()(config).serve(sockets=[sock])
+            try:
+                await quiet_uvicorn()(config).serve(sockets=[sock])
+            finally:
+                # Tasks still running are closed while the agent is attached: their mesh requests
+                # are cancelled (the handlers hear it), not left to time out.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(app.state.handler.aclose(), 5.0)
         finally:
             sock.close()
             for task in tasks:

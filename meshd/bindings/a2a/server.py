@@ -152,6 +152,7 @@ def build_app(agent: Agent, policy: ExposePolicy, cards: CardMaker, store: Bound
     ]
     app = Starlette(routes=routes)
     app.state.executor = executor  # its counters, for meshctl a2a stats
+    app.state.handler = handler  # drained at shutdown (run.py), while the agent is still attached
     return app
 
 
