@@ -120,6 +120,22 @@ def meshd_main(argv: list[str] | None = None) -> int:
                      help="typed topics of the mesh shown as tools of their own (agent__topic; 0: none)")
     mcp.add_argument("--skill", dest="skills_allow", action="append", default=[], metavar="PATTERN",
                      help="only skills whose tool name or agent matches this shell pattern (repeatable)")
+    a2a = sub.add_parser("a2a", help="A2A 1.0 server attached to the local daemon: mesh agents as A2A "
+                         "agents, external A2A agents as mesh agents (needs the 'a2a' extra)")
+    a2a.add_argument("--config", type=Path, default=None,
+                     help="the daemon's TOML config; its [a2a] section (default: $MESHD_CONFIG)")
+    a2a.add_argument("--socket", type=Path, default=None, help="the daemon's agent socket")
+    a2a.add_argument("--name", default=None, help="agent name (default: a2a-<pid>)")
+    a2a.add_argument("--listen", default=None, metavar="HOST:PORT",
+                     help="listen address (default: a2a.listen, 127.0.0.1:8768; port 0: any free port, "
+                          "see a2a-NAME.json)")
+    a2a.add_argument("--token-file", type=Path, default=None,
+                     help="bearer token file (0600; made if missing; default: a2a-NAME.token beside "
+                          "the socket)")
+    a2a.add_argument("--tls-cert", type=Path, default=None, help="TLS certificate (PEM)")
+    a2a.add_argument("--tls-key", type=Path, default=None, help="TLS private key (PEM)")
+    a2a.add_argument("--tls-client-ca", type=Path, default=None,
+                     help="require TLS client certificates signed by this CA (the cards say so)")
     for cmd, text in (("doctor", "check interfaces, multicast, peers and discovery; exit 1 on a problem"),
                       ("reset-identity", "delete this node's id and keypair (a cloned state dir); a "
                                          "new one is made at the next start")):
@@ -146,6 +162,8 @@ def meshd_main(argv: list[str] | None = None) -> int:
             http=args.http, token_file=args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
             allowed_origins=tuple(args.allow_origin), skills_max=max(0, args.skills_max),
             skills_allow=tuple(args.skills_allow)))
+    if args.command == "a2a":
+        return _meshd_a2a(args)
     if args.command == "demo":
         if args.plan:  # the tasks scenario (meshd/cli/demo_plan.py)
             from meshd.cli.demo_plan import run_plan_demo
@@ -166,6 +184,22 @@ def meshd_main(argv: list[str] | None = None) -> int:
         print(f"meshd: {exc}", file=sys.stderr)
         return 2
     return run_daemon(settings, regenerate_id=args.regenerate_id)
+
+
+def _meshd_a2a(args: argparse.Namespace) -> int:
+    """``meshd a2a``: the [a2a] section of the config (pydantic here: this is not the daemon's image)."""
+    from meshd.bindings.a2a.run import A2aOptions, run_a2a
+    from meshd.config.sections import A2aSettings
+
+    try:
+        settings = settings_from_args(argparse.Namespace(config=args.config))
+    except ConfigError as exc:
+        print(f"meshd a2a: config error: {exc}", file=sys.stderr)
+        return 2
+    assert isinstance(settings.a2a, A2aSettings)
+    return run_a2a(A2aOptions(settings=settings.a2a, socket=args.socket, name=args.name, listen=args.listen,
+                              token_file=args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                              tls_client_ca=args.tls_client_ca, state_dir=settings.state_dir))
 
 
 # --------------------------------------------------------------------------------- meshctl
@@ -388,6 +422,10 @@ async def _ctl(args: argparse.Namespace) -> int:
             return await run_top(me, args)
         elif args.cmd == "tasks":
             return await _tasks(me, args)
+        elif args.cmd == "a2a":  # A2A agents on the LAN (meshd/bindings/a2a/ctl.py)
+            from meshd.bindings.a2a import ctl as a2a_ctl
+
+            return await a2a_ctl.run(me, args)
         elif args.cmd in ("tools", "approvals"):  # syscall tools (meshd/tools/ctl.py)
             from meshd.tools import ctl as tools_ctl
 
@@ -523,6 +561,9 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     from meshd.tools import ctl as tools_ctl  # meshctl tools|approvals
 
     tools_ctl.add_parsers(sub)
+    from meshd.bindings.a2a import ctl as a2a_ctl  # meshctl a2a list|trust (never imports the SDK)
+
+    a2a_ctl.add_parsers(sub)
     h = sub.add_parser("http", help="the daemon's HTTP gateway (docs/http.md)")
     hsub = h.add_subparsers(dest="http_cmd", required=True)
     hsub.add_parser("url", help="print the gateway's URL (from http.json beside the socket)")

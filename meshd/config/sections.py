@@ -1,5 +1,6 @@
-"""The config file's own sections: ``[tasks]``, ``[spawn]`` (with ``[[spawn.templates]]``) and
-``[tools]``, each a pydantic model that :class:`meshd.config.Settings` holds as one field.
+"""The config file's own sections: ``[tasks]``, ``[spawn]`` (with ``[[spawn.templates]]``),
+``[tools]`` and ``[a2a]`` (with ``[[a2a.remote_agents]]``), each a pydantic model that
+:class:`meshd.config.Settings` holds as one field.
 
 Owns: the keys, defaults, bounds and checks of those sections. Must not touch: loading (file,
 environment, flags) and the flat daemon settings, which stay in :mod:`meshd.config`; the parts that
@@ -14,7 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ApprovalPolicy", "SpawnSettings", "SpawnTemplate", "TaskSettings", "ToolsSettings"]
+__all__ = ["A2aSettings", "ApprovalPolicy", "RemoteA2aAgent", "SpawnSettings", "SpawnTemplate",
+           "TaskSettings", "ToolsSettings"]
 
 
 # -- [tasks] and [spawn] sections ------------------------------------------------------------------
@@ -144,3 +146,127 @@ class ToolsSettings(BaseModel):
             if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
                 raise ValueError(f"{name!r} is not a tool name")
         return value
+
+
+# -- [a2a] section ---------------------------------------------------------------------------------
+
+_AGENT_PATTERN = re.compile(r"[A-Za-z0-9._~*?\[\]-]{1,128}")
+_HOST_RE = re.compile(r"[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?|\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?")
+
+
+class RemoteA2aAgent(BaseModel):
+    """``[[a2a.remote_agents]]``: an external A2A agent that ``meshd a2a`` registers as a mesh agent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="Its Agent Card URL (https://host/.well-known/agent-card.json), on "
+                     "a host in a2a.trusted_hosts.")
+    name: str | None = Field(default=None, description="Mesh agent name (default: the card's name, "
+                             "made a mesh name: letters, digits, . _ - kept, others become -).")
+    token_file: Path | None = Field(default=None, description="A bearer token sent to it (a 0600 file), "
+                                    "when its card asks for HTTP bearer authentication.")
+
+    @field_validator("url")
+    @classmethod
+    def _card_url(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _mesh_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9._~-]{1,128}", value):
+            raise ValueError(f"{value!r}: 1-128 characters of A-Z a-z 0-9 . _ ~ -")
+        return value
+
+
+class A2aSettings(BaseModel):
+    """``[a2a]``: ``meshd a2a``, the A2A 1.0 binding (meshd/bindings/a2a/, docs/a2a.md). The daemon
+    only validates this section; the ``meshd a2a`` process reads it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    listen: str = Field(default="127.0.0.1:8768", description="HOST:PORT the A2A server listens on "
+                        "(port 0: any free port, written to a2a-NAME.json); not loopback needs TLS.")
+    expose: list[str] = Field(default_factory=lambda: ["*"], description="Mesh agents served as A2A "
+                              "agents (shell patterns on agent names); [] serves none.")
+    default_agent: str | None = Field(default=None, description="A served mesh agent that is also the "
+                                      "host's own A2A agent: its card at /.well-known/agent-card.json "
+                                      "(no tenant), and calls that name no tenant go to it.")
+    tasks_agent: str = Field(default="meshd-tasks", description="A virtual A2A agent: a message to it "
+                             "becomes a meshd task (create_task) for the least-loaded agent with the "
+                             "capability its metadata names; \"\" serves none.")
+    max_tasks: int = Field(default=1000, ge=1, le=1_000_000, description="A2A tasks kept (finished "
+                           "ones are forgotten oldest first); one more while all run is refused "
+                           "with TASK_STORE_FULL.")
+    default_timeout: float = Field(default=30.0, gt=0, le=3600, description="Seconds a mesh request "
+                                   "made for an A2A message may take when the client sets no budget.")
+    max_timeout: float = Field(default=300.0, gt=0, le=86_400, description="Longest budget a client "
+                               "may ask for (metadata timeout_s or the X-Meshd-Timeout header).")
+    max_connections: int = Field(default=256, ge=1, le=100_000, description="HTTP connections and "
+                                 "streams served at once; one more is answered 503.")
+    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024,
+                                description="Largest HTTP request body accepted (413 past it): a "
+                                "1 MiB mesh payload fits, JSON and base64 included.")
+    topic: str = Field(default="a2a.message", description="Mesh topic of a request made for an A2A "
+                       "message that names none (message metadata \"topic\").")
+    through_tools: bool = Field(default=False, description="Send A2A messages through the daemon's "
+                                "request_agent tool, so [tools] approval, quotas and authorization "
+                                "apply to them (a held call shows as AUTH_REQUIRED); else directly.")
+    trusted_hosts: list[str] = Field(default_factory=list, description="Hosts (host or host:port) "
+                                     "whose Agent Cards are trusted; a remote agent elsewhere is "
+                                     "refused at start.")
+    remote_agents: list[RemoteA2aAgent] = Field(default_factory=list, description="External A2A "
+                                                "agents registered as mesh agents.")
+    card_keys: list[Path] = Field(default_factory=list, description="Public keys (PEM) trusted to sign "
+                                  "Agent Cards: a remote card one of them signed is trusted from any "
+                                  "host.")
+    signing_key: Path | None = Field(default=None, description="Private key (PEM: EC P-256, RSA or "
+                                     "Ed25519) that signs the cards this server serves.")
+    signing_key_id: str = Field(default="meshd", description="The kid of signing_key in the signatures.")
+    lan_discovery: bool = Field(default=False, description="Advertise served agents in DNS-SD "
+                                "_a2a._tcp and browse for others (listed discovered-but-not-"
+                                "admitted until `meshctl a2a trust NAME`).")
+    lan_interfaces: list[str] = Field(default_factory=list, description="IPv4 addresses DNS-SD runs "
+                                      "on (default: the listen address; 0.0.0.0 needs this list).")
+    lan_max_discovered: int = Field(default=256, ge=1, le=10_000, description="A2A agents kept as "
+                                    "discovered; past it the oldest not admitted is forgotten.")
+
+    @field_validator("expose")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not _AGENT_PATTERN.fullmatch(item):
+                raise ValueError(f"{item!r} is not an agent-name pattern")
+        return value
+
+    @field_validator("tasks_agent")
+    @classmethod
+    def _tasks_agent(cls, value: str) -> str:
+        if value and not re.fullmatch(r"[A-Za-z0-9._~-]{1,128}", value):
+            raise ValueError(f"{value!r}: \"\" or 1-128 characters of A-Z a-z 0-9 . _ ~ -")
+        return value
+
+    @field_validator("lan_interfaces")
+    @classmethod
+    def _ipv4(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for item in value:
+            try:
+                ipaddress.IPv4Address(item)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IPv4 address") from None
+        return value
+
+    @field_validator("trusted_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not _HOST_RE.fullmatch(item):
+                raise ValueError(f"{item!r} is not a host or host:port")
+        return [item.lower() for item in value]

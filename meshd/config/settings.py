@@ -35,6 +35,7 @@ from pydantic import (
 )
 
 from meshd.config.sections import (
+    A2aSettings,
     SpawnSettings,
     SpawnTemplate,
     TaskSettings,
@@ -357,6 +358,9 @@ class Settings(BaseModel):
     # [tools] section
     tools: ToolsSettings = Field(default_factory=ToolsSettings,
                                  description="[tools]: syscall tools: approval, quotas per agent.")
+    # [a2a] section: read by `meshd a2a` (its own process), only validated by the daemon
+    a2a: A2aSettings = Field(default_factory=A2aSettings,
+                             description="[a2a]: the A2A binding (meshd a2a): exposure, tasks, remotes.")
 
     @field_validator("name")
     @classmethod

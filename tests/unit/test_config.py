@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from meshd.config.sections import RemoteA2aAgent
 from meshd.config.settings import (
     Settings,
     SpawnTemplate,
@@ -296,9 +297,9 @@ def test_ensure_dirs_not_a_directory(tmp_path: Path) -> None:
 # --- the commented example in conf/ ---------------------------------------------------------------
 
 
-SECTION_LINE = re.compile(r"^#\s?\[\[?([a-z_.]+)\]\]?\s*$")
-EXAMPLE_ONLY = frozenset({"spawn.templates"})  # an example entry, not a default
-ARRAY_TABLES = frozenset({"spawn.templates"})
+SECTION_LINE = re.compile(r"^#\s?\[\[?([a-z0-9_.]+)\]\]?\s*$")
+EXAMPLE_ONLY = frozenset({"spawn.templates", "a2a.remote_agents"})  # an example entry, not a default
+ARRAY_TABLES = frozenset({"spawn.templates", "a2a.remote_agents"})
 
 
 def example_sections() -> dict[str, dict[str, str]]:
@@ -345,9 +346,10 @@ def test_example_covers_every_field() -> None:
     assert set(sections[""]) | nested == set(Settings.model_fields)
     for name in nested:
         model = Settings.model_fields[name].annotation
-        assert set(sections[name]) | {"templates"} >= set(model.model_fields), name  # type: ignore[union-attr]
+        assert set(sections[name]) | {"templates", "remote_agents"} >= set(model.model_fields), name  # type: ignore[union-attr]
         assert set(sections[name]) <= set(model.model_fields), name  # type: ignore[union-attr]
     assert set(sections["spawn.templates"]) == set(SpawnTemplate.model_fields)
+    assert set(sections["a2a.remote_agents"]) == set(RemoteA2aAgent.model_fields)
 
 
 def test_example_template_loads(tmp_path: Path) -> None:
@@ -362,7 +364,7 @@ def test_example_values_are_the_defaults(tmp_path: Path) -> None:
     defaults = load(environ={"HOME": "/home/u"})
     for key in Settings.model_fields:
         if key in {"name", "state_dir", "socket", "authorized_keys_dir", "mesh_secret_file",
-                   "http_tls_cert", "http_tls_key"}:  # examples
+                   "http_tls_cert", "http_tls_key", "a2a"}:  # examples (a2a: its default_agent, signing_key)
             continue
         assert getattr(s, key) == getattr(defaults, key), key
 

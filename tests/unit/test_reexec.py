@@ -55,6 +55,11 @@ def test_snapshot_reads_like_the_validated_settings(tmp_path: Path) -> None:
         if name in ("tasks", "tools"):
             assert isinstance(got, SettingsSection)
             assert vars(got) == value.model_dump(), name
+        elif name == "a2a":  # the daemon only carries it (meshd a2a reads the file itself)
+            assert isinstance(got, SettingsSection)
+            assert {k: v for k, v in vars(got).items() if k != "remote_agents"} == \
+                value.model_dump(exclude={"remote_agents"})
+            assert [vars(r) for r in got.remote_agents] == [r.model_dump() for r in value.remote_agents]
         elif name == "spawn":
             assert [vars(t) for t in got.templates] == [t.model_dump() for t in value.templates]
         else:
@@ -69,12 +74,14 @@ def test_snapshot_reads_like_the_validated_settings(tmp_path: Path) -> None:
 
 def test_the_daemon_modules_import_no_optional_dependency() -> None:
     # What `meshd run`'s own image imports (the node, the cli, the gateway and tools services at
-    # start) loads none of pydantic, aiohttp, mcp, prometheus_client, importlib.metadata.
+    # start) loads none of pydantic, aiohttp, mcp, the a2a-sdk and what it brings (protobuf,
+    # httpx, starlette, uvicorn), prometheus_client, importlib.metadata.
     probe = ("import sys, meshd.daemon.reexec, meshd.daemon.node, meshd.cli, meshd.gateway.service, "
              "meshd.tools.service, "
              "meshd.tasks.service, meshd.tools.spawn; "
              "print(sorted(m for m in sys.modules if m in ('meshd.config', 'importlib.metadata') or "
-             "m.split('.')[0] in ('pydantic', 'pydantic_core', 'aiohttp', 'mcp', 'prometheus_client')))")
+             "m.split('.')[0] in ('pydantic', 'pydantic_core', 'aiohttp', 'mcp', 'prometheus_client', 'a2a', "
+             "'google', 'httpx', 'starlette', 'uvicorn')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
