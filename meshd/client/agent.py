@@ -68,6 +68,7 @@ from meshd.errors import (
 from meshd.transport import Reactor, SendQueue, agent_dealer
 from meshd.util.paths import find_agent_socket
 from meshd.wire import protocol as P
+from meshd.wire import topics as T
 from meshd.wire.payloads import payload_encoder
 from meshd.wire.protocol import Kind
 
@@ -507,8 +508,8 @@ class Agent:
         it at least once and handle it once, through the publisher daemon's outbox; it returns
         (the reach count) once those copies are on disk.
         """
-        if not P.valid_topic(topic):
-            raise ValidationFailed(f"invalid topic {topic!r}")
+        if not P.valid_topic(topic) or T.is_pattern(topic):
+            raise ValidationFailed(f"invalid topic {topic!r} (wildcards are for subscriptions)")
         if qos not in (0, 1):
             raise ValidationFailed("qos must be 0 or 1")
         loop = self._require_loop()

@@ -229,6 +229,16 @@ class Settings(BaseModel):
         default=256, ge=1, le=10_000,
         description="Topics one agent may subscribe to; more are refused with TOO_LARGE.",
     )
+    max_patterns_per_agent: int = Field(
+        default=32, ge=0, le=1_000,
+        description="Wildcard patterns (`*`, `>`) among one agent's subscriptions; more are refused "
+        "with TOO_LARGE (each publication is matched against every pattern of the node). 0: none.",
+    )
+    max_pattern_tokens: int = Field(
+        default=16, ge=1, le=128,
+        description="Dot-separated tokens in one wildcard pattern; longer patterns are refused with "
+        "TOO_LARGE.",
+    )
     agent_metadata_max_bytes: int = Field(
         default=8 * 1024, ge=256, le=64 * 1024,
         description="Largest capabilities plus metadata of one agent (msgpack bytes); larger "

@@ -299,7 +299,7 @@ class Node:
             events=PeerEvents(
                 state_changed=self._peer_state_changed, directory=self._peer_directory,
                 restarted=self._peer_restarted, acks=self._peer_acks, reject=self._reject_control,
-                topic_message=self._on_topic, topic_keys=lambda: self.directory.local_topic_keys.keys(),
+                topic_message=self._on_topic, topic_keys=self.directory.sub_keys,
                 directory_body=self._directory_body, directory_version=self._directory_version,
                 telemetry=self._telemetry,
             ),

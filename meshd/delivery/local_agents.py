@@ -29,6 +29,7 @@ from meshd.mesh.peers import PeerTable
 from meshd.plugins.host import PluginHost
 from meshd.util.shutdown import Shutdown
 from meshd.wire import protocol as P
+from meshd.wire import topics as T
 from meshd.wire.protocol import FrameError, Kind
 from meshd.wire.system_names import SYSTEM_PREFIX
 
@@ -274,6 +275,11 @@ class LocalAgents:
                                  f"invalid topic {P.safe_repr(topic)}")
             return
         if kind == Kind.SUBSCRIBE:
+            malformed = self.pattern_malformed(str(topic))
+            if malformed is not None:
+                self.stats["refused_pattern"] += 1
+                self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, malformed)
+                return
             refused = self.subscription_refused(agent, str(topic), durable=header.qos == 1)
             if refused is not None:
                 self.stats["refused_directory_bound"] += 1
@@ -379,9 +385,25 @@ class LocalAgents:
                     f"directory_max_bytes={s.directory_max_bytes}")
         return None
 
+    @staticmethod
+    def pattern_malformed(topic: str) -> str | None:
+        """Why a wildcard pattern is malformed (VALIDATION_FAILED: ``>`` not last, an empty
+        token), or None; its length is a bound, checked by ``subscription_refused``."""
+        if not T.is_pattern(topic):
+            return None
+        return T.pattern_problem(topic, max_tokens=1 << 30)
+
     def subscription_refused(self, agent: LocalAgent, topic: str, durable: bool) -> str | None:
         """Why this subscription would pass a directory bound (TOO_LARGE), or None."""
         s = self.settings
+        if topic not in agent.topics and T.is_pattern(topic):
+            long = T.pattern_problem(topic, s.max_pattern_tokens)
+            if long is not None:
+                return long
+            patterns = sum(1 for t in agent.topics if T.is_pattern(t))
+            if patterns >= s.max_patterns_per_agent:
+                return (f"{agent.name!r} subscribes to {patterns} wildcard patterns; the limit is "
+                        f"max_patterns_per_agent={s.max_patterns_per_agent}")
         if topic in agent.topics:
             grow = topic_cost(topic, durable) - topic_cost(topic, topic in agent.durable)
         elif len(agent.topics) >= s.max_subscriptions_per_agent:

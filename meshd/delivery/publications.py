@@ -175,7 +175,7 @@ class Publications:
                 self.qos.accept(None, agent.name, copy_id, name, copy)
             reached += len(durable)
         skip = set(durable)
-        for sub in self.directory.local_topics.get(topic, ()):
+        for sub in self.directory.local_subscribers(topic):
             if sub.name in skip:
                 continue
             if self.deliver(sub, topic, msg):
@@ -198,8 +198,9 @@ class Publications:
 
     def on_topic(self, frames: list[bytes]) -> None:
         """A publication from a peer's XPUB: hand it to the local subscribers."""
-        subs = self.directory.local_topic_keys.get(frames[0])
+        subs = self.directory.subscribers_of_key(frames[0])
         if not subs or len(frames) != 4 or frames[1] != P.SIGNATURE:  # [topic, SIG, header, payload]
+            # also what a pattern's prefix subscription brought that none of our patterns matches
             self.stats["topic_dropped"] += 1
             return
         msg = frames[1:]
@@ -210,7 +211,7 @@ class Publications:
                     qos1 = P.unpack_header(msg[1]).get(P.QOS) == 1
                 except FrameError:
                     qos1 = False
-            if qos1 and sub.durable and any(k == frames[0] for k in map(P.topic_key, sub.durable)):
+            if qos1 and sub.durable_for(frames[0][:-1].decode("utf-8", "replace")):
                 continue  # it gets its own qos-1 copy from the publisher's outbox
             self.deliver(sub, frames[0], msg)
         self.link.kick()

@@ -38,6 +38,7 @@ from meshd.plugins.policy import Authorizer
 from meshd.util.logonce import LogOnce
 from meshd.util.shutdown import Shutdown
 from meshd.wire import protocol as P
+from meshd.wire import topics as T
 from meshd.wire.protocol import FrameError, Kind
 from meshd.wire.system_names import system_agent_name
 
@@ -300,9 +301,9 @@ class Router:
             self.stats["batches_without_kinds"] += 1
         topic = header.topic
         if kind == Kind.PUBLISH or (kind == Kind.BATCH and header.to is None):
-            if not P.valid_topic(topic):
+            if not P.valid_topic(topic) or T.is_pattern(str(topic)):
                 self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
-                             "publish needs a valid topic")
+                             "publish needs a valid topic (a wildcard token is for subscriptions)")
                 return
             self.publish(agent, str(topic), header, frames[1:])
             return
