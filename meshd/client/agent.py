@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
@@ -46,6 +46,7 @@ import zmq
 
 from meshd.client.batching import Batcher, BatchKey
 from meshd.client.call_slots import CallSlots
+from meshd.client.gather import Gather
 from meshd.client.handler_slots import DEFAULT_MAX_CONCURRENT_HANDLERS, HandlerSlots
 from meshd.client.handlers import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from meshd.client.incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
@@ -439,6 +440,25 @@ class Agent:
             self._pending.pop(msg_id, None)
             self._progress_cbs.pop(msg_id, None)
             self._calls.give_back()
+
+    def gather(self, topic: str, payload: Any = None, *, to: Iterable[str] | None = None,
+               capability: str | None = None, subscribers_of: str | None = None,
+               want: int | None = None, timeout: float = DEFAULT_REQUEST_TIMEOUT,
+               headers: dict[str, Any] | None = None,
+               on_progress: Callable[[str, str], Any] | None = None) -> Gather:
+        """Scatter-gather: request ``topic`` of every target and yield replies as they come.
+
+        Targets: ``to`` (names), or every agent of the mesh with ``capability``, or subscribing
+        to ``subscribers_of`` (meshd/client/gather.py). It ends at ``want`` replies, when every
+        target has answered or failed, or at ``timeout``; then ``summary`` says who replied,
+        failed (with its code), timed out or was unreachable. Ending early cancels the
+        outstanding requests. ``on_progress(target, note)`` as for ``request``::
+
+            async for reply in me.gather("verify", claim, capability="search", want=2, timeout=5):
+                ...
+        """
+        return Gather(self, topic, payload, to=to, capability=capability, subscribers_of=subscribers_of,
+                      want=want, timeout=timeout, headers=headers, on_progress=on_progress)
 
     async def reply(self, msg: Message, payload: Any = None, *, status: str | None = None) -> None:
         """Answer a request later (its handler returned ``DEFER``); goes to the original requester."""
