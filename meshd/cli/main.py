@@ -353,6 +353,16 @@ async def _ctl(args: argparse.Namespace) -> int:
         elif args.cmd == "request":
             reply = await me.request(args.agent, args.topic, args.payload, timeout=args.timeout)
             print_json(reply)
+        elif args.cmd == "gather":
+            targets = [t for t in args.to.split(",") if t] if args.to is not None else None
+            g = me.gather(args.topic, args.payload, to=targets, capability=args.capability,
+                          subscribers_of=args.subscribers_of, want=args.want, timeout=args.timeout)
+            async for reply in g:  # one JSON line per reply as it comes, then the summary
+                print_json({"from": reply.sender, "payload": reply.payload})
+            assert g.summary is not None
+            print_json({"summary": g.summary.as_dict()})
+            if not g.summary.replied:
+                return 1
         elif args.cmd == "handoff":
             result = await me.handoff(args.agent, args.task_id, context=args.context,
                                       artifacts=args.artifacts, timeout=args.timeout)
@@ -433,6 +443,17 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     p.add_argument("agent")
     p.add_argument("topic")
     p.add_argument("payload", type=_json_arg)
+    p.add_argument("--timeout", type=float, default=30.0)
+    p = sub.add_parser("gather", help="request of many agents (scatter-gather): a JSON line per reply, "
+                       "then a summary line; exit 1 if none replied")
+    p.add_argument("topic")
+    p.add_argument("payload", type=_json_arg)
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--to", help="comma-separated agent names")
+    who.add_argument("--capability", help="every agent with this capability")
+    who.add_argument("--subscribers-of", dest="subscribers_of", metavar="TOPIC",
+                     help="every agent subscribed to TOPIC (exactly or by a pattern)")
+    p.add_argument("--want", type=int, default=None, help="stop after this many replies")
     p.add_argument("--timeout", type=float, default=30.0)
     p = sub.add_parser("handoff", help="hand a task to an agent; prints its verdict (exit 3 if rejected)")
     p.add_argument("agent")

@@ -113,6 +113,9 @@ class Gather:
     the outstanding requests; ``await g.collect()`` gathers everything and returns the replies and
     the summary."""
 
+    #: None until the gather has ended.
+    summary: GatherSummary | None = None
+
     def __init__(self, agent: Requester, topic: str, payload: Any = None, *,
                  to: Iterable[str] | None = None, capability: str | None = None,
                  subscribers_of: str | None = None, want: int | None = None, timeout: float = 30.0,
@@ -136,8 +139,7 @@ class Gather:
         self._queue: asyncio.Queue[tuple[str, Any, BaseException | None]] = asyncio.Queue()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
-        #: None until the gather has ended.
-        self.summary: GatherSummary | None = None
+        self.summary = None
         self._partial = GatherSummary(targets=[])
 
     def __aiter__(self) -> Gather:

@@ -235,6 +235,17 @@ class Routes:
         return web.json_response({"ok": True, "payload": answer,
                                   "latency_ms": round((time.monotonic() - started) * 1000, 3)})
 
+    async def gather(self, request: web.Request) -> web.Response:
+        req = await self.body(request, M.GatherRequest)
+        session = self.gw.sessions.get(req.session_id or req.sender_session)
+        started = time.monotonic()
+        replies, summary = await session.agent.gather(
+            req.topic, req.payload, to=req.to or None, capability=req.capability or None,
+            subscribers_of=req.subscribers_of or None, want=req.want or None, timeout=req.timeout).collect()
+        return web.json_response({"replies": [{"sender": r.sender, "payload": r.payload} for r in replies],
+                                  "summary": summary.as_dict(),
+                                  "latency_ms": round((time.monotonic() - started) * 1000, 3)}, dumps=_dumps)
+
     async def handoff(self, request: web.Request) -> web.Response:
         req = await self.body(request, M.HandoffRequest)
         session = self.gw.sessions.get(req.session_id or req.sender_session)
@@ -411,6 +422,7 @@ def build_app(gateway: Gateway) -> tuple[web.Application, Routes]:
     r.add_get("/v1/deadletters", routes.deadletters)
     r.add_post("/v1/request", routes.request_reply)
     r.add_post("/v1/handoff", routes.handoff)
+    r.add_post("/v1/gather", routes.gather)
     r.add_post("/v1/publish", routes.publish)
     r.add_post("/v1/subscribe", routes.subscribe)
     r.add_post("/v1/unsubscribe", routes.subscribe)

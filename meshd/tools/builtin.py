@@ -14,8 +14,9 @@ import asyncio
 import time
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from meshd.client.gather import GATHER_MAX_TARGETS, pick_targets
 from meshd.errors import MeshError, NotWired, QueueFull
 from meshd.hookspecs import hookimpl
 from meshd.plugins.policy import Authorizer, Quotas
@@ -54,6 +55,28 @@ class RequestAgentArgs(_Args):
     topic: str = _TOPIC
     payload: Any = Field(default=None, description="The request (any JSON value).")
     timeout_s: float = Field(default=30.0, gt=0, description="Seconds to wait for the reply.")
+
+
+class GatherAgentsArgs(_Args):
+    topic: str = _TOPIC
+    payload: Any = Field(default=None, description="The request every target gets (any JSON value).")
+    agents: list[str] | None = Field(default=None, min_length=1, max_length=GATHER_MAX_TARGETS,
+                                     description="The targets by name (or capability, or subscribers_of: "
+                                     "exactly one of the three).")
+    capability: str | None = Field(default=None, min_length=1, max_length=64,
+                                   description="Every agent in the mesh with this capability.")
+    subscribers_of: str | None = Field(default=None, min_length=1, max_length=256,
+                                       description="Every agent subscribed to this topic (exactly or by a "
+                                       "wildcard pattern).")
+    want: int | None = Field(default=None, ge=1, le=GATHER_MAX_TARGETS,
+                             description="Stop after this many replies (default: wait for every target).")
+    timeout_s: float = Field(default=30.0, gt=0, description="Seconds to wait for the replies.")
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> GatherAgentsArgs:
+        if sum(x is not None for x in (self.agents, self.capability, self.subscribers_of)) != 1:
+            raise ValueError("give exactly one of 'agents', 'capability' or 'subscribers_of'")
+        return self
 
 
 class ListAgentsArgs(_Args):
@@ -205,6 +228,23 @@ async def request_agent(args: RequestAgentArgs, ctx: ToolContext) -> Any:
                                    on_progress=ctx.progress)
 
 
+async def gather_agents(args: GatherAgentsArgs, ctx: ToolContext) -> dict[str, Any]:
+    records = [] if args.agents is not None else await ctx.agent.agents()
+    targets = pick_targets(records, ctx.caller, to=args.agents, capability=args.capability,
+                           subscribers_of=args.subscribers_of)
+    for target in targets:  # each target is a message the caller must be allowed to send
+        _may_message(ctx, target, args.topic)
+
+    def note(target: str, text: str) -> Any:
+        return ctx.note(f"{target}: {text}")
+
+    replies, summary = await ctx.agent.gather(
+        args.topic, args.payload, to=[t for t in targets if t != ctx.agent.name], want=args.want,
+        timeout=_bounded(ctx, args.timeout_s), headers=_headers(ctx), on_progress=note).collect()
+    return {"replies": [{"agent": r.sender, "reply": r.payload} for r in replies],
+            "summary": summary.as_dict()}
+
+
 async def list_agents(args: ListAgentsArgs, ctx: ToolContext) -> list[dict[str, Any]]:
     out = []
     for rec in await ctx.agent.agents():
@@ -324,6 +364,10 @@ def builtin_tools() -> list[Tool]:
              side_effects=True),
         Tool("request_agent", "Ask a named agent and wait for its reply (bounded by timeout_s).",
              RequestAgentArgs, request_agent, side_effects=True),
+        Tool("gather_agents", "Ask several agents at once (by names, a capability, or the subscribers of "
+             "a topic) and wait for their replies, up to want of them or timeout_s; returns the replies "
+             "and who replied, failed, timed out or was unreachable.", GatherAgentsArgs, gather_agents,
+             side_effects=True),
         Tool("list_agents", "List the agents in the mesh: name, node, capabilities, state and live "
              "telemetry (context use %, queue depth, what it is doing).", ListAgentsArgs, list_agents),
         Tool("send_message", "Send a message to a named agent without waiting for an answer.",

@@ -4,12 +4,14 @@ kill -9, one slow past the timeout, cancel; the targets by name, capability and 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 from typing import Any
 
+import aiohttp
 import pytest
 
 from meshd import Agent, BlockingAgent
@@ -49,6 +51,7 @@ class Experts:
                         for i in range(slow)]
         self.cancelled: list[str] = []
         self.started: list[str] = []
+        self.running = 0  # slow handlers waiting for their cancel now
 
     async def __aenter__(self) -> Experts:
         for ag in self.agents:
@@ -62,11 +65,14 @@ class Experts:
             self.started.append(ag.name)
             if ag.name.startswith("fast"):
                 return {"by": ag.name, "q": msg.payload}
+            self.running += 1
             try:
                 await asyncio.wait_for(msg.cancelled.wait(), 20)
                 self.cancelled.append(ag.name)
             except TimeoutError:
                 pass
+            finally:
+                self.running -= 1
             return None
 
     async def __aexit__(self, *exc: object) -> None:
@@ -222,5 +228,50 @@ def test_subscribers_of_and_blocking_agent(meshd_factory: MeshdFactory) -> None:
                 await async_wait_until(subscribed)
             replies, s = await asyncio.get_running_loop().run_in_executor(None, blocking)
             assert sorted(r.payload for r in replies) == ["w1", "w2"] and s.ended == "all"
+
+    asyncio.run(scenario())
+
+
+CTL = [sys.executable, "-c", "import sys; from meshd.cli import meshctl_main; sys.exit(meshctl_main())"]
+
+
+def test_meshctl_http_and_the_tool_gather_too(meshd_factory: MeshdFactory) -> None:
+    a, b = two(meshd_factory)
+
+    async def scenario() -> None:
+        async with Experts(a, b, fast=3, slow=1) as ex, Agent("llm", socket=a.socket) as llm:
+            await wait_listed(llm, "fast0", "fast1", "fast2", "slow0")
+            # meshctl: a JSON line per reply, then the summary line
+            loop = asyncio.get_running_loop()
+            out = await loop.run_in_executor(None, lambda: subprocess.run(
+                [*CTL, "--socket", str(a.socket), "gather", "ask", '{"q": 1}', "--capability", "expert",
+                 "--want", "3", "--timeout", "10"], capture_output=True, text=True, timeout=30))
+            assert out.returncode == 0, out.stderr
+            lines = [json.loads(x) for x in out.stdout.splitlines()]
+            assert sorted(x["from"] for x in lines[:-1]) == ["fast0", "fast1", "fast2"]
+            assert lines[-1]["summary"]["ended"] == "want" and lines[-1]["summary"]["cancelled"] == ["slow0"]
+            # the HTTP gateway
+            gw = a.gateway()
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {gw.token}"}) as http:
+                async with http.post(gw.url + "v1/agents/register", json={"name": "web"}) as r:
+                    session = (await r.json())["session_id"]
+                body = {"session_id": session, "topic": "ask", "payload": 2,
+                        "to": ["fast1", "fast2", "ghost"], "timeout": 10}
+                async with http.post(gw.url + "v1/gather", json=body) as r:
+                    assert r.status == 200
+                    got = await r.json()
+                assert sorted(x["sender"] for x in got["replies"]) == ["fast1", "fast2"]
+                assert got["summary"]["unreachable"] == ["ghost"] and got["summary"]["ended"] == "all"
+                both = dict(body, capability="expert")
+                async with http.post(gw.url + "v1/gather", json=both) as r:
+                    assert r.status == 400  # exactly one way to name the targets
+            # the tool, as an LLM calls it
+            result = await llm.call_tool("gather_agents", {"topic": "ask", "payload": 3,
+                                                           "capability": "expert", "want": 2})
+            assert len(result["replies"]) == 2 and result["summary"]["ended"] == "want"
+            assert {r["agent"] for r in result["replies"]} <= {"fast0", "fast1", "fast2"}
+            # every slow handler that started (a cancel may also beat its request's start) hears it
+            await async_wait_until(lambda: ex.running == 0
+                                   and ex.cancelled.count("slow0") == ex.started.count("slow0") >= 1)
 
     asyncio.run(scenario())

@@ -25,8 +25,9 @@ from meshd.errors import (
 from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed, wait_until
 from meshd.wire.system_names import TOPIC_ANSWER, TOPIC_APPROVALS, system_agent_name
 
-BUILTINS = {"ask_agent", "request_agent", "list_agents", "send_message", "publish", "spawn_agent",
-            "create_task", "create_plan", "task_status", "wait_task", "list_tasks", "cancel_task"}
+BUILTINS = {"ask_agent", "request_agent", "gather_agents", "list_agents", "send_message", "publish",
+            "spawn_agent", "create_task", "create_plan", "task_status", "wait_task", "list_tasks",
+            "cancel_task"}
 
 
 def config(tmp: Path, text: str) -> str:
