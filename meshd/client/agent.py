@@ -336,7 +336,7 @@ class Agent:
     # ----------------------------------------------------------------------------- primitives
 
     async def send(self, to: str, topic: str, payload: Any = None, *, qos: int = 0,
-                   headers: dict[str, Any] | None = None) -> str:
+                   headers: dict[str, Any] | None = None, priority: int = P.DEFAULT_PRIORITY) -> str:
         """Send without waiting for an answer.
 
         qos 0 (default): at most once; failures arrive later through ``on_error``.
@@ -349,13 +349,15 @@ class Agent:
         """
         if qos not in (0, 1):
             raise ValidationFailed("qos must be 0 or 1")
+        if priority != P.DEFAULT_PRIORITY:
+            _check_priority(priority)
         msg_id = P.new_id()
         header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic}
         if headers:
             header[P.HEADERS] = headers
         data = self._encode(payload, self.max_payload_bytes)  # as _payload, one call less
         if qos == 0:  # the README's loop: no coroutine but this one, no loop turn unless one is due
-            key: BatchKey = (P.TO, to, 0)
+            key: BatchKey = (P.TO, to, 0, priority)
             if self._resend.holding:  # the daemon is restarting: sent once registered again
                 self._require_loop()
                 if await self._resend.hold_new(msg_id, (key, header, data)):
@@ -381,7 +383,7 @@ class Agent:
                 self._pending[msg_id] = fut
                 # No timer per message (qos-1 sends come in thousands): the heartbeat loop sweeps.
                 self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT * 2
-                self._enqueue((P.TO, to, 1), header, data)
+                self._enqueue((P.TO, to, 1, priority), header, data)
                 try:
                     await fut
                     return msg_id
@@ -400,14 +402,18 @@ class Agent:
     async def request(self, to: str, topic: str, payload: Any = None, *,
                       timeout: float = DEFAULT_REQUEST_TIMEOUT,
                       headers: dict[str, Any] | None = None,
-                      on_progress: Callable[[str], Any] | None = None) -> Any:
+                      on_progress: Callable[[str], Any] | None = None,
+                      priority: int = P.DEFAULT_PRIORITY) -> Any:
         """Send a request and return the reply's payload; never waits longer than ``timeout``.
 
         ``on_progress(note)`` is called when the handler reports progress. Cancelling the
-        awaiting task (or the timeout passing) tells the handler it may stop.
+        awaiting task (or the timeout passing) tells the handler it may stop. ``priority`` 0
+        (urgent) .. 9, default 5: lower is served first wherever it waits.
         """
         if not timeout or timeout <= 0:
             raise ValidationFailed("timeout must be a positive number of seconds")
+        if priority != P.DEFAULT_PRIORITY:
+            _check_priority(priority)
         loop = self._require_loop()
         msg_id = P.new_request_id()
         header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic}
@@ -419,7 +425,7 @@ class Agent:
                                              f"{topic!r} within {timeout:g} s (not sent: no room)"))
         header[P.BUDGET] = P.budget_ms(timeout)  # a duration, never a clock reading
         return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
-                                       lambda: self._enqueue((P.TO, to, 0), header, data))
+                                       lambda: self._enqueue((P.TO, to, 0, priority), header, data))
 
     async def _await_reply(self, loop: asyncio.AbstractEventLoop, msg_id: str, to: str, topic: str,
                            timeout: float, on_progress: Callable[[str], Any] | None,
@@ -445,7 +451,8 @@ class Agent:
                capability: str | None = None, subscribers_of: str | None = None,
                want: int | None = None, timeout: float = DEFAULT_REQUEST_TIMEOUT,
                headers: dict[str, Any] | None = None,
-               on_progress: Callable[[str, str], Any] | None = None) -> Gather:
+               on_progress: Callable[[str, str], Any] | None = None,
+               priority: int = P.DEFAULT_PRIORITY) -> Gather:
         """Scatter-gather: request ``topic`` of every target and yield replies as they come.
 
         Targets: ``to`` (names), or every agent of the mesh with ``capability``, or subscribing
@@ -458,7 +465,8 @@ class Agent:
                 ...
         """
         return Gather(self, topic, payload, to=to, capability=capability, subscribers_of=subscribers_of,
-                      want=want, timeout=timeout, headers=headers, on_progress=on_progress)
+                      want=want, timeout=timeout, headers=headers, on_progress=on_progress,
+                      priority=priority)
 
     async def reply(self, msg: Message, payload: Any = None, *, status: str | None = None) -> None:
         """Answer a request later (its handler returned ``DEFER``); goes to the original requester."""
@@ -514,7 +522,8 @@ class Agent:
         return HandoffResult(bool(reply))
 
     async def publish(self, topic: str, payload: Any = None, *, qos: int = 0,
-                      headers: dict[str, Any] | None = None, reach: bool = False) -> int | None:
+                      headers: dict[str, Any] | None = None, reach: bool = False,
+                      priority: int = P.DEFAULT_PRIORITY) -> int | None:
         """Publish on ``topic``.
 
         By default (qos 0) it returns as soon as the message is queued, like ``send``, and
@@ -532,6 +541,8 @@ class Agent:
             raise ValidationFailed(f"invalid topic {topic!r} (wildcards are for subscriptions)")
         if qos not in (0, 1):
             raise ValidationFailed("qos must be 0 or 1")
+        if priority != P.DEFAULT_PRIORITY:
+            _check_priority(priority)
         loop = self._require_loop()
         msg_id = P.new_id()
         header: dict[str, Any] = {P.KIND: Kind.PUBLISH, P.ID: msg_id, P.TOPIC: topic}
@@ -542,7 +553,7 @@ class Agent:
             window = self._window
             await window.wait_pause(loop)
             window.unconfirmed.add(msg_id)
-            self._enqueue((P.TOPIC, topic, 0), header, data)
+            self._enqueue((P.TOPIC, topic, 0, priority), header, data)
             if self._handler_slots.paused:  # its confirmation must be read
                 self._handler_slots.check_reading()
             if window.full():
@@ -556,7 +567,7 @@ class Agent:
         # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
         self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT
         try:
-            self._enqueue((P.TOPIC, topic, qos), header, data)
+            self._enqueue((P.TOPIC, topic, qos, priority), header, data)
             return int(await fut)
         finally:
             self._pending.pop(msg_id, None)
@@ -752,6 +763,11 @@ class Agent:
         depth = len(self._dispatch.tasks) + len(self._handler_slots.parked)
         telemetry = {"queue_depth": depth} | self.telemetry
         self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
+
+
+def _check_priority(priority: object) -> None:
+    if type(priority) is not int or not 0 <= priority <= P.MAX_PRIORITY:
+        raise ValidationFailed(f"priority must be an integer 0..{P.MAX_PRIORITY}, not {priority!r}")
 
 
 __all__ = ["DEFER", "Agent", "HandoffResult", "Message"]

@@ -41,7 +41,8 @@ class Requester(Protocol):
 
     def request(self, to: str, topic: str, payload: Any = None, *, timeout: float = ...,
                 headers: dict[str, Any] | None = None,
-                on_progress: Callable[[str], Any] | None = None) -> Coroutine[Any, Any, Any]: ...
+                on_progress: Callable[[str], Any] | None = None,
+                priority: int = ...) -> Coroutine[Any, Any, Any]: ...
 
     def agents(self) -> Coroutine[Any, Any, list[dict[str, Any]]]: ...
 
@@ -120,7 +121,7 @@ class Gather:
                  to: Iterable[str] | None = None, capability: str | None = None,
                  subscribers_of: str | None = None, want: int | None = None, timeout: float = 30.0,
                  headers: dict[str, Any] | None = None,
-                 on_progress: Callable[[str, str], Any] | None = None) -> None:
+                 on_progress: Callable[[str, str], Any] | None = None, priority: int = 5) -> None:
         if want is not None and want < 1:
             raise ValidationFailed("want must be a positive number of replies")
         if not timeout or timeout <= 0:
@@ -136,6 +137,7 @@ class Gather:
         self.timeout = timeout
         self._headers = headers
         self._on_progress = on_progress
+        self._priority = priority
         self._queue: asyncio.Queue[tuple[str, Any, BaseException | None]] = asyncio.Queue()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._started = False
@@ -177,7 +179,8 @@ class Gather:
                 return cb(name, note)
         try:
             value = await self._agent.request(name, self._topic, self._payload, timeout=timeout,
-                                              headers=self._headers, on_progress=progress)
+                                              headers=self._headers, on_progress=progress,
+                                              priority=self._priority)
         except Exception as exc:  # every failure is one target's outcome, never the gather's
             self._queue.put_nowait((name, None, exc))
         else:

@@ -213,6 +213,12 @@ class Settings(BaseModel):
         "full (they never share the data inbox cap); a client with at most this many calls in flight "
         "gets every answer. The register answer tells it as in_flight_max.",
     )
+    priority_hold_max: int = Field(
+        default=256, ge=0, le=100_000,
+        description="Urgent (priority 0-4) qos-0 messages kept per agent connection while its inbox "
+        "is full, sent ahead of other data as it reads (lowest priority number first); past it they "
+        "are refused with INBOX_FULL like any other. 0: none kept.",
+    )
     publisher_notices_max: int = Field(
         default=1024, ge=1, le=1_000_000,
         description="Publishers remembered for the rate limit of the INBOX_FULL notice a full "

@@ -30,6 +30,7 @@ import zmq
 
 from meshd.delivery.publication_hold import PublicationHold
 from meshd.mesh.directory import LocalAgent
+from meshd.util.priority import priority_of
 from meshd.wire import protocol as P
 from meshd.wire.protocol import FrameError, Kind
 
@@ -71,18 +72,18 @@ def _publications_in(msg: list[bytes]) -> int:
         return 1
 
 
-def _held_info(msg: list[bytes]) -> tuple[int, str]:
+def _held_info(msg: list[bytes]) -> tuple[int, str, int]:
     """How many publications a message about to be held counts for (1, or a publishing batch's
     ``count``: its header only, clamped to 1..MAX_BATCH, the bytes bound holds whatever it says),
-    and its publisher ("" if unreadable)."""
+    its publisher ("" if unreadable) and its priority."""
     try:
         header = P.unpack_header(msg[1])
     except (FrameError, IndexError):
-        return 1, ""
+        return 1, "", P.DEFAULT_PRIORITY
     count = header.get(P.COUNT) if header.get(P.KIND) == Kind.BATCH else 1
     publisher = header.get(P.FROM)
     return (min(max(count, 1), P.MAX_BATCH) if isinstance(count, int) else 1,
-            publisher if isinstance(publisher, str) else "")
+            publisher if isinstance(publisher, str) else "", priority_of(header.get(P.PRIO)))
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,8 @@ class Publications:
                 pass  # the inbox is full: hold it
             except zmq.ZMQError:
                 return self._drop(sub, topic, msg)  # the connection is gone
-        count, publisher = _held_info(msg)
-        if hold.offer(rid, msg, count, publisher):
+        count, publisher, priority = _held_info(msg)
+        if hold.offer(rid, msg, count, publisher, priority):
             self.publication_dropped(sub.name, msg, held=hold.waiting(rid))
             return True
         return self._drop(sub, topic, msg)

@@ -532,6 +532,11 @@ class Router:
             self.link.send_now([agent.rid, *msg])
             self.stats["delivered"] += 1
         except zmq.Again:
+            prio = header.fields.get(P.PRIO)
+            if unit_id is None and prio is not None and prio < P.DEFAULT_PRIORITY and \
+                    self.link.hold_urgent([agent.rid, *msg], prio):
+                self.stats["delivered"] += 1  # it waits ahead of the backlog (priority_hold_max)
+                return None
             if unit_id is not None:
                 self.qos.not_delivered(str(unit_id))
             code = self.bounce(header, msg, P.ErrorCode.INBOX_FULL, f"inbox of {agent.name!r} is full",
