@@ -219,6 +219,12 @@ class Settings(BaseModel):
         "is full, sent ahead of other data as it reads (lowest priority number first); past it they "
         "are refused with INBOX_FULL like any other. 0: none kept.",
     )
+    route_memory: int = Field(
+        default=10_000, ge=16, le=1_000_000,
+        description="Requests sent to a route: address (content routing) whose chosen agent is "
+        "remembered, so a cancel follows its request; past it the oldest is forgotten (its cancel is "
+        "then dropped, counted as route_cancel_unknown).",
+    )
     publisher_notices_max: int = Field(
         default=1024, ge=1, le=1_000_000,
         description="Publishers remembered for the rate limit of the INBOX_FULL notice a full "
