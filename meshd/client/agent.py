@@ -512,11 +512,12 @@ class Agent:
         self._push(P.frames(header, data))  # never batched: the daemon checks its hops
 
     async def handoff(self, to: str, task_id: str, context: Any = None, artifacts: Any = None, *,
-                      timeout: float = DEFAULT_REQUEST_TIMEOUT) -> HandoffResult:
+                      timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                      priority: int = P.DEFAULT_PRIORITY) -> HandoffResult:
         """Hand a task to another agent (topic ``handoff-task``); returns its accept or reject."""
         reply = await self.request(to, P.HANDOFF_TOPIC,
                                    {"task_id": task_id, "context": context, "artifacts": artifacts},
-                                   timeout=timeout)
+                                   timeout=timeout, priority=priority)
         if isinstance(reply, dict):
             return HandoffResult(bool(reply.get("accepted", False)), reply.get("reason"), reply.get("data"))
         return HandoffResult(bool(reply))

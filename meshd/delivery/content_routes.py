@@ -20,14 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from meshd.wire import protocol as P
 from meshd.wire.protocol import FrameError, Kind
+from meshd.wire.system_names import ROUTE_PREFIX
 
 if TYPE_CHECKING:
     from meshd.plugins.host import PluginHost
 
 __all__ = ["ROUTE_PREFIX", "ContentRoutes"]
-
-ROUTE_PREFIX = "route:"
-"""A ``to`` that starts with this is a virtual address that a plugin resolves."""
 
 PAYLOAD_ROUTES_MAX = 1024
 """Route names whose payload answer is remembered; past it the memory starts again."""

@@ -167,6 +167,8 @@ def _whole(value: Any) -> Any:
 Count = Annotated[int, Strict(), Ge(0), Le(10**9), BeforeValidator(_whole)]
 Qos = Annotated[int, Strict(), Ge(0), Le(1), BeforeValidator(_whole),
                 Field(description="0: at most once; 1: at least once (stored until acked).")]
+Priority = Annotated[int, Strict(), Ge(0), Le(P.MAX_PRIORITY), BeforeValidator(_whole),
+                     Field(description="0 (urgent, served first) to 9; default 5 (docs/PROTOCOL.md §8.10).")]
 
 
 ABSENT_MARK = "x-meshd-absent"
@@ -289,6 +291,7 @@ class MessageRequest(_Body):
     expects_response: bool = True
     timeout: Timeout = 30.0
     qos: Qos = 0
+    priority: Priority = P.DEFAULT_PRIORITY
 
     @model_validator(mode="after")
     def _needs(self) -> MessageRequest:
@@ -412,6 +415,7 @@ class RequestRequest(_Body):
     topic: Topic = "request"
     payload: Any = None
     timeout: Timeout = 30.0
+    priority: Priority = P.DEFAULT_PRIORITY
 
     @model_validator(mode="after")
     def _needs(self) -> RequestRequest:
@@ -442,6 +446,7 @@ class GatherRequest(_Body):
     want: Annotated[int, Strict(), Ge(1), Le(GATHER_MAX_TARGETS), BeforeValidator(_whole)] = _absent(
         0, "Stop after this many replies (left out: wait for every target).")
     timeout: Timeout = 30.0
+    priority: Priority = P.DEFAULT_PRIORITY
 
     @model_validator(mode="after")
     def _needs(self) -> GatherRequest:
@@ -492,6 +497,7 @@ class PublishRequest(_Body):
     topic: PublishTopic
     payload: Any = None
     qos: Qos = 0
+    priority: Priority = P.DEFAULT_PRIORITY
 
     @model_validator(mode="after")
     def _needs(self) -> PublishRequest:

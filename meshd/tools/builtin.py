@@ -31,6 +31,7 @@ _AGENT = Field(description="Agent name, or name@node to pick one node's agent.",
                max_length=260)
 _TOPIC = Field(description="Topic the receiving agent's handler is selected by.", min_length=1,
                max_length=256)
+_PRIORITY = Field(default=5, ge=0, le=9, description="0 (urgent, served first) to 9; default 5.")
 _TERMINAL: Final = frozenset({"done", "failed", "cancelled"})
 _WAIT_SLICE_S: Final = 2.0  # wait_task looks at its task this often, to tell the caller how it goes
 
@@ -55,6 +56,7 @@ class RequestAgentArgs(_Args):
     topic: str = _TOPIC
     payload: Any = Field(default=None, description="The request (any JSON value).")
     timeout_s: float = Field(default=30.0, gt=0, description="Seconds to wait for the reply.")
+    priority: int = _PRIORITY
 
 
 class GatherAgentsArgs(_Args):
@@ -71,6 +73,7 @@ class GatherAgentsArgs(_Args):
     want: int | None = Field(default=None, ge=1, le=GATHER_MAX_TARGETS,
                              description="Stop after this many replies (default: wait for every target).")
     timeout_s: float = Field(default=30.0, gt=0, description="Seconds to wait for the replies.")
+    priority: int = _PRIORITY
 
     @model_validator(mode="after")
     def _one_selector(self) -> GatherAgentsArgs:
@@ -87,11 +90,13 @@ class SendMessageArgs(_Args):
     agent: str = _AGENT
     topic: str = _TOPIC
     payload: Any = Field(default=None, description="The message (any JSON value).")
+    priority: int = _PRIORITY
 
 
 class PublishArgs(_Args):
     topic: str = Field(description="Topic to publish on.", min_length=1, max_length=256)
     payload: Any = Field(default=None, description="The publication (any JSON value).")
+    priority: int = _PRIORITY
 
 
 # -- tasks and spawning -------------------------------------------------------------------------
@@ -225,7 +230,7 @@ async def request_agent(args: RequestAgentArgs, ctx: ToolContext) -> Any:
     # a client from timing the call out).
     return await ctx.agent.request(args.agent, args.topic, args.payload,
                                    timeout=_bounded(ctx, args.timeout_s), headers=_headers(ctx),
-                                   on_progress=ctx.progress)
+                                   on_progress=ctx.progress, priority=args.priority)
 
 
 async def gather_agents(args: GatherAgentsArgs, ctx: ToolContext) -> dict[str, Any]:
@@ -240,7 +245,8 @@ async def gather_agents(args: GatherAgentsArgs, ctx: ToolContext) -> dict[str, A
 
     replies, summary = await ctx.agent.gather(
         args.topic, args.payload, to=[t for t in targets if t != ctx.agent.name], want=args.want,
-        timeout=_bounded(ctx, args.timeout_s), headers=_headers(ctx), on_progress=note).collect()
+        timeout=_bounded(ctx, args.timeout_s), headers=_headers(ctx), on_progress=note,
+        priority=args.priority).collect()
     return {"replies": [{"agent": r.sender, "reply": r.payload} for r in replies],
             "summary": summary.as_dict()}
 
@@ -266,13 +272,15 @@ async def list_agents(args: ListAgentsArgs, ctx: ToolContext) -> list[dict[str, 
 
 async def send_message(args: SendMessageArgs, ctx: ToolContext) -> dict[str, Any]:
     _may_message(ctx, args.agent, args.topic)
-    msg_id = await ctx.agent.send(args.agent, args.topic, args.payload, headers=_headers(ctx))
+    msg_id = await ctx.agent.send(args.agent, args.topic, args.payload, headers=_headers(ctx),
+                                  priority=args.priority)
     return {"sent": True, "message_id": msg_id}
 
 
 async def publish(args: PublishArgs, ctx: ToolContext) -> dict[str, Any]:
     _may_message(ctx, "*", args.topic)
-    reached = await ctx.agent.publish(args.topic, args.payload, headers=_headers(ctx), reach=True)
+    reached = await ctx.agent.publish(args.topic, args.payload, headers=_headers(ctx), reach=True,
+                                      priority=args.priority)
     return {"reached": reached}
 
 

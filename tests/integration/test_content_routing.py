@@ -5,9 +5,13 @@ to the least-loaded agent on another node; batches, cancel, and NO_SUCH_AGENT na
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from meshd import Agent, NoSuchAgent
@@ -110,5 +114,51 @@ def test_without_a_routing_plugin_a_route_is_just_an_unknown_name(meshd_factory:
         async with Agent("me", socket=a.socket) as me:
             with pytest.raises(NoSuchAgent):
                 await me.request("route:invoices", "verify", None, timeout=10)
+
+    asyncio.run(scenario())
+
+
+CTL = [sys.executable, "-c", "import sys; from meshd.cli import meshctl_main; sys.exit(meshctl_main())"]
+
+
+def test_routes_and_priorities_from_meshctl_http_and_the_tools(meshd_factory: MeshdFactory,
+                                                               installed_router: Path) -> None:
+    a, b = routed_pair(meshd_factory, installed_router)
+
+    async def scenario() -> None:
+        async with Agent("llm", socket=a.socket) as llm, \
+                Agent("inv", socket=b.socket, capabilities=["invoices"]) as inv:
+            seen: list[tuple[str, Any]] = []
+
+            @inv.on("verify")
+            def verify(msg: Any) -> Any:
+                seen.append((msg.sender, msg.payload))
+                return "inv"
+
+            await wait_listed(llm, "inv")
+            out = await asyncio.to_thread(subprocess.run, [
+                *CTL, "--socket", str(a.socket), "request", "route:invoices", "verify", '"ctl"',
+                "--priority", "0", "--timeout", "10"], capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0 and json.loads(out.stdout) == "inv", out.stderr
+            bad = await asyncio.to_thread(subprocess.run, [
+                *CTL, "--socket", str(a.socket), "send", "inv", "verify", "1", "--priority", "10"],
+                capture_output=True, text=True, timeout=30)
+            assert bad.returncode != 0 and "priority" in bad.stderr
+            gw = a.gateway()
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {gw.token}"}) as http:
+                async with http.post(gw.url + "v1/agents/register", json={"name": "web"}) as r:
+                    session = (await r.json())["session_id"]
+                body = {"session_id": session, "target": "route:invoices", "topic": "verify",
+                        "payload": "http", "priority": 1, "timeout": 10}
+                async with http.post(gw.url + "v1/request", json=body) as r:
+                    assert r.status == 200 and (await r.json())["payload"] == "inv"
+                async with http.post(gw.url + "v1/request", json=dict(body, priority=10)) as r:
+                    assert r.status == 400  # range-checked at the edge
+                async with http.post(gw.url + "v1/request", json=dict(body, target="route:nothing")) as r:
+                    got = await r.json()
+                    assert r.status == 404 and "route:nothing" in got["error"]["message"]
+            assert await llm.call_tool("request_agent", {"agent": "route:invoices", "topic": "verify",
+                                                         "payload": "tool", "priority": 0}) == "inv"
+            assert [p for _, p in seen] == ["ctl", "http", "tool"]
 
     asyncio.run(scenario())
