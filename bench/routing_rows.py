@@ -8,9 +8,12 @@ awaited loops, ``async def`` handlers, a fresh message per call.
 * **priority**: request/reply p50/p99 from an agent on a to a worker on b (its own process): idle;
   then while the worker drains a backlog of ``--backlog`` priority-9 sends (sent by a third
   process on a as fast as it can; what the worker's pipes and inbox refuse is lost, qos 0, and
-  the accepted count is printed), requests at the default priority 5 and at priority 0. The
-  worker spends about 100 us of CPU per send, so the backlog lasts. Requests refused with
-  INBOX_FULL are counted, not timed.
+  the accepted count is printed): default-priority requests behind default-priority sends (no
+  priority), and priority-0 requests behind priority-9 sends. The worker spends about 300 us of
+  CPU per send; it holds its handlers while the whole backlog is sent and is released just
+  before the requests start, one every (drain time / n) whatever the answers, so they meet the
+  backlog all the while it drains (a plain awaited loop would time only the first). Requests
+  refused with INBOX_FULL are counted, not timed.
 * **gather**: a single request to one agent vs ``gather`` to 8 agents (4 per daemon, one process
   per daemon), p50/p99 of the complete gather.
 
@@ -48,8 +51,15 @@ def pct(samples: list[float], q: float) -> float:
 
 async def role_worker(socket: str, names: list[str], spin_us: float, life: float) -> None:
     """Agents that answer "ask" at once and spend ``spin_us`` of CPU on each "job" send."""
+    gate = asyncio.Event()  # "hold" and "release" to <first name>-ctl: the backlog builds while held
+    gate.set()
     agents = [Agent(n, socket=socket, capabilities=["expert"]) for n in names]
-    for ag in agents:
+    ctl = Agent(f"{names[0]}-ctl", socket=socket)
+    await ctl.connect()
+    ctl.on("hold")(lambda msg: gate.clear())
+    ctl.on("release")(lambda msg: gate.set())
+    agents.append(ctl)
+    for ag in agents[:-1]:
         await ag.connect()
 
         @ag.on("ask")
@@ -58,6 +68,8 @@ async def role_worker(socket: str, names: list[str], spin_us: float, life: float
 
         @ag.on("job")
         async def job(msg: Any) -> None:
+            if not gate.is_set():
+                await gate.wait()
             end = time.perf_counter() + spin_us / 1e6
             while time.perf_counter() < end:
                 pass
@@ -68,7 +80,7 @@ async def role_worker(socket: str, names: list[str], spin_us: float, life: float
         await ag.close()
 
 
-async def role_bulk(socket: str, to: str, n: int) -> None:
+async def role_bulk(socket: str, to: str, n: int, priority: int) -> None:
     async with Agent("bulk", socket=socket) as bulk:
         lost = 0
 
@@ -80,8 +92,8 @@ async def role_bulk(socket: str, to: str, n: int) -> None:
         print("ready", flush=True)
         sys.stdin.readline()
         for i in range(n):
-            await bulk.send(to, "job", i, priority=9)
-        await asyncio.sleep(1.0)  # let the refusals come back
+            await bulk.send(to, "job", i, priority=priority)
+        await asyncio.sleep(0.3)  # let the refusals come back
         print(json.dumps({"sent": n, "refused": lost}), flush=True)
 
 
@@ -114,9 +126,27 @@ async def requests(me: Agent, to: str, n: int, priority: int, until: float) -> t
     return lat, refused
 
 
+async def paced_requests(me: Agent, to: str, n: int, priority: int, every: float) -> tuple[list[float], int]:
+    """``n`` requests, one every ``every`` seconds whatever the answers (so they meet the backlog
+    all the while it drains, not only the first), each timed from its own start."""
+    async def one() -> float | None:
+        t0 = time.perf_counter()
+        try:
+            await me.request(to, "ask", None, timeout=20, priority=priority)
+        except InboxFull:
+            return None
+        return time.perf_counter() - t0
+    tasks = []
+    for _ in range(n):
+        tasks.append(asyncio.ensure_future(one()))
+        await asyncio.sleep(every)
+    done = await asyncio.gather(*tasks)
+    return [x for x in done if x is not None], sum(1 for x in done if x is None)
+
+
 async def priority_rows(a_sock: str, b_sock: str, backlog: int, n: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    worker = start(["worker", b_sock, "worker", "100", "120"])
+    worker = start(["worker", b_sock, "worker", "300", "120"])
     try:
         async with Agent("asker", socket=a_sock) as me:
             await wait_listed(me, "worker")
@@ -124,20 +154,25 @@ async def priority_rows(a_sock: str, b_sock: str, backlog: int, n: int) -> list[
             lat, _ = await requests(me, "worker", n, 5, time.monotonic() + 30)
             rows.append({"row": "idle worker, priority 5", "p50_ms": pct(lat, 0.5),
                          "p99_ms": pct(lat, 0.99), "n": len(lat)})
-            for prio in (5, 0):
-                bulk = start(["bulk", a_sock, "worker", str(backlog)])
+            for label, bulk_prio, prio in (("backlog of priority-5 sends, priority 5 (no priority)", 5, 5),
+                                           ("backlog of priority-9 sends, priority 0", 9, 0)):
+                bulk = start(["bulk", a_sock, "worker", str(backlog), str(bulk_prio)])
                 assert bulk.stdin is not None and bulk.stdout is not None
+                # the worker holds its handlers while the whole backlog is sent (what its pipes
+                # and inbox refused came back); released as the first request goes, it drains
+                # for about backlog x 300 us
+                await me.request("worker-ctl", "hold", None, timeout=10)
                 bulk.stdin.write("go\n")
                 bulk.stdin.flush()
-                await asyncio.sleep(0.05)  # the backlog builds
-                lat, refused = await requests(me, "worker", n, prio, time.monotonic() + 30)
                 out = await asyncio.get_running_loop().run_in_executor(None, bulk.stdout.readline)
                 bulk.wait(30)
+                await me.request("worker-ctl", "release", None, timeout=10)
+                lat, refused = await paced_requests(me, "worker", n, prio, backlog * 300e-6 / n)
                 sent = json.loads(out)
-                rows.append({"row": f"backlog of priority-9 sends, priority {prio}", "p50_ms": pct(lat, 0.5),
-                             "p99_ms": pct(lat, 0.99), "n": len(lat), "inbox_full": refused,
-                             "backlog_accepted": sent["sent"] - sent["refused"]})
-                await asyncio.sleep(1.0)  # drained
+                rows.append({"row": label, "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99),
+                             "max_ms": max(lat) * 1e3 if lat else float("nan"), "n": len(lat),
+                             "inbox_full": refused, "backlog_accepted": sent["sent"] - sent["refused"]})
+                await asyncio.sleep(backlog * 300e-6 + 1.0)  # drained
     finally:
         worker.kill()
         worker.wait(10)
@@ -189,7 +224,7 @@ def main() -> None:
         if role == "worker":
             asyncio.run(role_worker(rest[0], rest[1:-2], float(rest[-2]), float(rest[-1])))
         else:
-            asyncio.run(role_bulk(rest[0], rest[1], int(rest[2])))
+            asyncio.run(role_bulk(rest[0], rest[1], int(rest[2]), int(rest[3])))
         return
     n = 100 if args.quick else 300
     factory = MeshdFactory(short_tempdir("mshd-route-"))
