@@ -213,3 +213,15 @@ def test_the_ttl_left_survives_a_restart_by_the_same_hosts_clock(tmp_path: Path,
     store = DeliveryStore(path, wall=lambda: clock.wall, monotonic=lambda: clock.mono)
     assert store.outbox["u1"].expires_m == pytest.approx(5.0 + 40.0)
     store.close()
+
+
+def test_due_retries_go_lowest_priority_first(clock: Clock) -> None:
+    q = _machine(clock)
+    for unit, prio in (("u9", 9), ("u5", None), ("u0", 0), ("u9b", 9)):
+        header = {P.KIND: Kind.SEND, P.ID: unit, P.FROM: "planner", P.TO: "r", P.TOPIC: "t", P.QOS: 1}
+        if prio is not None:
+            header[P.PRIO] = prio
+        q.accept(None, "planner", unit, "r", P.frames(header, b"p"))
+    q.flush()
+    clock.advance(5.1)
+    assert [a.entry.id for a in q.tick() if isinstance(a, Attempt)] == ["u0", "u5", "u9", "u9b"]
