@@ -49,11 +49,12 @@ def pct(samples: list[float], q: float) -> float:
 
 # ------------------------------------------------------------------------------- helper roles
 
-async def role_worker(socket: str, names: list[str], spin_us: float, life: float) -> None:
+async def role_worker(socket: str, names: list[str], spin_us: float, life: float,
+                      read_ahead: int = 0) -> None:
     """Agents that answer "ask" at once and spend ``spin_us`` of CPU on each "job" send."""
     gate = asyncio.Event()  # "hold" and "release" to <first name>-ctl: the backlog builds while held
     gate.set()
-    agents = [Agent(n, socket=socket, capabilities=["expert"]) for n in names]
+    agents = [Agent(n, socket=socket, capabilities=["expert"], read_ahead=read_ahead) for n in names]
     ctl = Agent(f"{names[0]}-ctl", socket=socket)
     await ctl.connect()
     ctl.on("hold")(lambda msg: gate.clear())
@@ -144,15 +145,17 @@ async def paced_requests(me: Agent, to: str, n: int, priority: int, every: float
     return [x for x in done if x is not None], sum(1 for x in done if x is None)
 
 
-async def priority_rows(a_sock: str, b_sock: str, backlog: int, n: int) -> list[dict[str, Any]]:
+async def priority_rows(a_sock: str, b_sock: str, backlog: int, n: int,
+                        read_ahead: int = 0) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    worker = start(["worker", b_sock, "worker", "300", "120"])
+    worker = start(["worker", b_sock, "worker", "300", "120", str(read_ahead)])
     try:
         async with Agent("asker", socket=a_sock) as me:
             await wait_listed(me, "worker")
             await requests(me, "worker", 50, 5, time.monotonic() + 10)  # warm-up
             lat, _ = await requests(me, "worker", n, 5, time.monotonic() + 30)
-            rows.append({"row": "idle worker, priority 5", "p50_ms": pct(lat, 0.5),
+            tag = f", read_ahead={read_ahead}" if read_ahead else ""
+            rows.append({"row": "idle worker, priority 5" + tag, "p50_ms": pct(lat, 0.5),
                          "p99_ms": pct(lat, 0.99), "n": len(lat)})
             for label, bulk_prio, prio in (("backlog of priority-5 sends, priority 5 (no priority)", 5, 5),
                                            ("backlog of priority-9 sends, priority 0", 9, 0)):
@@ -169,7 +172,7 @@ async def priority_rows(a_sock: str, b_sock: str, backlog: int, n: int) -> list[
                 await me.request("worker-ctl", "release", None, timeout=10)
                 lat, refused = await paced_requests(me, "worker", n, prio, backlog * 300e-6 / n)
                 sent = json.loads(out)
-                rows.append({"row": label, "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99),
+                rows.append({"row": label + tag, "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99),
                              "max_ms": max(lat) * 1e3 if lat else float("nan"), "n": len(lat),
                              "inbox_full": refused, "backlog_accepted": sent["sent"] - sent["refused"]})
                 await asyncio.sleep(backlog * 300e-6 + 1.0)  # drained
@@ -180,8 +183,8 @@ async def priority_rows(a_sock: str, b_sock: str, backlog: int, n: int) -> list[
 
 
 async def gather_rows(a_sock: str, b_sock: str, n: int) -> list[dict[str, Any]]:
-    procs = [start(["worker", a_sock, "e0", "e1", "e2", "e3", "0", "120"]),
-             start(["worker", b_sock, "e4", "e5", "e6", "e7", "0", "120"])]
+    procs = [start(["worker", a_sock, "e0", "e1", "e2", "e3", "0", "120", "0"]),
+             start(["worker", b_sock, "e4", "e5", "e6", "e7", "0", "120", "0"])]
     try:
         async with Agent("asker", socket=a_sock) as me:
             await wait_listed(me, *[f"e{i}" for i in range(8)])
@@ -222,7 +225,7 @@ def main() -> None:
     if args.role:
         role, *rest = args.role
         if role == "worker":
-            asyncio.run(role_worker(rest[0], rest[1:-2], float(rest[-2]), float(rest[-1])))
+            asyncio.run(role_worker(rest[0], rest[1:-3], float(rest[-3]), float(rest[-2]), int(rest[-1])))
         else:
             asyncio.run(role_bulk(rest[0], rest[1], int(rest[2]), int(rest[3])))
         return
@@ -233,6 +236,9 @@ def main() -> None:
         b = factory.spawn("b", fast=False)
         factory.wait_mesh([a, b])
         rows = asyncio.run(priority_rows(str(a.socket), str(b.socket), args.backlog, n))
+        # the worker reads the whole backlog into its own memory, where priorities apply
+        rows += asyncio.run(priority_rows(str(a.socket), str(b.socket), args.backlog, n,
+                                          read_ahead=2 * args.backlog))
         rows += asyncio.run(gather_rows(str(a.socket), str(b.socket), n))
         for r in rows:
             extra = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()

@@ -161,6 +161,7 @@ class Agent:
         auto_heartbeat: bool = True,
         embedded: EmbeddedLink | None = None,
         max_concurrent_handlers: int = DEFAULT_MAX_CONCURRENT_HANDLERS,
+        read_ahead: int = 0,
     ) -> None:
         if not P.valid_name(name):
             raise ValidationFailed(f"invalid agent name {name!r}: 1-128 printable characters, no '@'")
@@ -214,10 +215,13 @@ class Agent:
         # and the dispatcher call each other, so the slots reach the two built after them through
         # _dispatch_parked and the awaiting closure (called only while every slot is taken), and
         # the calls and the dispatcher get the slots' bound methods.
+        if not 0 <= read_ahead <= MAX_READ_AHEAD:
+            raise ValidationFailed(f"read_ahead must be 0..{MAX_READ_AHEAD}")
         self._handler_slots = HandlerSlots(
             name, max_concurrent_handlers, dispatch=self._dispatch_parked, push=self._push,
             enqueue=self._enqueue, reading=self._reading,
-            awaiting=lambda: bool(self._calls.used) or bool(self._window.unconfirmed))
+            awaiting=lambda: bool(self._calls.used) or bool(self._window.unconfirmed),
+            read_ahead=read_ahead)
         self._calls = CallSlots(self.socket_path, on_busy_change=self._handler_slots.check_reading)
         self._dispatch = Dispatcher(name, enqueue=self._enqueue, push=self._push, encode=self._payload,
                                     schedule=self._call_soon, closed=lambda: self._closed,
@@ -764,6 +768,10 @@ class Agent:
         depth = len(self._dispatch.tasks) + len(self._handler_slots.parked)
         telemetry = {"queue_depth": depth} | self.telemetry
         self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
+
+
+MAX_READ_AHEAD = 100_000
+"""The most work an agent may read ahead into its own memory while its handlers are busy."""
 
 
 def _check_priority(priority: object) -> None:

@@ -61,7 +61,7 @@ class HandlerSlots:
                  dispatch: Callable[[dict[str, Any], bytes, str | None], None],
                  push: Callable[[list[bytes]], None],
                  enqueue: Callable[[BatchKey, dict[str, Any], bytes], None],
-                 reading: Callable[[bool], None], awaiting: Callable[[], bool]) -> None:
+                 reading: Callable[[bool], None], awaiting: Callable[[], bool], read_ahead: int = 0) -> None:
         """``dispatch(header, payload, unit)`` runs a handler (``Dispatcher.dispatch``);
         ``awaiting()``: does the agent await answers (calls in flight, or publishes awaiting
         confirmation)? Then the socket must be read. ``reading(on)`` pauses or resumes it."""
@@ -71,6 +71,9 @@ class HandlerSlots:
         self.limit = limit
         #: qos-0 work parked at most; past it, refused (the daemon's ``inbox_cap``).
         self.park_max = DEFAULT_PARK_MAX
+        #: Work it reads ahead into ``parked`` (where priorities apply) before pausing, at least
+        #: ``park_max``; more holds a backlog in this process's memory instead of the pipes.
+        self.read_ahead = read_ahead
         #: Work parked at most, qos-1 included: the daemon's inbox and the agent's own pipe
         #: (``transport.AGENT_RCVHWM``), all of which may stand between the agent and an answer.
         self.parked_max = DEFAULT_PARK_MAX + AGENT_RCVHWM
@@ -107,7 +110,7 @@ class HandlerSlots:
             return
         # Past park_max, qos-0 work is refused only while the agent reads on for an answer; else
         # reading pauses at park_max, so at most the rest of one frame set (a batch) parks past it.
-        if unit is None and len(self.parked) >= self.park_max and self._awaiting():
+        if unit is None and len(self.parked) >= max(self.park_max, self.read_ahead) and self._awaiting():
             self.refuse(header, P.ErrorCode.INBOX_FULL,
                         f"inbox of {self.agent_name!r} is full ({self.limit} handlers running, "
                         f"{len(self.parked)} messages waiting)")
@@ -145,8 +148,9 @@ class HandlerSlots:
         ``parked_max`` messages wait (qos-1 ones, never refused): then pause all the same, and a
         handler awaiting an answer behind them waits until its own time-out at worst."""
         parked = len(self.parked)
-        pause = self.full and ((parked >= self.park_max and not self._awaiting())
-                               or parked >= self.parked_max)
+        ahead = max(self.park_max, self.read_ahead)
+        pause = self.full and ((parked >= ahead and not self._awaiting())
+                               or parked >= max(self.parked_max, ahead))
         if pause != self.paused:
             self.paused = pause
             self._reading(not pause)

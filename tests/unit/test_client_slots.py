@@ -235,3 +235,32 @@ def test_the_bound_must_be_positive() -> None:
     with pytest.raises(ValidationFailed):
         HandlerSlots("me", 0, dispatch=d.dispatch, push=lambda f: None, enqueue=lambda k, h, p: None,
                      reading=lambda on: None, awaiting=lambda: False)
+
+
+def test_read_ahead_parks_more_before_pausing_and_serves_it_by_priority() -> None:
+    async def scenario() -> None:
+        h = Harness(limit=1)
+        h.slots.fit_daemon(2)
+        h.slots.read_ahead = 5
+        release = asyncio.Event()
+        order: list[Any] = []
+
+        async def handler(msg: Any) -> Any:
+            order.append(msg.payload)
+            await release.wait()
+
+        h.d.handlers["t"] = handler
+        h.deliver(Kind.SEND, payload="first")  # takes the one slot
+        for i in range(4):
+            h.slots.offer({P.KIND: Kind.SEND, P.ID: P.new_id(), P.TOPIC: "t", P.FROM: "asker",
+                           P.PRIO: 9}, encode_payload(i), None)
+        assert h.reading == [], "past park_max (2), within read_ahead (5): it reads on"
+        h.slots.offer({P.KIND: Kind.SEND, P.ID: P.new_id(), P.TOPIC: "t", P.FROM: "asker",
+                       P.PRIO: 0}, encode_payload("urgent"), None)
+        assert h.reading == [False] and len(h.slots.parked) == 5 and h.slots.refused == 0
+        release.set()
+        for _ in range(30):
+            await asyncio.sleep(0)
+        assert order == ["first", "urgent", 0, 1, 2, 3]
+
+    asyncio.run(scenario())
