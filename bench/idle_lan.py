@@ -45,6 +45,9 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--form-timeout", type=float, default=90.0)
+    parser.add_argument("--py-spy", metavar="FILE", default=None,
+                        help="also sample h1's daemon with py-spy during the idle window (collapsed "
+                             "stacks to FILE; needs py-spy on PATH)")
     args = parser.parse_args()
     reason = skip_reason()
     if reason:
@@ -74,7 +77,14 @@ def main() -> int:
         time.sleep(2.0)  # let start-up traffic (directories, mDNS announcements) settle
         before = [(lab.counters(i), _cpu_seconds(d.pid)) for i, d in enumerate(daemons, 1)]
         start = time.monotonic()
+        spy = None
+        if args.py_spy:
+            spy = subprocess.Popen(["py-spy", "record", "--pid", str(daemons[0].pid), "--format", "raw",
+                                    "--duration", str(int(args.seconds)), "--rate", "250", "--output",
+                                    args.py_spy, "--nonblocking"], stdout=subprocess.DEVNULL)
         time.sleep(args.seconds)
+        if spy is not None:
+            spy.wait(30)
         took = time.monotonic() - start
         after = [(lab.counters(i), _cpu_seconds(d.pid)) for i, d in enumerate(daemons, 1)]
         flapped = [d.name for d in daemons
