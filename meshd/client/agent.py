@@ -44,6 +44,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 import zmq
 
+from meshd.client import tracing
 from meshd.client.batching import Batcher, BatchKey
 from meshd.client.call_slots import CallSlots
 from meshd.client.contracts import Contract, ContractRefused, TypedTopic, is_model_class, to_wire
@@ -436,6 +437,11 @@ class Agent:
         if version is not None or check or type(payload) not in _PLAIN:
             payload = await self._typed(header, to, topic, payload, version, check)
         data = self._encode(payload, self.max_payload_bytes)  # as _payload, one call less
+        span = None
+        if (t := tracing.tracer()) is not None:  # None without an SDK: no span, no header copy
+            span = tracing.start_producer(t, "send", to, self.name, msg_id, header, P.HEADERS)
+            if qos == 0:
+                span.end()  # handed on; a later failure comes through on_error
         if qos == 0:  # the README's loop: no coroutine but this one, no loop turn unless one is due
             key: BatchKey = (P.TO, to, 0)
             if self._resend.holding:  # the daemon is restarting: sent once registered again
@@ -452,6 +458,13 @@ class Agent:
                 await sendq.writable.wait()
             return msg_id
         loop = self._require_loop()
+        if span is not None:
+            return str(await tracing.until_answered(span, self._send_qos1(loop, msg_id, to, header, data)))
+        return await self._send_qos1(loop, msg_id, to, header, data)
+
+    async def _send_qos1(self, loop: asyncio.AbstractEventLoop, msg_id: str, to: str,
+                         header: dict[str, Any], data: bytes) -> str:
+        """A qos-1 send: until the local daemon has it on disk, sent again after a daemon restart."""
         await self._calls.wait(CONTROL_TIMEOUT * 2)
         try:
             for _ in range(QOS1_RESENDS + 1):
@@ -504,8 +517,13 @@ class Agent:
             timeout -= await self._calls.wait(timeout, RequestTimeout(f"no reply from {to!r} on "
                                              f"{topic!r} within {timeout:g} s (not sent: no room)"))
         header[P.BUDGET] = P.budget_ms(timeout)  # a duration, never a clock reading
-        return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
-                                       lambda: self._enqueue((P.TO, to, 0), header, data))
+        answer = self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
+                                   lambda: self._enqueue((P.TO, to, 0), header, data))
+        if (t := tracing.tracer()) is not None:
+            span = tracing.start_producer(t, "request", to, self.name, msg_id, header, P.HEADERS,
+                                          conversation=msg_id)
+            return await tracing.until_answered(span, answer)
+        return await answer
 
     async def _typed(self, header: dict[str, Any], to: str, topic: str, payload: Any,
                      version: str | None, check: bool) -> Any:
@@ -632,6 +650,9 @@ class Agent:
         if msg.headers:
             header[P.HEADERS] = msg.headers
         data = self._payload(msg.payload if payload is DEFER else payload)
+        if (t := tracing.tracer()) is not None:  # the trace goes on under this handler's span
+            tracing.start_producer(t, "delegate", to, self.name, header[P.ID], header, P.HEADERS,
+                                   conversation=header[P.CORR], parent=msg._span).end()
         self._dispatch.handed_on(msg)  # the delegate answers; this handler's return value is ignored
         # Remember where it went, so a cancel from the requester follows it down the chain.
         self._dispatch.delegated(header[P.CORR], to, msg.sender)
@@ -680,7 +701,10 @@ class Agent:
         if version is not None or type(payload) not in _PLAIN:
             payload = await self._typed(header, "", topic, payload, version, False)
         data = self._payload(payload)
+        t = tracing.tracer()
         if qos == 0 and not reach:
+            if t is not None:
+                tracing.start_producer(t, "publish", topic, self.name, msg_id, header, P.HEADERS).end()
             window = self._window
             await window.wait_pause(loop)
             window.unconfirmed.add(msg_id)
@@ -698,6 +722,10 @@ class Agent:
         # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
         self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT
         try:
+            if t is not None:
+                span = tracing.start_producer(t, "publish", topic, self.name, msg_id, header, P.HEADERS)
+                self._enqueue((P.TOPIC, topic, qos), header, data)
+                return int(await tracing.until_answered(span, fut))
             self._enqueue((P.TOPIC, topic, qos), header, data)
             return int(await fut)
         finally:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import CoroutineType
 from typing import Any
 
+from meshd.client import tracing
 from meshd.client.batching import BatchKey, to_agent
 from meshd.client.contracts import ContractRefused, to_wire
 from meshd.errors import MeshError, Nack
@@ -94,6 +95,9 @@ class Message:
     #: When the sender made it (header ``ts``, ISO-8601 UTC): for people and logs, never compared
     #: with this host's clock (use ``time_left`` for deadlines). None from senders that omit it.
     timestamp: str | None = None
+    #: The handler's CONSUMER span when tracing (meshd/client/tracing.py): answers and delegations
+    #: made later, outside the handler, still belong under it.
+    _span: Any = None
 
     @property
     def cancelled(self) -> asyncio.Event:
@@ -324,6 +328,10 @@ class Dispatcher:
             self.reply_error(msg, P.ErrorCode.TIMEOUT, "the deadline passed before the handler started")
             self.unit_done(unit)
             return
+        if (t := tracing.tracer()) is not None:  # None without an SDK: the handler runs as it is
+            msg._span = span = tracing.process_span(t, self.agent_name, kind, topic, msg_id, sender,
+                                                    msg.correlation_id, msg.headers)
+            handler = tracing.traced_handler(span, handler)
         try:
             result = handler(msg)
         except Exception as exc:
@@ -522,6 +530,9 @@ class Dispatcher:
         except MeshError as exc:
             self.reply_error(msg, exc.code, f"reply refused: {exc.message}")
             return
+        if (t := tracing.tracer()) is not None:
+            tracing.answer_span(t, "reply", msg.reply_to or msg.sender, self.agent_name,
+                                msg.correlation_id or msg.id, msg._span)
         header = {P.KIND: Kind.REPLY, P.ID: P.new_id(), P.TIMESTAMP: P.timestamp(),
                   P.CORR: msg.correlation_id or msg.id,
                   P.TOPIC: msg.topic}
@@ -542,11 +553,17 @@ class Dispatcher:
         if self._closed() or not msg.sender or msg._answered:
             return
         msg._answered = True
+        if (t := tracing.tracer()) is not None:
+            tracing.answer_span(t, "reply", msg.reply_to or msg.sender, self.agent_name,
+                                msg.correlation_id or msg.id, msg._span, error=str(err.get("code")))
         header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id, P.ERROR: err,
                   P.TIMESTAMP: P.timestamp()}
         self._enqueue(to_agent(msg.reply_to or msg.sender), header, b"")
 
     def progress(self, msg: Message, note: str) -> None:
+        if (t := tracing.tracer()) is not None:
+            tracing.answer_span(t, "progress", msg.reply_to or msg.sender, self.agent_name,
+                                msg.correlation_id or msg.id, msg._span)
         header = {P.KIND: Kind.PROGRESS, P.ID: P.new_id(), P.TIMESTAMP: P.timestamp(),
                   P.CORR: msg.correlation_id or msg.id,
                   P.NOTE: note[:PROGRESS_NOTE_CHARS]}

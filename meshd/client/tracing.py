@@ -1,0 +1,211 @@
+"""OpenTelemetry spans for the agent library, by the messaging semantic conventions.
+
+Optional twice over: without ``opentelemetry-api`` installed (the ``otel`` extra) nothing here
+imports it, and with the API but no SDK configured ``tracer()`` answers None after one cheap
+look, so the send and receive paths make no span, no context and no header copy. Once an SDK's
+provider is set (it can be set only once per process) the tracer is looked up once and kept.
+
+Context travels in the message's application headers as W3C ``traceparent``/``tracestate``
+(docs/PROTOCOL.md, ``headers``); daemons carry them untouched, so a qos-1 retry or a dead-letter
+replay keeps the original trace. A caller that passes a ``traceparent`` in ``headers`` itself (an
+edge: the HTTP gateway, MCP, A2A) names the parent: the producer span continues that trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from types import CoroutineType
+from typing import TYPE_CHECKING, Any
+
+from meshd.errors import MeshError
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, Tracer
+
+try:
+    from opentelemetry import context as _context
+    from opentelemetry import propagate as _propagate
+    from opentelemetry import trace as _trace
+    from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, SpanKind, StatusCode
+    API = True
+except ImportError:  # the otel extra is not installed: every entry point answers "not tracing"
+    API = False
+
+SYSTEM = "meshd"
+TRACE_HEADERS = ("traceparent", "tracestate")
+"""The W3C trace-context headers an edge copies between its protocol and mesh headers."""
+MAX_TRACE_HEADER = 512
+"""Longer values are not trace context (traceparent is 55 chars; tracestate is capped at 512)."""
+HANDLER_ERROR = "HANDLER_ERROR"
+
+_tracer: Tracer | None = None
+
+
+def tracer() -> Tracer | None:
+    """meshd's tracer, or None when no SDK is configured in this process (the nil-cost guard)."""
+    global _tracer
+    if _tracer is not None:
+        return _tracer
+    if not API:
+        return None
+    provider = _trace.get_tracer_provider()
+    if isinstance(provider, ProxyTracerProvider | NoOpTracerProvider):
+        return None  # not kept: an SDK may be configured later (agents set theirs up at start)
+    _tracer = provider.get_tracer("meshd")
+    return _tracer
+
+
+def trace_headers(source: Mapping[Any, Any]) -> dict[str, str]:
+    """The trace-context entries of an edge's headers (HTTP, ``_meta``), ready for mesh headers.
+
+    Case-insensitive keys (HTTP headers); values that are not short strings are dropped, not
+    passed on: they come from outside."""
+    found: dict[str, str] = {}
+    for key, value in source.items():
+        name = key.lower() if isinstance(key, str) else None
+        if name in TRACE_HEADERS and isinstance(value, str) and 0 < len(value) <= MAX_TRACE_HEADER \
+                and value.isascii():
+            found[name] = value
+    return found
+
+
+def current_headers() -> dict[str, str]:
+    """The current span's context as trace headers (for an edge calling out over HTTP); {} if none."""
+    if tracer() is None:
+        return {}
+    carrier: dict[str, str] = {}
+    _propagate.inject(carrier)
+    return {k: v for k, v in carrier.items() if k in TRACE_HEADERS}
+
+
+def _parent(headers: Mapping[str, Any] | None) -> Context | None:
+    """The parent a producer span takes: the caller's explicit traceparent, else the current span."""
+    if headers and "traceparent" in headers:
+        return _propagate.extract(headers)
+    return None
+
+
+def start_producer(t: Tracer, operation: str, destination: str, agent: str, msg_id: str,
+                   header: dict[str, Any], headers_key: str, *, conversation: str | None = None,
+                   parent: Span | None = None) -> Span:
+    """A PRODUCER span ``{operation} {destination}``; its context injected into a copy of the
+    message's application headers (the caller's dict is never changed). ``parent``: the handler's
+    process span a delegation continues (its headers still name the original producer)."""
+    given = header.get(headers_key)
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": operation,
+        "messaging.destination.name": destination,
+        "messaging.message.id": msg_id,
+        "messaging.client.id": agent,
+    }
+    if conversation:
+        attributes["messaging.message.conversation_id"] = conversation
+    ctx = _trace.set_span_in_context(parent) if parent is not None else _parent(given)
+    span = t.start_span(f"{operation} {destination}", context=ctx, kind=SpanKind.PRODUCER,
+                        attributes=attributes)
+    carried = dict(given) if given else {}
+    _propagate.inject(carried, context=_trace.set_span_in_context(span))
+    header[headers_key] = carried
+    return span
+
+
+def fail(span: Span, exc: BaseException, default: str | None = None) -> None:
+    """Mark ``span`` failed with the meshd error code (``error.type``): a MeshError's own, else
+    ``default`` (a handler's exception is answered HANDLER_ERROR), else the exception's type."""
+    code = exc.code if isinstance(exc, MeshError) else default or type(exc).__qualname__
+    span.set_attribute("error.type", str(code))
+    span.set_status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200])
+    if default is not None:
+        span.record_exception(exc)
+
+
+async def until_answered(span: Span, answer: Awaitable[Any]) -> Any:
+    """Await a request's answer with its PRODUCER span current, and end the span with the outcome."""
+    with _trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+        try:
+            return await answer
+        except BaseException as exc:
+            fail(span, exc)
+            raise
+
+
+# ------------------------------------------------------------------------------ consumer side
+
+def process_span(t: Tracer, agent: str, kind: str, topic: str, msg_id: str, sender: str,
+                 conversation: str | None, headers: Mapping[str, Any]) -> Span:
+    """A CONSUMER ``process {topic}`` span around one message's handler: child of the producer's
+    context (one message, one process span, as the conventions recommend) and linked to it."""
+    parent = _propagate.extract(headers) if "traceparent" in headers else None
+    producer = _trace.get_current_span(parent).get_span_context() if parent is not None else None
+    links = [_trace.Link(producer)] if producer is not None and producer.is_valid else None
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": kind,
+        "messaging.destination.name": topic,
+        "messaging.message.id": msg_id,
+        "messaging.client.id": agent,
+        "meshd.sender": sender,
+    }
+    if conversation:
+        attributes["messaging.message.conversation_id"] = conversation
+    return t.start_span(f"process {topic}", context=parent, kind=SpanKind.CONSUMER,
+                        attributes=attributes, links=links)
+
+
+def traced_handler(span: Span, handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``handler`` run with ``span`` current; the span ends when the handler has finished (an
+    ``async def`` handler's coroutine stays a coroutine, so the eager first step still works)."""
+
+    def run(msg: Any) -> Any:
+        token = _context.attach(_trace.set_span_in_context(span))
+        try:
+            result = handler(msg)
+        except BaseException as exc:
+            fail(span, exc, HANDLER_ERROR)
+            span.end()
+            raise
+        finally:
+            _context.detach(token)
+        if type(result) is CoroutineType or isinstance(result, Awaitable):
+            return _finish_process(span, result)
+        span.end()
+        return result
+
+    return run
+
+
+async def _finish_process(span: Span, result: Awaitable[Any]) -> Any:
+    token = _context.attach(_trace.set_span_in_context(span))
+    try:
+        return await result
+    except BaseException as exc:
+        fail(span, exc, HANDLER_ERROR)
+        raise
+    finally:
+        _context.detach(token)
+        span.end()
+
+
+def answer_span(t: Tracer, operation: str, to: str, agent: str, corr: str,
+                parent: Span | None, error: str | None = None) -> None:
+    """The reply, error answer or progress note as a short PRODUCER span of its own, under the
+    handler's process span (``parent``) when there is one."""
+    ctx = _trace.set_span_in_context(parent) if parent is not None else None
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": operation,
+        "messaging.destination.name": to,
+        "messaging.client.id": agent,
+        "messaging.message.conversation_id": corr,
+    }
+    if error is not None:
+        attributes["error.type"] = error
+    span = t.start_span(f"{operation} {to}", context=ctx, kind=SpanKind.PRODUCER, attributes=attributes)
+    if error is not None:
+        span.set_status(StatusCode.ERROR)
+    span.end()

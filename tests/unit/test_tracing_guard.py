@@ -1,0 +1,86 @@
+"""The nil-cost guard of meshd/client/tracing.py: no SDK, no span; an SDK set later is found.
+
+Each case runs in a fresh interpreter: a tracer provider can be set only once per process, and
+the test process must stay without one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def run(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_without_the_api_nothing_is_imported_and_nothing_traced() -> None:
+    out = run("""
+        import sys
+        sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
+        from meshd.client import tracing
+        print(tracing.API, tracing.tracer(), tracing.current_headers())
+    """)
+    assert out == "False None {}"
+
+
+def test_api_without_sdk_makes_no_span_and_leaves_headers_alone() -> None:
+    out = run("""
+        from opentelemetry import trace
+        made = []
+        original = trace.ProxyTracer.start_span
+        trace.ProxyTracer.start_span = lambda self, *a, **k: made.append(a) or original(self, *a, **k)
+        from meshd.client import tracing
+        from meshd.client.handlers import Dispatcher
+        from meshd.wire.payloads import encode_payload
+        sent = []
+        d = Dispatcher("me", enqueue=lambda key, header, data: sent.append(header), push=lambda f: None,
+                       encode=encode_payload, schedule=lambda fn: fn(), closed=lambda: False)
+        d.handlers["t"] = lambda msg: msg.headers
+        tp = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+        d.dispatch({"kind": "request", "id": "r1", "topic": "t", "from": "you",
+                    "headers": {"traceparent": tp}},
+                   encode_payload(None))
+        print(tracing.tracer(), len(made), len(sent), sent[0]["kind"])
+    """)
+    assert out == "None 0 1 reply"
+
+
+def test_an_sdk_configured_after_import_is_used_and_headers_carry_its_context() -> None:
+    out = run("""
+        from meshd.client import tracing
+        assert tracing.tracer() is None
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        t = tracing.tracer()
+        given = {"tasks": []}
+        header = {"headers": given}
+        span = tracing.start_producer(t, "send", "researcher", "planner", "m1", header, "headers")
+        span.end()
+        tp = header["headers"]["traceparent"]
+        (done,) = exporter.get_finished_spans()
+        print(given == {"tasks": []}, done.name, done.kind.name,
+              tp.split("-")[1] == format(done.context.trace_id, "032x"),
+              done.attributes["messaging.destination.name"], done.attributes["messaging.client.id"])
+    """)
+    assert out == "True send researcher PRODUCER True researcher planner"
+
+
+def test_trace_headers_from_an_edge_are_bounded_and_case_insensitive() -> None:
+    from meshd.client.tracing import trace_headers
+
+    tp = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    assert trace_headers({"TraceParent": tp, "tracestate": "x=1", "other": "y"}) == {
+        "traceparent": tp, "tracestate": "x=1"}
+    assert trace_headers({"traceparent": "x" * 600, "tracestate": 5}) == {}
+    assert trace_headers({"traceparent": "caf\u00e9"}) == {}
