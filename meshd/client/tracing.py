@@ -13,6 +13,7 @@ edge: the HTTP gateway, MCP, A2A) names the parent: the producer span continues 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,16 @@ try:
     from opentelemetry import context as _context
     from opentelemetry import propagate as _propagate
     from opentelemetry import trace as _trace
-    from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, SpanKind, StatusCode
+    from opentelemetry.trace import (
+        NonRecordingSpan,
+        NoOpTracerProvider,
+        ProxyTracerProvider,
+        SpanContext,
+        SpanKind,
+        StatusCode,
+        TraceFlags,
+        TraceState,
+    )
     API = True
 except ImportError:  # the otel extra is not installed: every entry point answers "not tracing"
     API = False
@@ -40,20 +50,30 @@ MAX_TRACE_HEADER = 512
 HANDLER_ERROR = "HANDLER_ERROR"
 
 _tracer: Tracer | None = None
+_UNSET = object()
 
 
 def tracer() -> Tracer | None:
-    """meshd's tracer, or None when no SDK is configured in this process (the nil-cost guard)."""
+    """meshd's tracer, or None when no SDK is configured in this process (the nil-cost guard).
+
+    Asked twice per message, so the no-SDK answer reads the API's provider global directly (one
+    attribute read; ``get_tracer_provider`` also looks the environment up on every call); an API
+    without that global, or a provider named in the environment, takes the public way."""
     global _tracer
     if _tracer is not None:
         return _tracer
     if not API:
+        return None
+    if not _PROVIDER_FROM_ENV and getattr(_trace, "_TRACER_PROVIDER", _UNSET) is None:
         return None
     provider = _trace.get_tracer_provider()
     if isinstance(provider, ProxyTracerProvider | NoOpTracerProvider):
         return None  # not kept: an SDK may be configured later (agents set theirs up at start)
     _tracer = provider.get_tracer("meshd")
     return _tracer
+
+
+_PROVIDER_FROM_ENV = API and "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 
 def trace_headers(source: Mapping[Any, Any]) -> dict[str, str]:
@@ -79,10 +99,43 @@ def current_headers() -> dict[str, str]:
     return {k: v for k, v in carrier.items() if k in TRACE_HEADERS}
 
 
+def _remote(headers: Mapping[str, Any]) -> SpanContext | None:
+    """The W3C ``traceparent`` (and ``tracestate``) of mesh headers as a remote span context, or
+    None if absent or malformed. Parsed here rather than by the global propagator: the protocol
+    names these headers, and this is the receive path of every traced message."""
+    value = headers.get("traceparent")
+    if type(value) is not str or len(value) < 55 or len(value) > MAX_TRACE_HEADER:
+        return None
+    version, trace_id, span_id, flags = value[:2], value[3:35], value[36:52], value[53:55]
+    if value[2] != "-" or value[35] != "-" or value[52] != "-" or version == "ff" \
+            or (len(value) > 55 and (version == "00" or value[55] != "-")):
+        return None
+    try:
+        tid, sid, tf = int(trace_id, 16), int(span_id, 16), int(flags, 16)
+        int(version, 16)
+    except ValueError:
+        return None
+    if not tid or not sid:
+        return None
+    state = headers.get("tracestate")
+    ts = TraceState.from_header([state]) if type(state) is str and len(state) <= MAX_TRACE_HEADER else None
+    return SpanContext(tid, sid, is_remote=True, trace_flags=TraceFlags(tf), trace_state=ts)
+
+
+def _inject(carried: dict[str, Any], ctx: SpanContext) -> None:
+    carried["traceparent"] = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+    if ctx.trace_state:
+        carried["tracestate"] = ctx.trace_state.to_header()
+    else:
+        carried.pop("tracestate", None)
+
+
 def _parent(headers: Mapping[str, Any] | None) -> Context | None:
     """The parent a producer span takes: the caller's explicit traceparent, else the current span."""
     if headers and "traceparent" in headers:
-        return _propagate.extract(headers)
+        remote = _remote(headers)
+        if remote is not None:
+            return _trace.set_span_in_context(NonRecordingSpan(remote))
     return None
 
 
@@ -107,7 +160,7 @@ def start_producer(t: Tracer, operation: str, destination: str, agent: str, msg_
     span = t.start_span(f"{operation} {destination}", context=ctx, kind=SpanKind.PRODUCER,
                         attributes=attributes)
     carried = dict(given) if given else {}
-    _propagate.inject(carried, context=_trace.set_span_in_context(span))
+    _inject(carried, span.get_span_context())
     header[headers_key] = carried
     return span
 
@@ -138,9 +191,9 @@ def process_span(t: Tracer, agent: str, kind: str, topic: str, msg_id: str, send
                  conversation: str | None, headers: Mapping[str, Any]) -> Span:
     """A CONSUMER ``process {topic}`` span around one message's handler: child of the producer's
     context (one message, one process span, as the conventions recommend) and linked to it."""
-    parent = _propagate.extract(headers) if "traceparent" in headers else None
-    producer = _trace.get_current_span(parent).get_span_context() if parent is not None else None
-    links = [_trace.Link(producer)] if producer is not None and producer.is_valid else None
+    producer = _remote(headers) if "traceparent" in headers else None
+    parent = _trace.set_span_in_context(NonRecordingSpan(producer)) if producer is not None else None
+    links = [_trace.Link(producer)] if producer is not None else None
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
         "messaging.operation.type": "process",

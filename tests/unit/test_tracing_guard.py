@@ -84,3 +84,17 @@ def test_trace_headers_from_an_edge_are_bounded_and_case_insensitive() -> None:
         "traceparent": tp, "tracestate": "x=1"}
     assert trace_headers({"traceparent": "x" * 600, "tracestate": 5}) == {}
     assert trace_headers({"traceparent": "caf\u00e9"}) == {}
+
+
+def test_a_traceparent_from_the_wire_is_parsed_strictly() -> None:
+    from meshd.client.tracing import _remote
+
+    good = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    ctx = _remote({"traceparent": good, "tracestate": "k=v"})
+    assert ctx is not None and ctx.is_remote and ctx.trace_id == int("a" * 32, 16)
+    assert ctx.trace_state.get("k") == "v"
+    for bad in ("", good[:-1], good.replace("-", "_"), "ff" + good[2:], good + "-x",
+                "00-" + "0" * 32 + "-" + "b" * 16 + "-01", "00-" + "g" * 32 + "-" + "b" * 16 + "-01",
+                good + "-" + "x" * 600, 5, None):
+        assert _remote({"traceparent": bad}) is None, bad
+    assert _remote({"traceparent": "01-" + "a" * 32 + "-" + "b" * 16 + "-01-future"}) is not None
