@@ -784,18 +784,20 @@ class Agent:
 
     async def call_tool(self, name: str, args: dict[str, Any] | None = None, *,
                         timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                        on_progress: Callable[[str], Any] | None = None) -> Any:
+                        on_progress: Callable[[str], Any] | None = None,
+                        headers: dict[str, Any] | None = None) -> Any:
         """Call tool ``name`` with ``args`` on the local daemon and return its result. Failures are
         typed: NoSuchTool, ValidationFailed (names the field), Forbidden, QuotaExceeded,
         ApprovalDenied, NotWired, NoSuchAgent (a tool's target, answered at once),
         RequestTimeout (no answer within ``timeout``). ``on_progress(note)`` sees the notes
         of a call that takes long: the target's ``progress`` relayed by ``request_agent``, a
         call held for approval, ``wait_task``'s task changing state. Cancelling the awaiting
-        task cancels the call (and the request it made)."""
+        task cancels the call (and the request it made). ``headers``: as ``request``'s (an edge's
+        ``traceparent``: what the tool does goes on in that trace)."""
         from meshd.wire.system_names import TOPIC_CALL
 
         return await system_request(self, TOPIC_CALL, {"name": name, "args": args or {}}, timeout,
-                                    on_progress=on_progress)
+                                    on_progress=on_progress, headers=headers)
 
     # ----------------------------------------------------------------------------- internals
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from meshd.tasks import TASK_TOPIC
 from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until
 
 AGENTS = Path(__file__).with_name("traced_agents.py")
@@ -154,6 +155,45 @@ async def one_request_one_trace(meshd_factory: MeshdFactory) -> None:
     # the writer answers the original requester, the HTTP caller's session on daemon a
     answer = one(spans, "reply planner")
     assert answer["parent_id"] == write["span_id"]
+
+
+def test_mcp_meta_traceparent_reaches_a_task_on_another_daemon(meshd_factory: MeshdFactory) -> None:
+    asyncio.run(mcp_task_one_trace(meshd_factory))
+
+
+async def mcp_task_one_trace(meshd_factory: MeshdFactory) -> None:
+    """An MCP client's ``_meta.traceparent`` on ``create_task``: through ``meshd mcp`` (no SDK),
+    the daemon's tool service, the task's stored record and its dispatch to a worker on another
+    daemon, the worker's handler span is that call's child."""
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    a, b = meshd_factory.spawn("a"), meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    trace_id, caller_span = secrets.token_hex(16), secrets.token_hex(8)
+    worker = None
+    try:
+        worker = await AgentProcess("worker", b).start()
+        params = StdioServerParameters(command=sys.executable, args=[
+            "-m", "meshd", "mcp", "--socket", str(a.socket), "--name", "claude"])
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            meta: Any = {"traceparent": f"00-{trace_id}-{caller_span}-01"}
+            created = await session.call_tool("create_task", {"title": "sum up", "input": "long text",
+                                                              "capability": "summarize"}, meta=meta)
+            assert not created.is_error, created.content
+            task = json.loads(created.content[0].text)
+            done = await session.call_tool("wait_task", {"task_id": task["id"], "timeout_s": 30})
+            assert json.loads(done.content[0].text)["state"] == "done"
+        spans = await worker.spans()
+    finally:
+        if worker is not None:
+            worker.kill()
+    process = one(spans, f"process {TASK_TOPIC}")
+    assert process["trace_id"] == trace_id and process["parent_id"] == caller_span
+    assert process["attributes"]["messaging.client.id"] == "worker"
+    reply = one(spans, f"reply {process['attributes']['meshd.sender']}")  # to the daemon's scheduler
+    assert reply["parent_id"] == process["span_id"] and "error.type" not in reply["attributes"]
 
 
 def test_qos1_send_redelivered_after_kill_9_keeps_its_trace(meshd_factory: MeshdFactory,

@@ -7,6 +7,7 @@ Roles (each one process, its agents on the daemon at S):
               raises: a failed hop), then delegates the request to writer, who answers the
               original requester.
   verifier    two agents: verifier ("verify" answers, "doubt" raises) and writer ("research").
+  worker      serves tasks of capability "summarize" (a TaskWorker): a task's handler.
   receiver    handles "job" sends (qos 1): appends each message's traceparent to --qos-out.
   sender      on a line ``send``: one qos-1 "job" to receiver under a span of its own; prints
               that span's trace id.
@@ -97,6 +98,19 @@ async def verifier(socket: str) -> list[Agent]:
     return [await connect("verifier", socket, setup_verifier), await connect("writer", socket, setup_writer)]
 
 
+async def worker(socket: str) -> list[Agent]:
+    from meshd.tasks import TaskCall, TaskWorker
+
+    agent = await connect_until(lambda: Agent("worker", socket=socket, capabilities=["summarize"]),
+                                time.monotonic() + 15)
+
+    async def handle(task: TaskCall) -> Any:
+        return {"summary": f"short: {task.input}"}
+
+    TaskWorker(agent, handle)
+    return [agent]
+
+
 async def receiver(socket: str, out: str) -> list[Agent]:
     def setup(agent: Agent) -> None:
         @agent.on("job")
@@ -122,7 +136,7 @@ async def send_job(agent: Agent) -> None:
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("role", choices=["researcher", "verifier", "receiver", "sender"])
+    parser.add_argument("role", choices=["researcher", "verifier", "worker", "receiver", "sender"])
     parser.add_argument("--socket", required=True)
     parser.add_argument("--qos-out", default="")
     parser.add_argument("--max-seconds", type=float, default=90)
@@ -132,6 +146,8 @@ async def main() -> None:
         agents = await researcher(args.socket)
     elif args.role == "verifier":
         agents = await verifier(args.socket)
+    elif args.role == "worker":
+        agents = await worker(args.socket)
     elif args.role == "receiver":
         agents = await receiver(args.socket, args.qos_out)
     else:
