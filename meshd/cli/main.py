@@ -62,6 +62,8 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--offline-after", type=float)
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", choices=["text", "json"])
+    run.add_argument("--otlp", dest="otlp_endpoint", metavar="URL",
+                     help="export the daemon's own spans over OTLP/HTTP (needs the otel-export extra)")
     run.add_argument("--no-http", dest="http", action="store_const", const=False,
                      help="do not serve the HTTP/SSE gateway and dashboard (docs/http.md)")
     run.add_argument("--http-port", type=int, help="HTTP gateway port (0 = any free port)")
@@ -82,7 +84,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
     keys = ("name", "mesh", "interfaces", "port", "pub_port", "peers", "discovery", "state_dir",
             "socket", "insecure", "heartbeat_interval", "stale_after", "offline_after",
             "log_level", "log_format", "allow_insecure_lan", "trust_mode", "authorized_keys_dir",
-            "mesh_secret_file", "http", "http_port")
+            "mesh_secret_file", "http", "http_port", "otlp_endpoint")
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     return load_settings(config, overrides=overrides, environ=env)
 

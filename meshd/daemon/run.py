@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -105,7 +106,13 @@ def run_daemon(settings: Any, *, regenerate_id: bool = False) -> int:
                     ", ".join(map(str, removed)) or "nothing (no identity yet)")
     if settings.insecure:
         log.warning("INSECURE MODE: the mesh runs in plaintext; anyone on the LAN can read and inject")
+    stop_export: Callable[[], None] | None = None
     try:
+        if getattr(settings, "otlp_endpoint", None):
+            from meshd.daemon.otlp import start_export
+
+            stop_export = start_export(settings.otlp_endpoint, str(settings.name))
+            log.info("exporting the daemon's spans over OTLP/HTTP to %s", settings.otlp_endpoint)
         return asyncio.run(_serve(settings))
     except KeyboardInterrupt:
         return 0
@@ -128,3 +135,6 @@ def run_daemon(settings: Any, *, regenerate_id: bool = False) -> int:
     except (RuntimeError, OSError, zmq.ZMQError) as exc:
         log.error("cannot start: %s", exc)
         return 1
+    finally:
+        if stop_export is not None:
+            stop_export()  # the spans still batched go out before the process ends
