@@ -49,6 +49,11 @@ class MetricsSnapshot:
     #: qos-1 units staged and not yet acknowledged, and those sent and awaiting an ack.
     qos1_pending: int = 0
     qos1_in_flight: int = 0
+    #: Each local agent's consumer lag: ``{agent: (messages waiting, age of the oldest in s)}``
+    #: (meshd/delivery/consumer_lag.py), for agents whose heartbeat says what they read.
+    agent_lag: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    #: qos-1 units in the outbox by destination agent (what waits for each receiver's ack).
+    qos1_pending_by_dest: Mapping[str, int] = field(default_factory=dict)
     #: Dead letters recorded since start (the in-memory FIFO keeps only the newest).
     dead_letters_total: int = 0
     #: The node's message counters (``routed``, ``delivered``, ``bounced``, ``rejected``, ...).
@@ -61,6 +66,9 @@ class MetricsSnapshot:
     collaborations: Mapping[tuple[str, str], int] = field(default_factory=dict)
     #: Those that ended in an error, by ``(kind, error code)`` (bounded: past 64 codes, "other").
     collaboration_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    #: Messages this node's agents sent, by ``(kind, topic)``; topics past ``metrics_topic_labels``
+    #: are counted under "other", a batch to one agent under "(batch)".
+    messages: Mapping[tuple[str, str], int] = field(default_factory=dict)
     #: Request (and qos-1 send) latency by kind.
     latency: Mapping[str, LatencyReading] = field(default_factory=dict)
 

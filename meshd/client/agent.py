@@ -306,7 +306,7 @@ class Agent:
         self._dispatch.cancel_all()
         self._resend.release(DaemonUnreachable("the agent closed before its daemon came back"))
         self._calls.fail_waiting(DaemonUnreachable("agent closed"))
-        self._handler_slots.parked.clear()  # never run now (qos-1 ones: not acked, sent again)
+        self._handler_slots.clear()  # never run now (qos-1 ones: not acked, sent again)
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(DaemonUnreachable("agent closed"))
@@ -926,8 +926,11 @@ class Agent:
         running). The agent calls it every ``heartbeat_interval`` unless ``auto_heartbeat=False``."""
         if self._closed or self._sock is None:
             return
-        depth = len(self._dispatch.tasks) + len(self._handler_slots.parked)
-        telemetry = {"queue_depth": depth} | self.telemetry
+        slots = self._handler_slots
+        depth = len(self._dispatch.tasks) + len(slots.parked)
+        # waiting/lag_s: the consumer lag, messages waiting for a handler slot and the oldest's age
+        telemetry = {"queue_depth": depth, "waiting": len(slots.parked), "lag_s": round(slots.lag(), 3),
+                     "read": self._incoming.work_read} | self.telemetry
         self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
 
 

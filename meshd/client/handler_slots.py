@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -71,6 +72,8 @@ class HandlerSlots:
         self.peak = 0
         self.peak_parked = 0
         self.parked: deque[Work] = deque()
+        #: When each parked message arrived (``time.monotonic()``), in the same order: the lag.
+        self.parked_at: deque[float] = deque()
         self.paused = False
         self.refused = 0
         self._dispatch = dispatch
@@ -105,6 +108,7 @@ class HandlerSlots:
         # qos-1 work is never refused (its daemon would hold it as still in the agent's hands,
         # docs/client.md): at parked_max the socket pauses instead.
         self.parked.append((header, payload, unit))
+        self.parked_at.append(time.monotonic())
         if len(self.parked) > self.peak_parked:
             self.peak_parked = len(self.parked)
         self.check_reading()
@@ -123,11 +127,23 @@ class HandlerSlots:
         parked = self.parked
         while parked and self.running < self.limit:
             header, payload, unit = parked.popleft()
+            if self.parked_at:
+                self.parked_at.popleft()
             try:
                 self._dispatch(header, payload, unit)
             except Exception:
                 log.exception("agent %s: dropped a message that could not be handled", self.agent_name)
         self.check_reading()
+
+    def lag(self) -> float:
+        """Seconds the oldest message waiting for a handler slot has waited (0 when none waits):
+        the consumer lag the agent's heartbeat reports (``lag_s``)."""
+        return time.monotonic() - self.parked_at[0] if self.parked and self.parked_at else 0.0
+
+    def clear(self) -> None:
+        """Forget what is parked (the agent closes: nothing parked runs now)."""
+        self.parked.clear()
+        self.parked_at.clear()
 
     def check_reading(self) -> None:
         """Pause the socket while every slot is taken and none of the agent's own calls awaits an
@@ -144,11 +160,13 @@ class HandlerSlots:
     def cancel_parked(self, header: dict[str, Any]) -> None:
         """A requester cancelled: a request of its that still waits for a slot never runs."""
         corr, sender = header.get(P.CORR), header.get(P.FROM)
-        for item in self.parked:
+        for at, item in enumerate(self.parked):
             h, _, unit = item
             if unit is None and h.get(P.KIND) == Kind.REQUEST and h.get(P.FROM) == sender and \
                     (h.get(P.CORR) or h.get(P.ID)) == corr:
-                self.parked.remove(item)
+                del self.parked[at]
+                if at < len(self.parked_at):
+                    del self.parked_at[at]
                 self.refuse(h, P.ErrorCode.CANCELLED, "cancelled by the requester")
                 self.check_reading()
                 return

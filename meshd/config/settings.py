@@ -296,6 +296,11 @@ class Settings(BaseModel):
     log_format: Literal["text", "json"] = Field(
         default="text", description="Log format: text (human) or json (one object per line)."
     )
+    metrics_topic_labels: int = Field(
+        default=100, ge=1, le=10_000,
+        description="Distinct topics named in the per-topic message counts (metrics); the rest "
+        "are counted under 'other', so agents' topic names cannot grow the label set.",
+    )
     # tracing (docs/tracing.md)
     otlp_endpoint: str | None = Field(
         default=None, max_length=2048,
