@@ -99,6 +99,15 @@ def current_headers() -> dict[str, str]:
     return {k: v for k, v in carrier.items() if k in TRACE_HEADERS}
 
 
+def current_ids() -> tuple[str, str] | None:
+    """The current span's (trace id, span id) in hex, for log lines written inside a span; None
+    without an SDK or outside any span."""
+    if tracer() is None:
+        return None
+    ctx = _trace.get_current_span().get_span_context()
+    return (f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}") if ctx.is_valid else None
+
+
 def _remote(headers: Mapping[str, Any]) -> SpanContext | None:
     """The W3C ``traceparent`` (and ``tracestate``) of mesh headers as a remote span context, or
     None if absent or malformed. Parsed here rather than by the global propagator: the protocol

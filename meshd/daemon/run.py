@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from meshd.client.tracing import current_ids
 from meshd.errors import ConfigError, StateFileError
 from meshd.mesh.keys import KeyFileError
 
@@ -43,6 +44,9 @@ class _JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
+        ids = current_ids()  # written inside a span: a log shipper links the line to its trace
+        if ids is not None:
+            entry["trace_id"], entry["span_id"] = ids
         return json.dumps(entry)
 
 

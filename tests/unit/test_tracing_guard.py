@@ -98,3 +98,24 @@ def test_a_traceparent_from_the_wire_is_parsed_strictly() -> None:
                 good + "-" + "x" * 600, 5, None):
         assert _remote({"traceparent": bad}) is None, bad
     assert _remote({"traceparent": "01-" + "a" * 32 + "-" + "b" * 16 + "-01-future"}) is not None
+
+
+def test_json_log_lines_carry_the_trace_inside_a_span() -> None:
+    out = run("""
+        import json, logging
+        from meshd.daemon.run import _JsonFormatter
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        record = lambda: logging.LogRecord("meshd", logging.INFO, "x.py", 1, "hello", None, None)
+        fmt = _JsonFormatter()
+        before = json.loads(fmt.format(record()))
+        trace.set_tracer_provider(TracerProvider())
+        outside = json.loads(fmt.format(record()))
+        with trace.get_tracer("t").start_as_current_span("work") as span:
+            inside = json.loads(fmt.format(record()))
+        ctx = span.get_span_context()
+        print("trace_id" in before, "trace_id" in outside,
+              inside["trace_id"] == format(ctx.trace_id, "032x"),
+              inside["span_id"] == format(ctx.span_id, "016x"))
+    """)
+    assert out == "False False True True"
