@@ -61,6 +61,8 @@ class MetricsSnapshot:
     #: Observer events waiting for plugins, and the plugin host's counters.
     plugin_queue: int = 0
     plugin_stats: Mapping[str, int] = field(default_factory=dict)
+    #: Time in each thread-mode plugin's hooks: ``{(plugin, hook): (calls, seconds, cpu_seconds)}``.
+    plugin_hook_time: Mapping[tuple[str, str], tuple[int, float, float]] = field(default_factory=dict)
     #: Collaborations (send, request, delegate, handoff) by ``(kind, outcome)``, counted by the
     #: node itself, so that a metrics plugin need not receive every outcome (meshd_collaboration).
     collaborations: Mapping[tuple[str, str], int] = field(default_factory=dict)

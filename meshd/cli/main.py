@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshd import __version__
 from meshd.cli.contracts_view import describe_lines, skills_cell
-from meshd.cli.format import print_json, table
+from meshd.cli.format import plugin_rows, print_json, table
 from meshd.cli.top import run_top
 from meshd.daemon.run import run_daemon, setup_logging  # noqa: F401  (setup_logging: kept importable here)
 from meshd.errors import ConfigError, MeshError
@@ -400,6 +400,12 @@ async def _ctl(args: argparse.Namespace) -> int:
                 print("\n".join(describe_lines(args.agent, node, records)))
         elif args.cmd == "node":
             print_json(await me.node_info())
+        elif args.cmd == "plugins":
+            rows = plugin_rows((await me.node_info()).get("plugins") or {})
+            if args.json:
+                print_json(rows)
+            else:
+                table(rows, ["plugin", "hook", "calls", "total_ms", "cpu_ms", "mean_ms"])
         elif args.cmd == "send":
             await me.send(args.agent, args.topic, args.payload)
             await asyncio.sleep(0.05)  # let the daemon bounce an unknown name back
@@ -490,6 +496,8 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     p.add_argument("agent")
     p.add_argument("--json", action="store_true", help="the contract records as they are")
     sub.add_parser("node", help="this daemon's identity and counters (JSON)")
+    p = sub.add_parser("plugins", help="this daemon's plugins and the time spent in their hooks")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("send", help="fire-and-forget message")
     p.add_argument("agent")
     p.add_argument("topic")

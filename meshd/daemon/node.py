@@ -267,6 +267,8 @@ class Node:
             events=dict(self.stats),
             plugin_queue=self.plugins.queued,
             plugin_stats=dict(self.plugins.stats),
+            plugin_hook_time={(p, h): (int(t["calls"]), t["seconds"], t["cpu_seconds"])
+                              for p, hooks in self.plugins.hook_times().items() for h, t in hooks.items()},
             collaborations=dict(self.outcomes.tally.counts),
             collaboration_errors=dict(self.outcomes.tally.errors),
             latency=self.outcomes.tally.readings(),
@@ -656,6 +658,7 @@ class Node:
             "dead_letters": self.dead_letter_fifo.total,
             "plugins": {"stats": dict(self.plugins.stats), "queued": self.plugins.queued,
                         "queues": self.plugins.queue_depths(),
+                        "hook_time": self.plugins.hook_times(),
                         "loaded": [p["name"] for p in self.plugins.list_plugins()
                                    if p["status"] == "loaded"]},
             "qos1": self.qos.info(),

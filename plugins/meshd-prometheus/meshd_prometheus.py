@@ -229,6 +229,15 @@ def node_families(snap: MetricsSnapshot) -> Iterator[Metric]:
                    "Messages this daemon's agents sent, by kind and topic (topics past the daemon's "
                    "metrics_topic_labels under \"other\"; a batch to one agent under \"(batch)\").",
                    ("kind", "topic"), ((list(k), n) for k, n in messages))
+    hook_time = sorted(getattr(snap, "plugin_hook_time", {}).items())
+    yield _counter("meshd_plugin_hook_calls_total", "Calls of each thread-mode plugin's observer hooks.",
+                   ("plugin", "hook"), ((list(k), t[0]) for k, t in hook_time))
+    yield _counter("meshd_plugin_hook_seconds_total",
+                   "Wall time spent in each thread-mode plugin's observer hooks.",
+                   ("plugin", "hook"), ((list(k), t[1]) for k, t in hook_time))
+    yield _counter("meshd_plugin_hook_cpu_seconds_total",
+                   "CPU time each thread-mode plugin's observer hooks held (it slows routing, which "
+                   "shares the interpreter).", ("plugin", "hook"), ((list(k), t[2]) for k, t in hook_time))
     yield _counter("meshd_plugin_events_total",
                    "The plugin host's counters (called, dropped, failed:<plugin>, ...).", ("event",),
                    (([event], n) for event, n in sorted(snap.plugin_stats.items()) if _number(n) is not None))
