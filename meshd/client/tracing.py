@@ -19,6 +19,7 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Any
 
 from meshd.errors import MeshError
+from meshd.wire import protocol as P
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -47,7 +48,8 @@ TRACE_HEADERS = ("traceparent", "tracestate")
 """The W3C trace-context headers an edge copies between its protocol and mesh headers."""
 MAX_TRACE_HEADER = 512
 """Longer values are not trace context (traceparent is 55 chars; tracestate is capped at 512)."""
-HANDLER_ERROR = "HANDLER_ERROR"
+HANDLER_ERROR: str = P.ErrorCode.HANDLER_ERROR
+"""What a process span whose handler raised says in ``error.type`` (the requester hears that code)."""
 
 _tracer: Tracer | None = None
 _UNSET = object()

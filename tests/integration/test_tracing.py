@@ -234,3 +234,39 @@ async def qos1_redelivered_keeps_trace(meshd_factory: MeshdFactory, tmp_path: Pa
     processed = [s for s in spans if s["name"] == "process job"]
     assert processed and all(s["trace_id"] == trace_id and s["parent_id"] == produced["span_id"]
                              for s in processed)
+
+
+def test_a2a_http_traceparent_becomes_the_mesh_messages(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    """An A2A client's W3C trace context (HTTP headers of SendMessage) reaches the mesh agent's
+    message headers through ``meshd a2a`` on another daemon (no SDK anywhere: carried as is)."""
+    import httpx
+    from a2a.client import A2ACardResolver
+    from a2a.types import SendMessageRequest
+    from test_a2a import a2a_http, client_for, meshd_a2a, served, user_message
+
+    from meshd import Agent
+
+    a, b = meshd_factory.spawn("a"), meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    traceparent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+    seen: dict[str, Any] = {}
+
+    async def scenario(info: dict[str, Any]) -> None:
+        async with Agent("expert", socket=b.socket) as expert, a2a_http(info) as http:
+            @expert.on("a2a.message")
+            def answer(msg: Any) -> Any:
+                seen.update(msg.headers)
+                return {"ok": True}
+
+            await served(http, info, "expert")
+            async with httpx.AsyncClient() as anonymous:
+                card = await A2ACardResolver(anonymous, info["url"] + "/agents/expert").get_agent_card()
+            http.headers["traceparent"] = traceparent
+            http.headers["tracestate"] = "vendor=1"
+            client = client_for(http, card, "JSONRPC", streaming=False)
+            [only] = [e async for e in client.send_message(SendMessageRequest(message=user_message("q")))]
+            assert only.task.id
+
+    with meshd_a2a(a, tmp_path) as info:
+        asyncio.run(scenario(info))
+    assert seen.get("traceparent") == traceparent and seen.get("tracestate") == "vendor=1", seen
