@@ -202,6 +202,9 @@ class Dispatcher:
         self._unit_left: dict[str, int] = {}
         #: qos-1 units a handler refused (``Nack``), with its error map: nacked, not acked, when done.
         self._unit_nack: dict[str, dict[str, Any]] = {}
+        #: A traced qos-1 unit's last process span: its ack (or nack) is a span under it. Empty
+        #: (and never looked into) without an SDK.
+        self._unit_span: dict[str, Any] = {}
         #: The last ``HANDLED_WINDOW`` qos-1 units this agent handled: a daemon that died before
         #: writing their done-marks redelivers them, and they are acked again, not run again.
         self._handled: OrderedDict[str, None] = OrderedDict()
@@ -331,6 +334,8 @@ class Dispatcher:
         if (t := tracing.tracer()) is not None:  # None without an SDK: the handler runs as it is
             msg._span = span = tracing.process_span(t, self.agent_name, kind, topic, msg_id, sender,
                                                     msg.correlation_id, msg.headers)
+            if unit is not None and len(self._unit_span) < HANDLED_WINDOW:
+                self._unit_span[unit] = span
             handler = tracing.traced_handler(span, handler)
         try:
             result = handler(msg)
@@ -427,6 +432,10 @@ class Dispatcher:
             return
         self._unit_left.pop(unit, None)
         nack = self._unit_nack.pop(unit, None) if self._unit_nack else None
+        if self._unit_span and (span := self._unit_span.pop(unit, None)) is not None \
+                and (t := tracing.tracer()) is not None:
+            code = None if nack is None else str(nack.get("code"))
+            tracing.settle_span(t, self.agent_name, unit, span, code)
         if nack is not None:
             if nack.get("retry") is not True:
                 self._handled[unit] = None  # not retried: a late copy is acked, not run

@@ -254,6 +254,21 @@ async def _finish_process(span: Span, result: Awaitable[Any]) -> Any:
         span.end()
 
 
+def settle_span(t: Tracer, agent: str, unit: str, parent: Span, error: str | None) -> None:
+    """A qos-1 unit's ack (or nack, with ``error.type``) to the daemon: the conventions' "settle"."""
+    attributes: dict[str, Any] = {"messaging.system": SYSTEM, "messaging.operation.type": "settle",
+                                  "messaging.operation.name": "nack" if error is not None else "ack",
+                                  "messaging.message.id": unit, "messaging.client.id": agent}
+    if error is not None:
+        attributes["error.type"] = error
+    span = t.start_span(f"{attributes['messaging.operation.name']} {agent}",
+                        context=_trace.set_span_in_context(parent),
+                        kind=SpanKind.CONSUMER, attributes=attributes)
+    if error is not None:
+        span.set_status(StatusCode.ERROR)
+    span.end()
+
+
 def answer_span(t: Tracer, operation: str, to: str, agent: str, corr: str,
                 parent: Span | None, error: str | None = None) -> None:
     """The reply, error answer or progress note as a short PRODUCER span of its own, under the

@@ -234,6 +234,10 @@ async def qos1_redelivered_keeps_trace(meshd_factory: MeshdFactory, tmp_path: Pa
     processed = [s for s in spans if s["name"] == "process job"]
     assert processed and all(s["trace_id"] == trace_id and s["parent_id"] == produced["span_id"]
                              for s in processed)
+    # the qos-1 ack to the receiving daemon is a settle span under the handler's span
+    acks = [s for s in spans if s["name"] == "ack receiver"]
+    assert acks and {s["parent_id"] for s in acks} <= {s["span_id"] for s in processed}
+    assert all(s["attributes"]["messaging.operation.type"] == "settle" for s in acks)
 
 
 def test_a2a_http_traceparent_becomes_the_mesh_messages(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
