@@ -14,6 +14,7 @@ edge: the HTTP gateway, MCP, A2A) names the parent: the producer span continues 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any
@@ -76,6 +77,56 @@ def tracer() -> Tracer | None:
 
 
 _PROVIDER_FROM_ENV = API and "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+
+class _Instruments:
+    """The OpenTelemetry messaging metrics, made once a meter provider is configured."""
+
+    def __init__(self, provider: Any) -> None:
+        meter = provider.get_meter("meshd")
+        self.duration = meter.create_histogram(
+            "messaging.client.operation.duration", unit="s",
+            description="Duration of a send, request or publish, until handed on or answered.")
+        self.sent = meter.create_counter("messaging.client.sent.messages", unit="{message}",
+                                         description="Messages this client sent.")
+        self.consumed = meter.create_counter("messaging.client.consumed.messages", unit="{message}",
+                                             description="Messages this client handed to a handler.")
+        self.process = meter.create_histogram("messaging.process.duration", unit="s",
+                                              description="Duration of a handler, until it finished.")
+
+
+_instruments: _Instruments | None = None
+
+
+def instruments() -> _Instruments | None:
+    """The messaging metrics, or None without a meter provider (looked up as ``tracer()`` is).
+    Recorded only on traced paths: with a tracer and a meter provider both configured."""
+    global _instruments
+    if _instruments is not None:
+        return _instruments
+    if not API:
+        return None
+    from opentelemetry import metrics
+    from opentelemetry.metrics import NoOpMeterProvider
+
+    internal = getattr(metrics, "_internal", None)
+    if getattr(internal, "_METER_PROVIDER", _UNSET) is None and \
+            "OTEL_PYTHON_METER_PROVIDER" not in os.environ:
+        return None
+    provider = metrics.get_meter_provider()
+    if isinstance(provider, NoOpMeterProvider) or type(provider).__name__ == "_ProxyMeterProvider":
+        return None
+    _instruments = _Instruments(provider)
+    return _instruments
+
+
+def _metric_attrs(span: Span) -> dict[str, Any]:
+    attrs = getattr(span, "attributes", None) or {}
+    out = {k: attrs[k] for k in ("messaging.system", "messaging.operation.name", "messaging.destination.name")
+           if k in attrs}
+    if "error.type" in attrs:
+        out["error.type"] = attrs["error.type"]
+    return out
 
 
 def trace_headers(source: Mapping[Any, Any]) -> dict[str, str]:
@@ -173,6 +224,9 @@ def start_producer(t: Tracer, operation: str, destination: str, agent: str, msg_
     carried = dict(given) if given else {}
     _inject(carried, span.get_span_context())
     header[headers_key] = carried
+    if (m := instruments()) is not None:
+        m.sent.add(1, {"messaging.system": SYSTEM, "messaging.operation.name": operation,
+                       "messaging.destination.name": destination})
     return span
 
 
@@ -187,13 +241,18 @@ def fail(span: Span, exc: BaseException, default: str | None = None) -> None:
 
 
 async def until_answered(span: Span, answer: Awaitable[Any]) -> Any:
-    """Await a request's answer with its PRODUCER span current, and end the span with the outcome."""
+    """Await a request's answer with its PRODUCER span current, and end the span with the outcome
+    (and ``messaging.client.operation.duration`` with it, when metrics are configured)."""
+    started = time.perf_counter()
     with _trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
         try:
             return await answer
         except BaseException as exc:
             fail(span, exc)
             raise
+        finally:
+            if (m := instruments()) is not None:
+                m.duration.record(time.perf_counter() - started, _metric_attrs(span))
 
 
 # ------------------------------------------------------------------------------ consumer side
@@ -225,24 +284,33 @@ def traced_handler(span: Span, handler: Callable[[Any], Any]) -> Callable[[Any],
     ``async def`` handler's coroutine stays a coroutine, so the eager first step still works)."""
 
     def run(msg: Any) -> Any:
+        if (m := instruments()) is not None:
+            m.consumed.add(1, _metric_attrs(span))
         token = _context.attach(_trace.set_span_in_context(span))
+        started = time.perf_counter()
         try:
             result = handler(msg)
         except BaseException as exc:
             fail(span, exc, HANDLER_ERROR)
-            span.end()
+            _end_process(span, started)
             raise
         finally:
             _context.detach(token)
         if type(result) is CoroutineType or isinstance(result, Awaitable):
-            return _finish_process(span, result)
-        span.end()
+            return _finish_process(span, result, started)
+        _end_process(span, started)
         return result
 
     return run
 
 
-async def _finish_process(span: Span, result: Awaitable[Any]) -> Any:
+def _end_process(span: Span, started: float) -> None:
+    span.end()
+    if (m := instruments()) is not None:
+        m.process.record(time.perf_counter() - started, _metric_attrs(span))
+
+
+async def _finish_process(span: Span, result: Awaitable[Any], started: float) -> Any:
     token = _context.attach(_trace.set_span_in_context(span))
     try:
         return await result
@@ -251,7 +319,7 @@ async def _finish_process(span: Span, result: Awaitable[Any]) -> Any:
         raise
     finally:
         _context.detach(token)
-        span.end()
+        _end_process(span, started)
 
 
 def settle_span(t: Tracer, agent: str, unit: str, parent: Span, error: str | None) -> None:

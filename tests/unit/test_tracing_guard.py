@@ -119,3 +119,45 @@ def test_json_log_lines_carry_the_trace_inside_a_span() -> None:
               inside["span_id"] == format(ctx.span_id, "016x"))
     """)
     assert out == "False False True True"
+
+
+def test_messaging_metrics_with_a_meter_provider() -> None:
+    out = run("""
+        import asyncio
+        from opentelemetry import metrics, trace
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from meshd.client import tracing
+        from meshd.client.handlers import Dispatcher
+        from meshd.wire.payloads import encode_payload
+        assert tracing.instruments() is None  # no meter provider yet: nothing made
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        trace.set_tracer_provider(TracerProvider())
+        t = tracing.tracer()
+
+        async def ask() -> None:
+            header = {}
+            span = tracing.start_producer(t, "request", "researcher", "planner", "r1", header, "headers")
+            done = asyncio.get_running_loop().create_future()
+            done.set_result("ok")
+            await tracing.until_answered(span, done)
+        asyncio.run(ask())
+        d = Dispatcher("me", enqueue=lambda *a: None, push=lambda f: None, encode=encode_payload,
+                       schedule=lambda fn: fn(), closed=lambda: False)
+        d.handlers["t"] = lambda msg: None
+        d.dispatch({"kind": "send", "id": "s1", "topic": "t", "from": "you"}, encode_payload(None))
+        got = {}
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    point = metric.data.data_points[0]
+                    got[metric.name] = (getattr(point, "value", None) or getattr(point, "count", None),
+                                        dict(point.attributes).get("messaging.destination.name"))
+        print(sorted(got.items()))
+    """)
+    assert out == ("[('messaging.client.consumed.messages', (1, 't')), "
+                   "('messaging.client.operation.duration', (1, 'researcher')), "
+                   "('messaging.client.sent.messages', (1, 'researcher')), "
+                   "('messaging.process.duration', (1, 't'))]")
