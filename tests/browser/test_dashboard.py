@@ -91,6 +91,12 @@ def test_dashboard_shows_agents_live(meshd_factory: MeshdFactory, tmp_path: Path
             sync_api.expect(outcome).to_contain_text("painter", timeout=5_000)
             sync_api.expect(outcome).to_contain_text("ok")
 
+            # the charts: drawn from samples the gateway kept since its start (before the page opened)
+            legend = page.locator("#chart-legend").inner_text()
+            assert "messages/s" in legend and int(legend.rsplit("·", 1)[1].split()[0]) >= 1, legend
+            points = page.locator("#line-rate").get_attribute("points") or ""
+            assert len(points.split()) >= 1 and all("," in p for p in points.split()), points
+
             os.kill(agent.pid, signal.SIGSTOP)  # it stops heartbeating
             sync_api.expect(row.locator(".state")).to_have_text("stale", timeout=10_000)
             shot = tmp_path / "dashboard.png"
