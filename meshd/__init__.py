@@ -18,7 +18,7 @@ if "--settings-fd" in sys.argv[1:]:  # the daemon's image (meshd/daemon/reexec.p
     from meshd.util import lazyssl
 
     lazyssl.activate()
-from meshd.client import DEFER, Agent, BlockingAgent, HandoffResult, Message
+from meshd.client import DEFER, Agent, BlockingAgent, GatherReply, GatherSummary, HandoffResult, Message
 from meshd.errors import (
     Cancelled,
     ConfigError,
@@ -57,6 +57,8 @@ __all__ = [
     "DaemonStopping",
     "DaemonUnreachable",
     "EmbeddedNode",
+    "GatherReply",
+    "GatherSummary",
     "HandlerError",
     "HandoffResult",
     "HopLimit",

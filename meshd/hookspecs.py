@@ -38,6 +38,8 @@ In process mode every hook runs in the plugin's child process, and ``node`` is a
 * syscall tools (:func:`meshd_tools`, :func:`meshd_approve_tool`, :func:`meshd_authorize`):
   called in the node's event loop by the system agent (meshd/tools/); :func:`meshd_tool_event` is
   an observer like the others. docs/tools.md describes the tools and the call path.
+* content routing (:func:`meshd_route`, :func:`meshd_route_payload`): decisions, called
+  synchronously on the routing path of the sender's daemon for messages to a ``route:`` address.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ __all__ = [
     "meshd_dead_letter",
     "meshd_peer_state",
     "meshd_plugin_config",
+    "meshd_route",
+    "meshd_route_payload",
     "meshd_shutdown",
     "meshd_startup",
     "meshd_tool_event",
@@ -334,6 +338,42 @@ def meshd_authorize(action: str, subject: str, target: str, topic: str | None) -
 
     Called synchronously in the node's event loop; stops at the first non-None result. An
     exception refuses.
+    """
+
+
+@hookspec(firstresult=True)
+def meshd_route(route: str, message: dict[str, Any]) -> Any:
+    """Choose where a message sent to the virtual address ``route:<route>`` goes (content routing).
+
+    :param route: The route's name: what follows ``route:`` in the message's ``to``.
+    :param message: A plain dict: ``kind`` (``send`` or ``request``), ``id``, ``from`` (the sending
+        agent), ``topic``, ``headers`` (the application headers, a dict), ``qos``, ``priority``,
+        and ``payload`` (decoded) only when ``meshd_route_payload`` answered True for this route.
+
+    Returns the chosen agent's address (``name`` or ``name@node``), or None (no opinion: the next
+    plugin is asked). When no plugin chooses, or the choice names no reachable agent, the sender
+    gets ``NO_SUCH_AGENT`` naming the route. An exception or an awaitable counts as no choice
+    (logged, counted). Asked by the sender's daemon for every message an agent of that node sends
+    to a ``route:`` address (a qos-0 batch is asked per message; a qos-1 batch once, as a unit).
+
+    Called synchronously in the node's event loop, on the routing path: keep it quick (read the
+    directory you got from ``meshd_startup``'s ``node.agents()``; never block). A daemon where no
+    plugin implements this hook never asks.
+    """
+
+
+@hookspec(firstresult=True)
+def meshd_route_payload(route: str) -> Any:
+    """Whether ``meshd_route`` needs the decoded payload for messages to ``route:<route>``.
+
+    :param route: The route's name (what follows ``route:``).
+
+    Returns True to get ``payload`` in ``meshd_route``'s message; None or False: headers only.
+    Daemons otherwise never decode a payload: asking for it costs one msgpack decode (bounded by
+    ``max_payload_bytes``) per routed message, on the routing path.
+
+    Called synchronously in the node's event loop, once per route name (the answer is
+    remembered); stops at the first non-None result. An exception counts as no.
     """
 
 

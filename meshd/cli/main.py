@@ -407,14 +407,25 @@ async def _ctl(args: argparse.Namespace) -> int:
             else:
                 table(rows, ["plugin", "hook", "calls", "total_ms", "cpu_ms", "mean_ms"])
         elif args.cmd == "send":
-            await me.send(args.agent, args.topic, args.payload)
+            await me.send(args.agent, args.topic, args.payload, priority=args.priority)
             await asyncio.sleep(0.05)  # let the daemon bounce an unknown name back
             if me.errors_received:
                 return 1
         elif args.cmd == "request":
             reply = await me.request(args.agent, args.topic, args.payload, timeout=args.timeout,
-                                     version=args.version, check=args.check)
+                                     version=args.version, check=args.check, priority=args.priority)
             print_json(reply)
+        elif args.cmd == "gather":
+            targets = [t for t in args.to.split(",") if t] if args.to is not None else None
+            g = me.gather(args.topic, args.payload, to=targets, capability=args.capability,
+                          subscribers_of=args.subscribers_of, want=args.want, timeout=args.timeout,
+                          priority=args.priority)
+            async for reply in g:  # one JSON line per reply as it comes, then the summary
+                print_json({"from": reply.sender, "payload": reply.payload})
+            assert g.summary is not None
+            print_json({"summary": g.summary.as_dict()})
+            if not g.summary.replied:
+                return 1
         elif args.cmd == "handoff":
             result = await me.handoff(args.agent, args.task_id, context=args.context,
                                       artifacts=args.artifacts, timeout=args.timeout)
@@ -422,7 +433,7 @@ async def _ctl(args: argparse.Namespace) -> int:
             if not result.accepted:
                 return 3
         elif args.cmd == "publish":
-            reached = await me.publish(args.topic, args.payload, reach=True)
+            reached = await me.publish(args.topic, args.payload, reach=True, priority=args.priority)
             print(f"reached {reached} subscriber(s)")
         elif args.cmd == "deadletters":
             return await _deadletters(me, args)
@@ -502,6 +513,8 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     p.add_argument("agent")
     p.add_argument("topic")
     p.add_argument("payload", type=_json_arg)
+    p.add_argument("--priority", type=int, default=5, choices=range(10), metavar="0-9",
+                   help="0 (urgent, served first) to 9; default 5")
     p = sub.add_parser("request", help="request and print the reply as JSON")
     p.add_argument("agent")
     p.add_argument("topic")
@@ -510,6 +523,21 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     p.add_argument("--version", default=None, help="the contract version the payload is written for")
     p.add_argument("--check", action="store_true",
                    help="check the payload against the agent's advertised contract before sending")
+    p.add_argument("--priority", type=int, default=5, choices=range(10), metavar="0-9",
+                   help="0 (urgent, served first) to 9; default 5")
+    p = sub.add_parser("gather", help="request of many agents (scatter-gather): a JSON line per reply, "
+                       "then a summary line; exit 1 if none replied")
+    p.add_argument("topic")
+    p.add_argument("payload", type=_json_arg)
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--to", help="comma-separated agent names")
+    who.add_argument("--capability", help="every agent with this capability")
+    who.add_argument("--subscribers-of", dest="subscribers_of", metavar="TOPIC",
+                     help="every agent subscribed to TOPIC (exactly or by a pattern)")
+    p.add_argument("--want", type=int, default=None, help="stop after this many replies")
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--priority", type=int, default=5, choices=range(10), metavar="0-9",
+                   help="0 (urgent, served first) to 9; default 5")
     p = sub.add_parser("handoff", help="hand a task to an agent; prints its verdict (exit 3 if rejected)")
     p.add_argument("agent")
     p.add_argument("task_id")
@@ -519,6 +547,8 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("publish", help="publish on a topic")
     p.add_argument("topic")
     p.add_argument("payload", type=_json_arg)
+    p.add_argument("--priority", type=int, default=5, choices=range(10), metavar="0-9",
+                   help="0 (urgent, served first) to 9; default 5")
     p = sub.add_parser("tail", help="subscribe and print JSON lines")
     p.add_argument("topics", nargs="+")
     p = sub.add_parser("agent", help="attach a named agent that prints what it receives")

@@ -15,7 +15,8 @@ daemon's dependencies (tests/unit/test_client_imports.py, tests/unit/test_layers
 
 from meshd.client.agent import DEFER, REREGISTER_ATTEMPTS, RESEND_WINDOW, Agent, HandoffResult, Message
 from meshd.client.blocking import BlockingAgent
+from meshd.client.gather import Gather, GatherReply, GatherSummary
 from meshd.client.publish_window import PUBLISH_WINDOW
 
 __all__ = ["DEFER", "PUBLISH_WINDOW", "REREGISTER_ATTEMPTS", "RESEND_WINDOW", "Agent", "BlockingAgent",
-           "HandoffResult", "Message"]
+           "Gather", "GatherReply", "GatherSummary", "HandoffResult", "Message"]

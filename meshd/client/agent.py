@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
@@ -48,6 +48,7 @@ from meshd.client import tracing
 from meshd.client.batching import Batcher, BatchKey
 from meshd.client.call_slots import CallSlots
 from meshd.client.contracts import Contract, ContractRefused, TypedTopic, is_model_class, to_wire
+from meshd.client.gather import Gather
 from meshd.client.handler_slots import DEFAULT_MAX_CONCURRENT_HANDLERS, HandlerSlots
 from meshd.client.handlers import ANY_TOPIC, DEFER, Dispatcher, Handler, Message
 from meshd.client.incoming import ERROR_LOG_EVERY as ERROR_LOG_EVERY
@@ -72,6 +73,7 @@ from meshd.errors import (
 from meshd.transport import Reactor, SendQueue, agent_dealer
 from meshd.util.paths import find_agent_socket
 from meshd.wire import protocol as P
+from meshd.wire import topics as T
 from meshd.wire.contracts import SCHEMA_VERSION, check_records, format_version, parse_version, schema_errors
 from meshd.wire.payloads import payload_encoder
 from meshd.wire.protocol import Kind
@@ -168,6 +170,7 @@ class Agent:
         embedded: EmbeddedLink | None = None,
         max_concurrent_handlers: int = DEFAULT_MAX_CONCURRENT_HANDLERS,
         debug: bool = False,
+        read_ahead: int = 0,
     ) -> None:
         """``debug=True``: a handler that raises sends its traceback with the HANDLER_ERROR
         (``err.details["trace"]`` at the requester); by default no stack trace leaves the agent."""
@@ -224,10 +227,13 @@ class Agent:
         # and the dispatcher call each other, so the slots reach the two built after them through
         # _dispatch_parked and the awaiting closure (called only while every slot is taken), and
         # the calls and the dispatcher get the slots' bound methods.
+        if not 0 <= read_ahead <= MAX_READ_AHEAD:
+            raise ValidationFailed(f"read_ahead must be 0..{MAX_READ_AHEAD}")
         self._handler_slots = HandlerSlots(
             name, max_concurrent_handlers, dispatch=self._dispatch_parked, push=self._push,
             enqueue=self._enqueue, reading=self._reading,
-            awaiting=lambda: bool(self._calls.used) or bool(self._window.unconfirmed))
+            awaiting=lambda: bool(self._calls.used) or bool(self._window.unconfirmed),
+            read_ahead=read_ahead)
         self._calls = CallSlots(self.socket_path, on_busy_change=self._handler_slots.check_reading)
         self._dispatch = Dispatcher(name, enqueue=self._enqueue, push=self._push, encode=self._payload,
                                     schedule=self._call_soon, closed=lambda: self._closed,
@@ -413,7 +419,7 @@ class Agent:
 
     async def send(self, to: str, topic: str, payload: Any = None, *, qos: int = 0,
                    headers: dict[str, Any] | None = None, version: str | None = None,
-                   check: bool = False) -> str:
+                   check: bool = False, priority: int = P.DEFAULT_PRIORITY) -> str:
         """Send without waiting for an answer.
 
         qos 0 (default): at most once; failures arrive later through ``on_error``.
@@ -430,6 +436,8 @@ class Agent:
         """
         if qos not in (0, 1):
             raise ValidationFailed("qos must be 0 or 1")
+        if priority != P.DEFAULT_PRIORITY:
+            _check_priority(priority)
         msg_id = P.new_id()
         header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic, P.TIMESTAMP: P.timestamp()}
         if headers:
@@ -443,7 +451,7 @@ class Agent:
             if qos == 0:
                 span.end()  # handed on; a later failure comes through on_error
         if qos == 0:  # the README's loop: no coroutine but this one, no loop turn unless one is due
-            key: BatchKey = (P.TO, to, 0)
+            key: BatchKey = (P.TO, to, 0, priority)
             if self._resend.holding:  # the daemon is restarting: sent once registered again
                 self._require_loop()
                 if await self._resend.hold_new(msg_id, (key, header, data)):
@@ -459,11 +467,12 @@ class Agent:
             return msg_id
         loop = self._require_loop()
         if span is not None:
-            return str(await tracing.until_answered(span, self._send_qos1(loop, msg_id, to, header, data)))
-        return await self._send_qos1(loop, msg_id, to, header, data)
+            return str(await tracing.until_answered(span, self._send_qos1(loop, msg_id, to, header, data,
+                                                                          priority)))
+        return await self._send_qos1(loop, msg_id, to, header, data, priority)
 
     async def _send_qos1(self, loop: asyncio.AbstractEventLoop, msg_id: str, to: str,
-                         header: dict[str, Any], data: bytes) -> str:
+                         header: dict[str, Any], data: bytes, priority: int) -> str:
         """A qos-1 send: until the local daemon has it on disk, sent again after a daemon restart."""
         await self._calls.wait(CONTROL_TIMEOUT * 2)
         try:
@@ -476,7 +485,7 @@ class Agent:
                 self._pending[msg_id] = fut
                 # No timer per message (qos-1 sends come in thousands): the heartbeat loop sweeps.
                 self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT * 2
-                self._enqueue((P.TO, to, 1), header, data)
+                self._enqueue((P.TO, to, 1, priority), header, data)
                 try:
                     await fut
                     return msg_id
@@ -496,14 +505,18 @@ class Agent:
                       timeout: float = DEFAULT_REQUEST_TIMEOUT,
                       headers: dict[str, Any] | None = None,
                       on_progress: Callable[[str], Any] | None = None,
-                      version: str | None = None, check: bool = False) -> Any:
+                      version: str | None = None, check: bool = False,
+                      priority: int = P.DEFAULT_PRIORITY) -> Any:
         """Send a request and return the reply's payload; never waits longer than ``timeout``.
 
         ``on_progress(note)`` is called when the handler reports progress. Cancelling the
-        awaiting task (or the timeout passing) tells the handler it may stop.
+        awaiting task (or the timeout passing) tells the handler it may stop. ``priority`` 0
+        (urgent) .. 9, default 5: lower is served first wherever it waits.
         """
         if not timeout or timeout <= 0:
             raise ValidationFailed("timeout must be a positive number of seconds")
+        if priority != P.DEFAULT_PRIORITY:
+            _check_priority(priority)
         loop = self._require_loop()
         msg_id = P.new_request_id()
         header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic,
@@ -518,7 +531,7 @@ class Agent:
                                              f"{topic!r} within {timeout:g} s (not sent: no room)"))
         header[P.BUDGET] = P.budget_ms(timeout)  # a duration, never a clock reading
         answer = self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
-                                   lambda: self._enqueue((P.TO, to, 0), header, data))
+                                   lambda: self._enqueue((P.TO, to, 0, priority), header, data))
         if (t := tracing.tracer()) is not None:
             span = tracing.start_producer(t, "request", to, self.name, msg_id, header, P.HEADERS,
                                           conversation=msg_id)
@@ -598,6 +611,27 @@ class Agent:
             self._progress_cbs.pop(msg_id, None)
             self._calls.give_back()
 
+    def gather(self, topic: str, payload: Any = None, *, to: Iterable[str] | None = None,
+               capability: str | None = None, subscribers_of: str | None = None,
+               want: int | None = None, timeout: float = DEFAULT_REQUEST_TIMEOUT,
+               headers: dict[str, Any] | None = None,
+               on_progress: Callable[[str, str], Any] | None = None,
+               priority: int = P.DEFAULT_PRIORITY) -> Gather:
+        """Scatter-gather: request ``topic`` of every target and yield replies as they come.
+
+        Targets: ``to`` (names), or every agent of the mesh with ``capability``, or subscribing
+        to ``subscribers_of`` (meshd/client/gather.py). It ends at ``want`` replies, when every
+        target has answered or failed, or at ``timeout``; then ``summary`` says who replied,
+        failed (with its code), timed out or was unreachable. Ending early cancels the
+        outstanding requests. ``on_progress(target, note)`` as for ``request``::
+
+            async for reply in me.gather("verify", claim, capability="search", want=2, timeout=5):
+                ...
+        """
+        return Gather(self, topic, payload, to=to, capability=capability, subscribers_of=subscribers_of,
+                      want=want, timeout=timeout, headers=headers, on_progress=on_progress,
+                      priority=priority)
+
     async def reply(self, msg: Message, payload: Any = None, *, status: str | None = None) -> None:
         """Answer a request later (its handler returned ``DEFER``); goes to the original requester.
 
@@ -660,18 +694,19 @@ class Agent:
         self._push(P.frames(header, data))  # never batched: the daemon checks its hops
 
     async def handoff(self, to: str, task_id: str, context: Any = None, artifacts: Any = None, *,
-                      timeout: float = DEFAULT_REQUEST_TIMEOUT) -> HandoffResult:
+                      timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                      priority: int = P.DEFAULT_PRIORITY) -> HandoffResult:
         """Hand a task to another agent (topic ``handoff-task``); returns its accept or reject."""
         reply = await self.request(to, P.HANDOFF_TOPIC,
                                    {"task_id": task_id, "context": context, "artifacts": artifacts},
-                                   timeout=timeout)
+                                   timeout=timeout, priority=priority)
         if isinstance(reply, dict):
             return HandoffResult(bool(reply.get("accepted", False)), reply.get("reason"), reply.get("data"))
         return HandoffResult(bool(reply))
 
     async def publish(self, topic: str, payload: Any = None, *, qos: int = 0,
                       headers: dict[str, Any] | None = None, reach: bool = False,
-                      version: str | None = None) -> int | None:
+                      version: str | None = None, priority: int = P.DEFAULT_PRIORITY) -> int | None:
         """Publish on ``topic``.
 
         By default (qos 0) it returns as soon as the message is queued, like ``send``, and
@@ -688,10 +723,12 @@ class Agent:
         ``payload`` may be a model instance; ``version`` names the contract version it was written
         for (a subscriber's typed handler validates it; one it refuses is counted there).
         """
-        if not P.valid_topic(topic):
-            raise ValidationFailed(f"invalid topic {topic!r}")
+        if not P.valid_topic(topic) or T.is_pattern(topic):
+            raise ValidationFailed(f"invalid topic {topic!r} (wildcards are for subscriptions)")
         if qos not in (0, 1):
             raise ValidationFailed("qos must be 0 or 1")
+        if priority != P.DEFAULT_PRIORITY:
+            _check_priority(priority)
         loop = self._require_loop()
         msg_id = P.new_id()
         header: dict[str, Any] = {P.KIND: Kind.PUBLISH, P.ID: msg_id, P.TOPIC: topic,
@@ -708,7 +745,7 @@ class Agent:
             window = self._window
             await window.wait_pause(loop)
             window.unconfirmed.add(msg_id)
-            self._enqueue((P.TOPIC, topic, 0), header, data)
+            self._enqueue((P.TOPIC, topic, 0, priority), header, data)
             if self._handler_slots.paused:  # its confirmation must be read
                 self._handler_slots.check_reading()
             if window.full():
@@ -724,9 +761,9 @@ class Agent:
         try:
             if t is not None:
                 span = tracing.start_producer(t, "publish", topic, self.name, msg_id, header, P.HEADERS)
-                self._enqueue((P.TOPIC, topic, qos), header, data)
+                self._enqueue((P.TOPIC, topic, qos, priority), header, data)
                 return int(await tracing.until_answered(span, fut))
-            self._enqueue((P.TOPIC, topic, qos), header, data)
+            self._enqueue((P.TOPIC, topic, qos, priority), header, data)
             return int(await fut)
         finally:
             self._pending.pop(msg_id, None)
@@ -932,6 +969,15 @@ class Agent:
         telemetry = {"queue_depth": depth, "waiting": len(slots.parked), "lag_s": round(slots.lag(), 3),
                      "read": self._incoming.work_read} | self.telemetry
         self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
+
+
+MAX_READ_AHEAD = 100_000
+"""The most work an agent may read ahead into its own memory while its handlers are busy."""
+
+
+def _check_priority(priority: object) -> None:
+    if type(priority) is not int or not 0 <= priority <= P.MAX_PRIORITY:
+        raise ValidationFailed(f"priority must be an integer 0..{P.MAX_PRIORITY}, not {priority!r}")
 
 
 __all__ = ["DEFER", "Agent", "HandoffResult", "Message"]

@@ -3,7 +3,7 @@
 Owns: the typed :class:`BatchKey` (where a message goes and with which qos), the per-key queues of
 the :class:`Batcher` and their bounds (``batch_max`` messages, about ``max_payload_bytes`` per
 batch), the batch header the client builds, and :func:`split_incoming`, which turns one frame set
-from the daemon into messages (a batch's inner headers inherit ``from``, ``to`` and ``topic``).
+from the daemon into messages (a batch's inner headers inherit ``from``, ``to``, ``topic`` and ``prio``).
 
 Must not touch: sockets, the event loop or futures. The batcher is given a ``push`` (hand frames
 to the socket) and a ``schedule`` (run this at the end of the loop turn), so unit tests drive it
@@ -30,8 +30,9 @@ ITEM_OVERHEAD = 128
 Route = Literal["to", "topic"]
 """The header key that names a message's destination: ``to`` (an agent) or ``topic`` (a publish)."""
 
-BatchKey = tuple[Route, str, int]
-"""``(route, destination, qos)``: messages with equal keys may leave as one batch.
+BatchKey = tuple[Route, str, int, int]
+"""``(route, destination, qos, priority)``: messages with equal keys may leave as one batch (so a
+batch never mixes priorities).
 
 A plain typed tuple, built inline on the send path as ``(P.TO, name, qos)``: the batcher looks one
 up per message, and a NamedTuple or frozen dataclass cost 0.3-2 us more per message (measured)
@@ -39,14 +40,14 @@ in construction and hashing, on a path that costs about 3 us in all.
 """
 
 
-def to_agent(name: str, qos: int = 0) -> BatchKey:
+def to_agent(name: str, qos: int = 0, priority: int = P.DEFAULT_PRIORITY) -> BatchKey:
     """The key of messages to agent ``name``."""
-    return (P.TO, name, qos)
+    return (P.TO, name, qos, priority)
 
 
-def to_topic(topic: str, qos: int = 0) -> BatchKey:
+def to_topic(topic: str, qos: int = 0, priority: int = P.DEFAULT_PRIORITY) -> BatchKey:
     """The key of publications on ``topic``."""
-    return (P.TOPIC, topic, qos)
+    return (P.TOPIC, topic, qos, priority)
 
 
 class Batcher:
@@ -100,9 +101,13 @@ class Batcher:
             self._schedule(self.flush)
 
     def flush(self) -> None:
-        """Send everything queued, key by key in the order the keys first queued."""
+        """Send everything queued, key by key: lower priorities first, then in the order the keys
+        first queued (a stable sort, so FIFO holds within one priority)."""
         self._flush_scheduled = False
-        for key in list(self._queues):
+        keys = list(self._queues)
+        if len(keys) > 1:
+            keys.sort(key=_priority)
+        for key in keys:
             self.flush_key(key)
 
     def flush_key(self, key: BatchKey) -> None:
@@ -131,13 +136,15 @@ class Batcher:
         return chunks
 
     def _send(self, chunk: list[Item], key: BatchKey) -> None:
-        dest_key, dest, qos = key
+        dest_key, dest, qos, prio = key
         if len(chunk) == 1:
             header, payload = chunk[0]
             header[P.FROM] = self.sender
             header[dest_key] = dest
             if qos:
                 header[P.QOS] = 1
+            if prio != P.DEFAULT_PRIORITY:
+                header[P.PRIO] = prio
             self._push(P.frames(header, payload))
             return
         batch_id = self._new_id()
@@ -146,10 +153,16 @@ class Batcher:
                                         dest_key: dest, P.COUNT: len(chunk), P.KINDS: sorted(kinds)}
         if qos:
             batch_header[P.QOS] = 1
+        if prio != P.DEFAULT_PRIORITY:
+            batch_header[P.PRIO] = prio  # the inner messages inherit it (split_incoming)
         if qos or Kind.PUBLISH in kinds:  # (a plain qos-0 send batch skips this pass)
             awaited = [h[P.ID] for h, _ in chunk if qos or h[P.KIND] == Kind.PUBLISH]
             self._on_batch(batch_id, awaited)  # resolved by the daemon's one answer for the batch
         self._push(P.frames(batch_header, P.pack_batch(chunk)))
+
+
+def _priority(key: BatchKey) -> int:
+    return key[3]
 
 
 _CHECKED_KINDS = frozenset({Kind.REPLY, Kind.ERROR, Kind.PROGRESS, Kind.REQUEST})
@@ -178,6 +191,7 @@ def split_incoming(frames: list[bytes]) -> Incoming:
     sender = header.get(P.FROM)
     to = header.get(P.TO)
     topic = header.get(P.TOPIC)
+    prio = header.get(P.PRIO)
     pairs = P.split_batch(frames)
     kinds = header.get(P.KINDS)
     declared = frozenset(k for k in kinds if isinstance(k, str)) if isinstance(kinds, list) else frozenset()
@@ -188,6 +202,8 @@ def split_incoming(frames: list[bytes]) -> Incoming:
             inner.setdefault(P.TO, to)
         if topic is not None:
             inner.setdefault(P.TOPIC, topic)
+        if prio is not None:
+            inner[P.PRIO] = prio  # a batch never mixes priorities: the checked header's wins
         if inner[P.KIND] in _CHECKED_KINDS and inner[P.KIND] not in declared:
             undeclared = True
     if undeclared:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from meshd.client.agent import CONTROL_TIMEOUT, DEFAULT_REQUEST_TIMEOUT, Agent
+from meshd.client.gather import GatherReply, GatherSummary
 from meshd.client.handlers import ANY_TOPIC, Handler
 from meshd.errors import RequestTimeout
 
@@ -63,6 +64,11 @@ class BlockingAgent:
     def request(self, to: str, topic: str, payload: Any = None, *,
                 timeout: float = DEFAULT_REQUEST_TIMEOUT, **kw: Any) -> Any:
         return self._call(self.agent.request(to, topic, payload, timeout=timeout, **kw), timeout + 1)
+
+    def gather(self, topic: str, payload: Any = None, *, timeout: float = DEFAULT_REQUEST_TIMEOUT,
+               **kw: Any) -> tuple[list[GatherReply], GatherSummary]:
+        """``Agent.gather`` run to its end: the replies (in arrival order) and the summary."""
+        return self._call(self.agent.gather(topic, payload, timeout=timeout, **kw).collect(), timeout + 2)
 
     def publish(self, topic: str, payload: Any = None, **kw: Any) -> int | None:
         return self._call(self.agent.publish(topic, payload, **kw), CONTROL_TIMEOUT + 1)

@@ -1,9 +1,12 @@
 """The bound on an agent's running handlers, and the work that waits for one of their slots.
 
 Owns: how many handlers that suspended (got a task) run at once, ``max_concurrent_handlers``
-(a handler that finishes without suspending, the eager path of meshd/client/handlers.py, never holds a
-slot); the FIFO of work messages (send, request, publication) that arrived while every slot was
-taken; pausing the agent's socket while every slot is taken, so the backlog stays in the daemon's
+(a handler that finishes without suspending, the eager path of meshd/client/handlers.py, never
+holds a slot); the queue of work messages (send, request, publication) that arrived while every
+slot was taken, served lower priority first and FIFO within one (meshd/util/priority.py); reading
+on while every slot is taken until ``park_max`` messages wait here (so a priority-0 message that
+arrives behind a backlog overtakes what waits here), then pausing the agent's socket, so the rest
+of the backlog stays in the daemon's
 inbox where ``inbox_cap`` applies and senders get INBOX_FULL (docs/client.md, "Running handlers");
 and, when the agent must keep reading because its own calls await answers, refusing qos-0 work
 past ``park_max`` (INBOX_FULL, as the daemon would) and pausing anyway once qos-1 work (never
@@ -22,13 +25,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from meshd.client.batching import BatchKey, to_agent
 from meshd.errors import ValidationFailed
 from meshd.transport import AGENT_RCVHWM
+from meshd.util.priority import PriorityFifo, priority_of
 from meshd.wire import protocol as P
 from meshd.wire.protocol import Kind
 
@@ -48,6 +51,10 @@ Work = tuple[dict[str, Any], bytes, "str | None"]
 """A work message: its header, payload bytes and qos-1 unit (None for qos 0)."""
 
 
+def _work_priority(work: Work) -> int:
+    return priority_of(work[0].get(P.PRIO))
+
+
 class HandlerSlots:
     """Running handlers against their bound; parked work; the socket's reading paused or not."""
 
@@ -55,7 +62,7 @@ class HandlerSlots:
                  dispatch: Callable[[dict[str, Any], bytes, str | None], None],
                  push: Callable[[list[bytes]], None],
                  enqueue: Callable[[BatchKey, dict[str, Any], bytes], None],
-                 reading: Callable[[bool], None], awaiting: Callable[[], bool]) -> None:
+                 reading: Callable[[bool], None], awaiting: Callable[[], bool], read_ahead: int = 0) -> None:
         """``dispatch(header, payload, unit)`` runs a handler (``Dispatcher.dispatch``);
         ``awaiting()``: does the agent await answers (calls in flight, or publishes awaiting
         confirmation)? Then the socket must be read. ``reading(on)`` pauses or resumes it."""
@@ -65,15 +72,20 @@ class HandlerSlots:
         self.limit = limit
         #: qos-0 work parked at most; past it, refused (the daemon's ``inbox_cap``).
         self.park_max = DEFAULT_PARK_MAX
+        #: Work it reads ahead into ``parked`` (where priorities apply) before pausing, at least
+        #: ``park_max``; more holds a backlog in this process's memory instead of the pipes.
+        self.read_ahead = read_ahead
         #: Work parked at most, qos-1 included: the daemon's inbox and the agent's own pipe
         #: (``transport.AGENT_RCVHWM``), all of which may stand between the agent and an answer.
         self.parked_max = DEFAULT_PARK_MAX + AGENT_RCVHWM
         self.running = 0
         self.peak = 0
         self.peak_parked = 0
-        self.parked: deque[Work] = deque()
-        #: When each parked message arrived (``time.monotonic()``), in the same order: the lag.
-        self.parked_at: deque[float] = deque()
+        #: Served lowest priority first, FIFO within one (meshd/util/priority.py).
+        self.parked: PriorityFifo[Work] = PriorityFifo(_work_priority)
+        #: When each parked message arrived (``time.monotonic()``), by the work item's identity
+        #: (parked work is served by priority, not in arrival order): the consumer lag.
+        self._parked_at: dict[int, float] = {}
         self.paused = False
         self.refused = 0
         self._dispatch = dispatch
@@ -100,15 +112,18 @@ class HandlerSlots:
         if self.running < self.limit and not self.parked:
             self._dispatch(header, payload, unit)
             return
-        if unit is None and len(self.parked) >= self.park_max:
+        # Past park_max, qos-0 work is refused only while the agent reads on for an answer; else
+        # reading pauses at park_max, so at most the rest of one frame set (a batch) parks past it.
+        if unit is None and len(self.parked) >= max(self.park_max, self.read_ahead) and self._awaiting():
             self.refuse(header, P.ErrorCode.INBOX_FULL,
                         f"inbox of {self.agent_name!r} is full ({self.limit} handlers running, "
                         f"{len(self.parked)} messages waiting)")
             return
         # qos-1 work is never refused (its daemon would hold it as still in the agent's hands,
         # docs/client.md): at parked_max the socket pauses instead.
-        self.parked.append((header, payload, unit))
-        self.parked_at.append(time.monotonic())
+        work = (header, payload, unit)
+        self.parked.append(work)
+        self._parked_at[id(work)] = time.monotonic()
         if len(self.parked) > self.peak_parked:
             self.peak_parked = len(self.parked)
         self.check_reading()
@@ -126,9 +141,9 @@ class HandlerSlots:
         self.running -= 1
         parked = self.parked
         while parked and self.running < self.limit:
-            header, payload, unit = parked.popleft()
-            if self.parked_at:
-                self.parked_at.popleft()
+            work = parked.popleft()
+            self._parked_at.pop(id(work), None)
+            header, payload, unit = work
             try:
                 self._dispatch(header, payload, unit)
             except Exception:
@@ -138,19 +153,22 @@ class HandlerSlots:
     def lag(self) -> float:
         """Seconds the oldest message waiting for a handler slot has waited (0 when none waits):
         the consumer lag the agent's heartbeat reports (``lag_s``)."""
-        return time.monotonic() - self.parked_at[0] if self.parked and self.parked_at else 0.0
+        return time.monotonic() - min(self._parked_at.values()) if self.parked and self._parked_at else 0.0
 
     def clear(self) -> None:
         """Forget what is parked (the agent closes: nothing parked runs now)."""
         self.parked.clear()
-        self.parked_at.clear()
+        self._parked_at.clear()
 
     def check_reading(self) -> None:
         """Pause the socket while every slot is taken and none of the agent's own calls awaits an
         answer; read otherwise (an answer may be what a running handler waits for), unless
         ``parked_max`` messages wait (qos-1 ones, never refused): then pause all the same, and a
         handler awaiting an answer behind them waits until its own time-out at worst."""
-        pause = self.full and (not self._awaiting() or len(self.parked) >= self.parked_max)
+        parked = len(self.parked)
+        ahead = max(self.park_max, self.read_ahead)
+        pause = self.full and ((parked >= ahead and not self._awaiting())
+                               or parked >= max(self.parked_max, ahead))
         if pause != self.paused:
             self.paused = pause
             self._reading(not pause)
@@ -160,13 +178,12 @@ class HandlerSlots:
     def cancel_parked(self, header: dict[str, Any]) -> None:
         """A requester cancelled: a request of its that still waits for a slot never runs."""
         corr, sender = header.get(P.CORR), header.get(P.FROM)
-        for at, item in enumerate(self.parked):
+        for item in self.parked:
             h, _, unit = item
             if unit is None and h.get(P.KIND) == Kind.REQUEST and h.get(P.FROM) == sender and \
                     (h.get(P.CORR) or h.get(P.ID)) == corr:
-                del self.parked[at]
-                if at < len(self.parked_at):
-                    del self.parked_at[at]
+                self.parked.remove(item)
+                self._parked_at.pop(id(item), None)
                 self.refuse(h, P.ErrorCode.CANCELLED, "cancelled by the requester")
                 self.check_reading()
                 return

@@ -30,6 +30,7 @@ from meshd.client.batching import BatchKey, to_agent
 from meshd.client.contracts import ContractRefused, to_wire
 from meshd.errors import MeshError, Nack
 from meshd.wire import protocol as P
+from meshd.wire import topics as T
 from meshd.wire.contracts import SCHEMA_VERSION
 from meshd.wire.payloads import decode_payload
 from meshd.wire.protocol import Kind
@@ -272,7 +273,7 @@ class Dispatcher:
         get = header.get
         topic = str(get(P.TOPIC, ""))
         handlers = self.handlers
-        handler = handlers.get(topic) or handlers.get(ANY_TOPIC)
+        handler = handlers.get(topic) or T.handler_for(handlers, topic) or handlers.get(ANY_TOPIC)
         kind = header[P.KIND]
         is_request = kind == Kind.REQUEST
         msg_id = str(get(P.ID, ""))

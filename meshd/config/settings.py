@@ -214,6 +214,18 @@ class Settings(BaseModel):
         "full (they never share the data inbox cap); a client with at most this many calls in flight "
         "gets every answer. The register answer tells it as in_flight_max.",
     )
+    priority_hold_max: int = Field(
+        default=256, ge=0, le=100_000,
+        description="Urgent (priority 0-4) qos-0 messages kept per agent connection while its inbox "
+        "is full, sent ahead of other data as it reads (lowest priority number first); past it they "
+        "are refused with INBOX_FULL like any other. 0: none kept.",
+    )
+    route_memory: int = Field(
+        default=10_000, ge=16, le=1_000_000,
+        description="Requests sent to a route: address (content routing) whose chosen agent is "
+        "remembered, so a cancel follows its request; past it the oldest is forgotten (its cancel is "
+        "then dropped, counted as route_cancel_unknown).",
+    )
     publisher_notices_max: int = Field(
         default=1024, ge=1, le=1_000_000,
         description="Publishers remembered for the rate limit of the INBOX_FULL notice a full "
@@ -229,6 +241,16 @@ class Settings(BaseModel):
     max_subscriptions_per_agent: int = Field(
         default=256, ge=1, le=10_000,
         description="Topics one agent may subscribe to; more are refused with TOO_LARGE.",
+    )
+    max_patterns_per_agent: int = Field(
+        default=32, ge=0, le=1_000,
+        description="Wildcard patterns (`*`, `>`) among one agent's subscriptions; more are refused "
+        "with TOO_LARGE (each publication is matched against every pattern of the node). 0: none.",
+    )
+    max_pattern_tokens: int = Field(
+        default=16, ge=1, le=128,
+        description="Dot-separated tokens in one wildcard pattern; longer patterns are refused with "
+        "TOO_LARGE.",
     )
     agent_metadata_max_bytes: int = Field(
         default=8 * 1024, ge=256, le=64 * 1024,

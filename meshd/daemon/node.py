@@ -308,7 +308,7 @@ class Node:
                 state_changed=self._peer_state_changed, directory=self._peer_directory,
                 restarted=self._peer_restarted, acks=self._peer_acks, nacks=self._peer_nacks,
                 reject=self._reject_control,
-                topic_message=self._on_topic, topic_keys=lambda: self.directory.local_topic_keys.keys(),
+                topic_message=self._on_topic, topic_keys=self.directory.sub_keys,
                 directory_body=self._directory_body, directory_version=self._directory_version,
                 telemetry=self._telemetry,
             ),
@@ -362,7 +362,7 @@ class Node:
         s = self.settings
         assert self._qos_machine is not None
         link = AgentLink(agents_sock, reactor, self.node_id, backlog_max=s.agent_answer_backlog,
-                         stats=self.stats)
+                         urgent_max=s.priority_hold_max, stats=self.stats)
         self.qos = Qos1Driver(self._qos_machine, node_id=self.node_id, stats=self.stats,
                               outcomes=self.outcomes, qos1_ttl=s.qos1_ttl, link=link,
                               peer_table=self.peer_table, directory=self.directory,

@@ -27,8 +27,10 @@ from meshd.mesh.directory_updates import DirectoryUpdates
 from meshd.mesh.liveness import PeerState, next_state
 from meshd.mesh.peers import PeerTable
 from meshd.plugins.host import PluginHost
+from meshd.util.priority import PriorityFifo
 from meshd.util.shutdown import Shutdown
 from meshd.wire import protocol as P
+from meshd.wire import topics as T
 from meshd.wire.contracts import check_records, contracts_digest
 from meshd.wire.protocol import FrameError, Kind
 from meshd.wire.system_names import SYSTEM_PREFIX
@@ -56,12 +58,16 @@ class AgentLink:
     answer is dropped and counted (``answers_dropped``), a notice likewise (``notices_dropped``):
     a client that keeps at most ``backlog_max`` calls in flight loses no answer, however many
     notices its fire-and-forget sends cause.
+
+    Urgent data (qos 0, priority 0-4) that a full inbox refuses waits here too, per connection
+    (``urgent_max``, ``priority_hold_max``), lowest priority number first and FIFO within one, and
+    goes out right after the answers, ahead of any other data (``hold_urgent``).
     """
 
     FLUSH_INTERVAL = 0.005
 
     def __init__(self, sock: zmq.Socket[Any], reactor: transport.Reactor, node_id: str, *,
-                 backlog_max: int = 1000, stats: Counter[str] | None = None) -> None:
+                 backlog_max: int = 1000, urgent_max: int = 256, stats: Counter[str] | None = None) -> None:
         self.sock = sock
         #: ``sock.send_multipart(frames, NOBLOCK)`` without pyzmq's Python layer (transport.send_frames)
         self.send_now = transport.frame_sender(sock)
@@ -73,6 +79,9 @@ class AgentLink:
         # rid -> (frames, is a notice) waiting, and how many of them are notices
         self._backlog: dict[bytes, deque[tuple[list[bytes], bool]]] = {}
         self._notices: Counter[bytes] = Counter()
+        self.urgent_max = urgent_max
+        # rid -> urgent data waiting (frames with their priority), served by priority
+        self._urgent: dict[bytes, PriorityFifo[tuple[int, list[bytes]]]] = {}
         self._flush_timer: asyncio.TimerHandle | None = None
 
     def kick(self) -> None:
@@ -83,8 +92,25 @@ class AgentLink:
         return self.send_answer([rid, *P.frames(header, body)], notice=P.is_notice(header))
 
     def has_backlog(self, rid: bytes) -> bool:
-        """Answers wait for this connection: data must not overtake them."""
-        return rid in self._backlog
+        """Answers or urgent data wait for this connection: other data must not overtake them."""
+        return rid in self._backlog or rid in self._urgent
+
+    def hold_urgent(self, frames: list[bytes], priority: int) -> bool:
+        """Keep urgent data (``[rid, signature, header, payload]``, priority below the default) that
+        the full inbox refused, to go out ahead of other data; False past ``urgent_max``."""
+        rid = frames[0]
+        waiting = self._urgent.get(rid)
+        if waiting is None:
+            if self.urgent_max <= 0:
+                return False
+            waiting = self._urgent[rid] = PriorityFifo(_first)
+        elif len(waiting) >= self.urgent_max:
+            self.stats["urgent_refused"] += 1
+            return False
+        waiting.append((priority, frames))
+        self.stats["urgent_held"] += 1
+        self._schedule_flush()
+        return True
 
     def send_answer(self, frames: list[bytes], reply: bool = False, notice: bool = False) -> bool:
         """Send ``[rid, signature, header, payload]`` now, or keep it until the agent reads.
@@ -146,8 +172,21 @@ class AgentLink:
                 waiting.clear()
             del self._backlog[rid]
             self._notices.pop(rid, None)
+        for rid, urgent in list(self._urgent.items()):
+            if rid in self._backlog:
+                continue  # answers first
+            try:
+                while urgent:
+                    self.send_now(urgent.peek()[1])
+                    urgent.popleft()
+                    self.stats["urgent_delivered"] += 1
+            except zmq.Again:
+                continue
+            except zmq.ZMQError:
+                self.stats["urgent_dropped"] += len(urgent)  # the connection is gone
+            del self._urgent[rid]
         self.reactor.kick(self.sock)
-        if self._backlog:
+        if self._backlog or self._urgent:
             self._schedule_flush()
 
     @property
@@ -159,6 +198,9 @@ class AgentLink:
         """The connection left: drop what waited for it."""
         self._backlog.pop(rid, None)
         self._notices.pop(rid, None)
+        dropped = self._urgent.pop(rid, None)
+        if dropped:
+            self.stats["urgent_dropped"] += len(dropped)
 
     def send_error(self, rid: bytes, corr: Any, code: str, message: str, *,
                    retry_after: float | None = None) -> None:
@@ -168,6 +210,10 @@ class AgentLink:
                              retry=retry_after is not None, retry_after=retry_after,
                              sender=f"meshd@{self.node_id}")
         self.send(rid, err)
+
+
+def _first(item: tuple[int, list[bytes]]) -> int:
+    return item[0]
 
 
 class AdminDesk(Protocol):
@@ -288,6 +334,11 @@ class LocalAgents:
                                  f"invalid topic {P.safe_repr(topic)}")
             return
         if kind == Kind.SUBSCRIBE:
+            malformed = self.pattern_malformed(str(topic))
+            if malformed is not None:
+                self.stats["refused_pattern"] += 1
+                self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, malformed)
+                return
             refused = self.subscription_refused(agent, str(topic), durable=header.qos == 1)
             if refused is not None:
                 self.stats["refused_directory_bound"] += 1
@@ -413,9 +464,25 @@ class LocalAgents:
                     f"directory_max_bytes={s.directory_max_bytes}")
         return None
 
+    @staticmethod
+    def pattern_malformed(topic: str) -> str | None:
+        """Why a wildcard pattern is malformed (VALIDATION_FAILED: ``>`` not last, an empty
+        token), or None; its length is a bound, checked by ``subscription_refused``."""
+        if not T.is_pattern(topic):
+            return None
+        return T.pattern_problem(topic, max_tokens=1 << 30)
+
     def subscription_refused(self, agent: LocalAgent, topic: str, durable: bool) -> str | None:
         """Why this subscription would pass a directory bound (TOO_LARGE), or None."""
         s = self.settings
+        if topic not in agent.topics and T.is_pattern(topic):
+            long = T.pattern_problem(topic, s.max_pattern_tokens)
+            if long is not None:
+                return long
+            patterns = sum(1 for t in agent.topics if T.is_pattern(t))
+            if patterns >= s.max_patterns_per_agent:
+                return (f"{agent.name!r} subscribes to {patterns} wildcard patterns; the limit is "
+                        f"max_patterns_per_agent={s.max_patterns_per_agent}")
         if topic in agent.topics:
             grow = topic_cost(topic, durable) - topic_cost(topic, topic in agent.durable)
         elif len(agent.topics) >= s.max_subscriptions_per_agent:

@@ -3,7 +3,8 @@
 Owns: per local subscriber connection, the publications (ZeroMQ messages: one publication or a
 publishing batch) that its inbox (``inbox_cap``, the agent ROUTER's high-water mark) refused, in
 the order they came, bounded by ``publish_hold_max`` publications per connection and
-``publish_hold_max_bytes`` over all connections; sending them, oldest first, as the subscriber
+``publish_hold_max_bytes`` over all connections; sending them, lower priority first and oldest
+first within one, as the subscriber
 reads (a timer every ``HOLD_FLUSH_S`` while any wait, backing off to ``HOLD_FLUSH_MAX_S`` while
 none goes out, and before each newer publication to that connection, so a newer one never
 overtakes a held one); forgetting what waits for a connection that is gone; whose publications
@@ -23,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import zmq
+
+from meshd.util.priority import DEFAULT_PRIORITY, PriorityFifo
 
 if TYPE_CHECKING:
     from meshd.delivery.local_agents import AgentLink
@@ -41,12 +44,20 @@ HOLD_FLUSH_MAX_S = 0.05
 stuck subscribers cost a failed send each per 50 ms, not per 2 ms."""
 
 
+_Held = tuple[list[bytes], int, int, str, int]
+"""(frames, publications, bytes, publisher, priority)"""
+
+
+def _priority(item: _Held) -> int:
+    return item[4]
+
+
 class _Waiting:
     __slots__ = ("count", "items", "progress", "publishers")
 
     def __init__(self, now: float) -> None:
-        # (frames, publications, bytes, publisher)
-        self.items: deque[tuple[list[bytes], int, int, str]] = deque()
+        # served lower priority first, in arrival order within one
+        self.items: PriorityFifo[_Held] = PriorityFifo(_priority)
         self.count = 0  # publications in ``items``
         self.publishers: Counter[str] = Counter()  # publisher -> its publications in ``items``
         self.progress = now  # monotonic: the hold began, or last sent one out
@@ -72,10 +83,11 @@ class PublicationHold:
         waiting = self._waiting.get(rid)
         return waiting.count if waiting is not None else 0
 
-    def offer(self, rid: bytes, msg: list[bytes], publications: int, publisher: str = "") -> bool:
+    def offer(self, rid: bytes, msg: list[bytes], publications: int, publisher: str = "",
+              priority: int = DEFAULT_PRIORITY) -> bool:
         """Hold ``msg`` (``[signature, header, payload]``, ``publications`` of them, from
-        ``publisher``) for ``rid`` behind what waits already. False if that would pass a bound:
-        the caller drops it."""
+        ``publisher``) for ``rid`` behind what waits already with its ``priority`` or a lower
+        number. False if that would pass a bound: the caller drops it."""
         size = sum(map(len, msg))
         waiting = self._waiting.get(rid)
         held = waiting.count if waiting is not None else 0
@@ -85,7 +97,7 @@ class PublicationHold:
             if not self._waiting:
                 self._interval = HOLD_FLUSH_S  # a new episode: look soon
             waiting = self._waiting[rid] = _Waiting(time.monotonic())
-        waiting.items.append(([rid, *msg], publications, size, publisher))
+        waiting.items.append(([rid, *msg], publications, size, publisher, priority))
         waiting.count += publications
         waiting.publishers[publisher] += publications
         self.bytes += size
@@ -106,7 +118,7 @@ class PublicationHold:
         items = waiting.items
         try:
             while items:
-                frames, publications, size, publisher = items[0]
+                frames, publications, size, publisher, _ = items.peek()
                 send(frames)
                 items.popleft()
                 waiting.count -= publications
@@ -146,7 +158,7 @@ class PublicationHold:
         waiting = self._waiting.pop(rid, None)
         if waiting is not None:
             self.stats["publish_hold_discarded"] += waiting.count
-            self.bytes -= sum(size for _, _, size, _ in waiting.items)
+            self.bytes -= sum(item[2] for item in waiting.items)
 
     def held_from(self, publisher: str) -> int:
         """Publications of ``publisher`` held, for all subscribers."""

@@ -30,6 +30,7 @@ import zmq
 
 from meshd.delivery.publication_hold import PublicationHold
 from meshd.mesh.directory import LocalAgent
+from meshd.util.priority import priority_of
 from meshd.wire import protocol as P
 from meshd.wire.protocol import FrameError, Kind
 
@@ -71,18 +72,18 @@ def _publications_in(msg: list[bytes]) -> int:
         return 1
 
 
-def _held_info(msg: list[bytes]) -> tuple[int, str]:
+def _held_info(msg: list[bytes]) -> tuple[int, str, int]:
     """How many publications a message about to be held counts for (1, or a publishing batch's
     ``count``: its header only, clamped to 1..MAX_BATCH, the bytes bound holds whatever it says),
-    and its publisher ("" if unreadable)."""
+    its publisher ("" if unreadable) and its priority."""
     try:
         header = P.unpack_header(msg[1])
     except (FrameError, IndexError):
-        return 1, ""
+        return 1, "", P.DEFAULT_PRIORITY
     count = header.get(P.COUNT) if header.get(P.KIND) == Kind.BATCH else 1
     publisher = header.get(P.FROM)
     return (min(max(count, 1), P.MAX_BATCH) if isinstance(count, int) else 1,
-            publisher if isinstance(publisher, str) else "")
+            publisher if isinstance(publisher, str) else "", priority_of(header.get(P.PRIO)))
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,8 @@ class Publications:
                 pass  # the inbox is full: hold it
             except zmq.ZMQError:
                 return self._drop(sub, topic, msg)  # the connection is gone
-        count, publisher = _held_info(msg)
-        if hold.offer(rid, msg, count, publisher):
+        count, publisher, priority = _held_info(msg)
+        if hold.offer(rid, msg, count, publisher, priority):
             self.publication_dropped(sub.name, msg, held=hold.waiting(rid))
             return True
         return self._drop(sub, topic, msg)
@@ -176,7 +177,7 @@ class Publications:
                 self.qos.accept(None, agent.name, copy_id, name, copy)
             reached += len(durable)
         skip = set(durable)
-        for sub in self.directory.local_topics.get(topic, ()):
+        for sub in self.directory.local_subscribers(topic):
             if sub.name in skip:
                 continue
             if self.deliver(sub, topic, msg):
@@ -199,8 +200,9 @@ class Publications:
 
     def on_topic(self, frames: list[bytes]) -> None:
         """A publication from a peer's XPUB: hand it to the local subscribers."""
-        subs = self.directory.local_topic_keys.get(frames[0])
+        subs = self.directory.subscribers_of_key(frames[0])
         if not subs or len(frames) != 4 or frames[1] != P.SIGNATURE:  # [topic, SIG, header, payload]
+            # also what a pattern's prefix subscription brought that none of our patterns matches
             self.stats["topic_dropped"] += 1
             return
         msg = frames[1:]
@@ -211,7 +213,7 @@ class Publications:
                     qos1 = P.unpack_header(msg[1]).get(P.QOS) == 1
                 except FrameError:
                     qos1 = False
-            if qos1 and sub.durable and any(k == frames[0] for k in map(P.topic_key, sub.durable)):
+            if qos1 and sub.durable_for(frames[0][:-1].decode("utf-8", "replace")):
                 continue  # it gets its own qos-1 copy from the publisher's outbox
             self.deliver(sub, frames[0], msg)
         self.link.kick()

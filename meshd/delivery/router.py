@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from meshd import transport
+from meshd.delivery.content_routes import ROUTE_PREFIX, ContentRoutes, readdressed
 from meshd.delivery.dead_letters import DeadLetters
 from meshd.delivery.local_agents import AgentLink, LocalAgents
 from meshd.delivery.open_requests import OpenRequests
@@ -39,6 +40,7 @@ from meshd.plugins.policy import Authorizer
 from meshd.util.logonce import LogOnce
 from meshd.util.shutdown import Shutdown
 from meshd.wire import protocol as P
+from meshd.wire import topics as T
 from meshd.wire.protocol import FrameError, Kind
 from meshd.wire.system_names import system_agent_name
 
@@ -139,6 +141,10 @@ class Router:
         self.shutdown = shutdown
         # meshd_authorize on agents' own send/request/publish: None (no cost) unless a plugin has it
         self.authorizer = Authorizer(plugins.authorize) if plugins.wants_authorize() else None
+        # meshd_route on ``route:`` addresses: None (no cost, no such addresses) unless a plugin has it
+        self.content_routes = ContentRoutes(plugins, stats, memory=settings.route_memory,
+                                            max_payload_bytes=settings.max_payload_bytes) \
+            if plugins.wants_route() else None
         self._system_agent = system_agent_name(node_id)
         #: Requests handed to local agents and not answered yet: answers are checked against it.
         self.open_requests = OpenRequests(settings.max_open_requests, stats)
@@ -315,15 +321,18 @@ class Router:
         else:
             self.traffic.count(kind, topic)
         if kind == Kind.PUBLISH or (kind == Kind.BATCH and header.to is None):
-            if not P.valid_topic(topic):
+            if not P.valid_topic(topic) or T.is_pattern(str(topic)):
                 self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
-                             "publish needs a valid topic")
+                             "publish needs a valid topic (a wildcard token is for subscriptions)")
                 return
             self.publish(agent, str(topic), header, frames[1:])
             return
         to = header.to
         if not isinstance(to, str):
             self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"{kind} needs a 'to'")
+            return
+        if self.content_routes is not None and to.startswith(ROUTE_PREFIX):
+            self._route_by_content(rid, header, frames)
             return
         if kind == Kind.ERROR:
             err = header.get(P.ERROR)
@@ -387,6 +396,45 @@ class Router:
                 return
         sends = self.outcomes.outgoing(header, frames[1:])
         self.outcomes.sends_routed(sends, self.route(to, header, frames[1:]))
+
+    def _route_by_content(self, rid: bytes, header: P.Header, frames: list[bytes]) -> None:
+        """A message to a ``route:`` address: a plugin chooses the agent (``meshd_route``,
+        meshd/delivery/content_routes.py); the message is then handled as if sent to it."""
+        routes = self.content_routes
+        assert routes is not None
+        kind, to = header.kind, str(header.to)
+        if kind == Kind.CANCEL:  # it follows its request, wherever that was routed
+            target = routes.cancel_target(header.corr)
+            routes.forget(header.corr)
+            if target is None:
+                self.stats["route_cancel_unknown"] += 1
+                return
+            self.on_agent(readdressed(header, frames, target)[1])
+            return
+        if kind == Kind.BATCH and header.qos != 1:  # qos 0: each message is routed on its own
+            try:
+                pairs = P.split_batch(frames[1:])
+            except FrameError as exc:
+                self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED, f"malformed batch: {exc}")
+                return
+            for inner, payload in pairs:
+                inner[P.FROM], inner[P.TO] = header.sender, to
+                inner.setdefault(P.TOPIC, header.topic)
+                if P.PRIO in header.fields:
+                    inner[P.PRIO] = header.fields[P.PRIO]
+                self.on_agent([rid, P.SIGNATURE, P.pack(inner), payload])
+            return
+        if kind not in (Kind.SEND, Kind.REQUEST, Kind.BATCH):
+            self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
+                        f"a {kind} cannot go to a {ROUTE_PREFIX} address")
+            return
+        chosen = routes.choose(header, frames[3])
+        name = (chosen or "").partition("@")[0]
+        if chosen is None or (name not in self.directory.local and self.directory.host_of(name) is None):
+            why = "no plugin chose an agent" if chosen is None else f"it chose {chosen!r}, not in the mesh"
+            self.bounce(header, frames[1:], P.ErrorCode.NO_SUCH_AGENT, f"route {to!r}: {why}")
+            return
+        self.on_agent(readdressed(header, frames, chosen)[1])
 
     def forbidden(self, rid: bytes, header: P.Header, frames: list[bytes]) -> bool:
         """Ask ``meshd_authorize`` (cached) about an agent's own send, request or publish, each
@@ -595,6 +643,11 @@ class Router:
                 agent.work_sent += 1
             self.stats["delivered"] += 1
         except zmq.Again:
+            prio = header.fields.get(P.PRIO)
+            if unit_id is None and prio is not None and prio < P.DEFAULT_PRIORITY and \
+                    self.link.hold_urgent([agent.rid, *msg], prio):
+                self.stats["delivered"] += 1  # it waits ahead of the backlog (priority_hold_max)
+                return None
             if unit_id is not None:
                 self.qos.not_delivered(str(unit_id))
             code = self.bounce(header, msg, P.ErrorCode.INBOX_FULL, f"inbox of {agent.name!r} is full",

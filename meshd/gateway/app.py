@@ -35,7 +35,7 @@ from meshd.gateway.events import EventBuffer, sse_frame
 from meshd.gateway.models import parse_body, parse_model
 from meshd.gateway.openapi import openapi_spec, response_model
 from meshd.wire import protocol as P
-from meshd.wire.system_names import SYSTEM_PREFIX
+from meshd.wire.system_names import ROUTE_PREFIX, SYSTEM_PREFIX
 
 if TYPE_CHECKING:
     from meshd.gateway.service import Gateway
@@ -134,7 +134,8 @@ class Routes:
         if not P.valid_name(name) or (at and not (P.valid_name(node) or node.isalnum())):
             raise NoSuchAgent(f"no agent can be called {target!r} (an agent name: printable, no '@' or "
                               "spaces; then optionally '@' and a node)")
-        if at or name.startswith(SYSTEM_PREFIX):  # elsewhere, or a daemon's system agent (not listed)
+        if at or name.startswith((SYSTEM_PREFIX, ROUTE_PREFIX)):  # elsewhere, a system agent, or a
+            # route: address (a plugin of the daemon chooses; NO_SUCH_AGENT if none does)
             return
         if not any(a.get("name") == target for a in self.gw.mesh.agents()):
             raise NoSuchAgent(f"no agent named {target!r} in the mesh")
@@ -192,7 +193,7 @@ class Routes:
         else:
             payload = {"prompt": req.prompt, **({"tasks": req.tasks} if req.tasks is not None else {})}
         msg_id = session.start_message(req.target, req.topic, payload, expects_response=req.expects_response,
-                                       timeout=req.timeout, qos=req.qos,
+                                       timeout=req.timeout, qos=req.qos, priority=req.priority,
                                        headers=trace_headers(request.headers))
         return web.json_response({"msg_id": msg_id, "expects_response": req.expects_response}, status=202)
 
@@ -246,16 +247,29 @@ class Routes:
         started = time.monotonic()
         # The caller's W3C trace context (HTTP headers) becomes the mesh message's: one trace.
         answer = await session.agent.request(req.target, req.topic, req.payload, timeout=req.timeout,
+                                             priority=req.priority,
                                              headers=trace_headers(request.headers) or None)
         return web.json_response({"ok": True, "payload": answer,
                                   "latency_ms": round((time.monotonic() - started) * 1000, 3)})
+
+    async def gather(self, request: web.Request) -> web.Response:
+        req = await self.body(request, M.GatherRequest)
+        session = self.gw.sessions.get(req.session_id or req.sender_session)
+        started = time.monotonic()
+        replies, summary = await session.agent.gather(
+            req.topic, req.payload, to=req.to or None, capability=req.capability or None,
+            subscribers_of=req.subscribers_of or None, want=req.want or None, timeout=req.timeout,
+            priority=req.priority).collect()
+        return web.json_response({"replies": [{"sender": r.sender, "payload": r.payload} for r in replies],
+                                  "summary": summary.as_dict(),
+                                  "latency_ms": round((time.monotonic() - started) * 1000, 3)}, dumps=_dumps)
 
     async def handoff(self, request: web.Request) -> web.Response:
         req = await self.body(request, M.HandoffRequest)
         session = self.gw.sessions.get(req.session_id or req.sender_session)
         self.check_target(req.target)
         verdict = await session.agent.handoff(req.target, req.task_id, req.context, req.artifacts,
-                                              timeout=req.timeout)
+                                              timeout=req.timeout, priority=req.priority)
         return web.json_response({"accepted": verdict.accepted, "reason": verdict.reason,
                                   "data": verdict.data})
 
@@ -263,6 +277,7 @@ class Routes:
         req = await self.body(request, M.PublishRequest)
         session = self.gw.sessions.get(req.session_id or req.sender_session)
         reached = await session.agent.publish(req.topic, req.payload, qos=req.qos, reach=True,
+                                              priority=req.priority,
                                               headers=trace_headers(request.headers) or None)
         return web.json_response({"subscribers": reached})
 
@@ -428,6 +443,7 @@ def build_app(gateway: Gateway) -> tuple[web.Application, Routes]:
     r.add_get("/v1/deadletters", routes.deadletters)
     r.add_post("/v1/request", routes.request_reply)
     r.add_post("/v1/handoff", routes.handoff)
+    r.add_post("/v1/gather", routes.gather)
     r.add_post("/v1/publish", routes.publish)
     r.add_post("/v1/subscribe", routes.subscribe)
     r.add_post("/v1/unsubscribe", routes.subscribe)

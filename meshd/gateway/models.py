@@ -35,9 +35,11 @@ from pydantic import (
     model_validator,
 )
 
+from meshd.client.gather import GATHER_MAX_TARGETS
 from meshd.errors import ValidationFailed
 from meshd.gateway.errors import BadRequest
 from meshd.wire import protocol as P
+from meshd.wire import topics as T
 
 __all__ = [
     "ABSENT_MARK",
@@ -51,6 +53,8 @@ __all__ = [
     "DelegateRequest",
     "ErrorBody",
     "GapEvent",
+    "GatherRequest",
+    "GatherResult",
     "HandoffRequest",
     "HandoffResult",
     "HeartbeatRequest",
@@ -119,6 +123,37 @@ SessionId = Annotated[str, StringConstraints(min_length=1, max_length=128, patte
                       Field(description="A session id from POST /v1/agents/register (letters, digits, "
                                         "'_', '~', '-'; not 'register' or 'heartbeat').",
                             json_schema_extra={"not": {"enum": list(RESERVED_SESSION_IDS)}})]
+_WILDCARD_TOKEN = r"(^|\.)[*>](\.|$)"
+
+
+def _no_wildcard(topic: str) -> str:
+    if T.is_pattern(topic):
+        raise ValueError("a topic with a wildcard token ('*', '>') is for subscriptions only")
+    return topic
+
+
+def _well_formed_pattern(topic: str) -> str:
+    if T.is_pattern(topic):
+        problem = T.pattern_problem(topic, max_tokens=1 << 30)
+        if problem is not None:
+            raise ValueError(problem)
+    return topic
+
+
+PublishTopic = Annotated[str,
+                         StringConstraints(min_length=1, max_length=P.MAX_TOPIC_LEN, pattern=r"^[ -~]+$"),
+                         AfterValidator(_no_wildcard),
+                         Field(description="1-256 ASCII printable characters; no token (between dots) "
+                                           "that is '*' or '>' (those are for subscriptions).",
+                               json_schema_extra={"not": {"pattern": _WILDCARD_TOKEN}})]
+SubscribeTopic = Annotated[
+    str, StringConstraints(min_length=1, max_length=P.MAX_TOPIC_LEN, pattern=r"^[ -~]+$"),
+    AfterValidator(_well_formed_pattern),
+    Field(description="A topic, or a wildcard pattern on dot-separated tokens: '*' one token, '>' the "
+                      "rest (last token only); a pattern has no empty token (docs/PROTOCOL.md §11.1).",
+          json_schema_extra={"not": {"anyOf": [
+              {"pattern": r"(^|\.)>\."},
+              {"allOf": [{"pattern": _WILDCARD_TOKEN}, {"pattern": r"(^\.|\.\.|\.$)"}]}]}})]
 Text256 = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 Capability = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[!-~]+$")]
 Timeout = Annotated[float, Field(ge=MIN_TIMEOUT_S, le=MAX_TIMEOUT_S, description="Seconds, 1 to 3600.")]
@@ -132,6 +167,8 @@ def _whole(value: Any) -> Any:
 Count = Annotated[int, Strict(), Ge(0), Le(10**9), BeforeValidator(_whole)]
 Qos = Annotated[int, Strict(), Ge(0), Le(1), BeforeValidator(_whole),
                 Field(description="0: at most once; 1: at least once (stored until acked).")]
+Priority = Annotated[int, Strict(), Ge(0), Le(P.MAX_PRIORITY), BeforeValidator(_whole),
+                     Field(description="0 (urgent, served first) to 9; default 5 (docs/PROTOCOL.md §8.10).")]
 
 
 ABSENT_MARK = "x-meshd-absent"
@@ -270,6 +307,7 @@ class MessageRequest(_Body):
     expects_response: bool = True
     timeout: Timeout = 30.0
     qos: Qos = 0
+    priority: Priority = P.DEFAULT_PRIORITY
 
     @model_validator(mode="after")
     def _needs(self) -> MessageRequest:
@@ -411,6 +449,7 @@ class RequestRequest(_Body):
     topic: Topic = "request"
     payload: Any = None
     timeout: Timeout = 30.0
+    priority: Priority = P.DEFAULT_PRIORITY
 
     @model_validator(mode="after")
     def _needs(self) -> RequestRequest:
@@ -422,6 +461,54 @@ class RequestRequest(_Body):
 class RequestResult(_Answer):
     ok: Literal[True]
     payload: Any
+    latency_ms: float
+
+
+class GatherRequest(_Body):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        _one_of_required(("session_id", "sender_session")),
+        {"oneOf": [{"required": ["to"]}, {"required": ["capability"]}, {"required": ["subscribers_of"]}]}]})
+    session_id: SessionId = _absent("", "The requester's session id (or sender_session).")
+    sender_session: SessionId = _absent("", "Same as session_id.")
+    to: Annotated[list[AgentName], Field(min_length=1, max_length=GATHER_MAX_TARGETS)] = _absent(
+        [], "The targets by name (or capability, or subscribers_of: exactly one of the three).")
+    capability: Capability = _absent("", "Every agent of the mesh with this capability.")
+    subscribers_of: PublishTopic = _absent("", "Every agent subscribed to this topic, exactly or by a "
+                                           "pattern.")
+    topic: Topic = "request"
+    payload: Any = None
+    want: Annotated[int, Strict(), Ge(1), Le(GATHER_MAX_TARGETS), BeforeValidator(_whole)] = _absent(
+        0, "Stop after this many replies (left out: wait for every target).")
+    timeout: Timeout = 30.0
+    priority: Priority = P.DEFAULT_PRIORITY
+
+    @model_validator(mode="after")
+    def _needs(self) -> GatherRequest:
+        if not self.sender_session and not self.session_id:
+            raise ValueError("'session_id' is required (the session_id from /v1/agents/register)")
+        if sum(bool(x) for x in (self.to, self.capability, self.subscribers_of)) != 1:
+            raise ValueError("exactly one of 'to', 'capability' or 'subscribers_of'")
+        return self
+
+
+class GatherReplyRecord(_Answer):
+    sender: str = Field(description="The target that replied.")
+    payload: Any
+
+
+class GatherSummaryRecord(_Answer):
+    targets: list[str]
+    replied: list[str]
+    errors: dict[str, str] = Field(description="Target -> error code (HANDLER_ERROR, ...).")
+    timed_out: list[str]
+    unreachable: list[str]
+    cancelled: list[str] = Field(description="Not waited for: want was reached first.")
+    ended: Literal["want", "all", "timeout", "cancelled"]
+
+
+class GatherResult(_Answer):
+    replies: list[GatherReplyRecord] = Field(description="In the order they arrived.")
+    summary: GatherSummaryRecord
     latency_ms: float
 
 
@@ -441,9 +528,10 @@ class PublishRequest(_Body):
     model_config = ConfigDict(json_schema_extra=_one_of_required(("session_id", "sender_session")))
     session_id: SessionId = _absent("", "The publisher's session id (or sender_session).")
     sender_session: SessionId = _absent("", "Same as session_id.")
-    topic: Topic
+    topic: PublishTopic
     payload: Any = None
     qos: Qos = 0
+    priority: Priority = P.DEFAULT_PRIORITY
 
     @model_validator(mode="after")
     def _needs(self) -> PublishRequest:
@@ -458,7 +546,7 @@ class PublishResult(_Answer):
 
 class SubscribeRequest(_Body):
     session_id: SessionId
-    topic: Topic
+    topic: SubscribeTopic
     durable: bool = False
 
 

@@ -114,6 +114,11 @@ ROUTES: list[Route] = [
           body=M.RequestRequest, answers={200: M.RequestResult}),
     Route("post", "/v1/handoff", "Hand a task to an agent; returns its verdict.",
           body=M.HandoffRequest, answers={200: M.HandoffResult}),
+    Route("post", "/v1/gather",
+          "Scatter-gather: request of every target (by name, capability or subscription, on every node) "
+          "and wait until want replies, every target answered or failed, or the timeout; returns the "
+          "replies and who replied, failed (with its code), timed out or was unreachable.",
+          body=M.GatherRequest, answers={200: M.GatherResult}),
     Route("post", "/v1/publish", "Publish on a topic; returns how many subscribers it reached.",
           body=M.PublishRequest, answers={200: M.PublishResult}),
     Route("post", "/v1/subscribe", "Receive publications on a topic as publication events.",

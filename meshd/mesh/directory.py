@@ -24,9 +24,14 @@ from typing import Any
 from meshd.mesh.directory_updates import ChangeJournal
 from meshd.mesh.liveness import PeerState
 from meshd.wire import protocol as P
+from meshd.wire import topics as T
 from meshd.wire.system_names import SYSTEM_PREFIX
 
-__all__ = ["RECORD_OVERHEAD", "Directory", "LocalAgent", "loses_name", "record_reg", "topic_cost"]
+MATCH_CACHE_MAX = 4096
+"""Topics whose matching subscribers (local, remote) are cached; the cache empties past it."""
+
+__all__ = ["MATCH_CACHE_MAX", "RECORD_OVERHEAD", "Directory", "LocalAgent", "loses_name", "record_reg",
+           "topic_cost"]
 
 RECORD_OVERHEAD = 256
 """Bytes an agent's ``dir`` record costs beyond its name, capabilities, metadata and topics (keys,
@@ -79,6 +84,11 @@ class LocalAgent:
             rec["cver"] = self.contracts_digest
         return rec
 
+    def durable_for(self, topic: str) -> bool:
+        """Is ``topic`` (a publication's) durable for this agent: exactly or by a pattern?"""
+        durable = self.durable
+        return topic in durable or any(T.is_pattern(p) and T.matches(T.split(p), topic) for p in durable)
+
 
 def record_reg(rec: Mapping[str, Any]) -> int | None:
     """A record's registration counter; None if it has none that is a non-negative integer."""
@@ -125,6 +135,17 @@ def _holder_keeps(holder_node: str, holder_rec: Mapping[str, Any], node: str,
     return holder_reg is not None and (holder_reg, holder_node) < (rec_reg, node)
 
 
+_NOBODY: frozenset[LocalAgent] = frozenset()
+
+
+def _subscribes(topics: Any, topic: str) -> bool:
+    """Does a remote record's ``topics`` (or ``durable``) list take a publication on ``topic``?"""
+    if not topics or not isinstance(topics, list):
+        return False
+    return topic in topics or any(isinstance(t, str) and T.is_pattern(t) and T.matches(T.split(t), topic)
+                                  for t in topics)
+
+
 class Directory:
     """Local and remote agents of the mesh as this node knows them."""
 
@@ -149,6 +170,16 @@ class Directory:
         #: PUB/SUB key -> local subscribers (what a publication arriving from a peer is for).
         self.local_topic_keys: dict[bytes, set[LocalAgent]] = {}
         self._remote_topic_counts: Counter[str] | None = None
+        #: How many remote subscriptions are patterns (counted with ``_remote_topic_counts``).
+        self._remote_patterns = 0
+        #: Topic -> how many remote agents subscribe to it, exactly or by a pattern (cached
+        #: while some remote subscriptions are patterns; emptied when a remote record changes).
+        self._remote_match: dict[str, int] = {}
+        #: Local pattern -> (its tokens, its local subscribers); a pattern's SUB prefix key ->
+        #: how many local patterns need it; topic -> every local subscriber, exact or pattern.
+        self.local_patterns: dict[str, tuple[T.Pattern, set[LocalAgent]]] = {}
+        self._prefix_refs: Counter[bytes] = Counter()
+        self._local_match: dict[str, frozenset[LocalAgent]] = {}
         #: The registration Lamport clock: the largest counter seen here, in any record.
         self.reg_clock = 0
         #: Local agent name -> the bytes its record costs without telemetry (see ``record_cost``).
@@ -240,6 +271,12 @@ class Directory:
         agent.topics.add(topic)
         self.journal.topic(agent.name, topic)
         self._charge(agent, topic_cost(topic, durable))
+        self._local_match.clear()
+        if T.is_pattern(topic):
+            self.local_patterns.setdefault(topic, (T.split(topic), set()))[1].add(agent)
+            key = T.prefix_key(topic)
+            self._prefix_refs[key] += 1
+            return True, key if self._prefix_refs[key] == 1 else None
         subs = self.local_topics.setdefault(topic, set())
         key = P.topic_key(topic)
         self.local_topic_keys[key] = subs
@@ -255,6 +292,9 @@ class Directory:
         agent.topics.discard(topic)
         agent.durable.discard(topic)
         self.journal.topic(agent.name, topic)
+        self._local_match.clear()
+        if T.is_pattern(topic):
+            return True, self._drop_pattern(agent, topic)
         subs = self.local_topics.get(topic, set())
         subs.discard(agent)
         if subs:
@@ -263,6 +303,51 @@ class Directory:
         key = P.topic_key(topic)
         self.local_topic_keys.pop(key, None)
         return True, key
+
+    def _drop_pattern(self, agent: LocalAgent, topic: str) -> bytes | None:
+        """``agent`` no longer subscribes to pattern ``topic``: the prefix key nobody here needs
+        any more, or None."""
+        entry = self.local_patterns.get(topic)
+        if entry is not None:
+            entry[1].discard(agent)
+            if not entry[1]:
+                del self.local_patterns[topic]
+        key = T.prefix_key(topic)
+        self._prefix_refs[key] -= 1
+        if self._prefix_refs[key] > 0:
+            return None
+        del self._prefix_refs[key]
+        return key
+
+    def sub_keys(self) -> list[bytes]:
+        """What this node's SUB sockets subscribe to on every peer: each exact topic's key and
+        each pattern's literal prefix (meshd/wire/topics.py)."""
+        return [*self.local_topic_keys, *self._prefix_refs]
+
+    def local_subscribers(self, topic: str) -> frozenset[LocalAgent] | set[LocalAgent]:
+        """Every local agent a publication on ``topic`` is for: exact subscribers and those with
+        a matching pattern, each once (however many of its patterns match)."""
+        exact = self.local_topics.get(topic)
+        if not self.local_patterns:
+            return exact if exact is not None else _NOBODY
+        hit = self._local_match.get(topic)
+        if hit is None:
+            found = set(exact) if exact is not None else set()
+            for pattern, subs in self.local_patterns.values():
+                if T.matches(pattern, topic):
+                    found |= subs
+            if len(self._local_match) >= MATCH_CACHE_MAX:
+                self._local_match.clear()
+            hit = self._local_match[topic] = frozenset(found)
+        return hit
+
+    def subscribers_of_key(self, key: bytes) -> frozenset[LocalAgent] | set[LocalAgent] | None:
+        """The local subscribers of a peer's publication, by its envelope frame (``topic\\0``)."""
+        if not self.local_patterns:
+            return self.local_topic_keys.get(key)
+        if not key.endswith(b"\x00") or len(key) > 4 * P.MAX_TOPIC_LEN + 1:
+            return None
+        return self.local_subscribers(key[:-1].decode("utf-8", "replace")) or None
 
     def _charge(self, agent: LocalAgent, nbytes: int) -> None:
         if agent.name in self.record_bytes and self.local.get(agent.name) is agent:
@@ -294,7 +379,7 @@ class Directory:
                 del self.remote[name]
             self._topic_sets.pop((node_id, name), None)
         if agents:
-            self._remote_topic_counts = None
+            self._remote_changed()
 
     def apply_node(self, node_id: str, body: Any) -> tuple[int, list[LocalAgent]] | None:
         """Replace what peer ``node_id`` hosts with its ``dir`` body.
@@ -315,7 +400,7 @@ class Directory:
                     self.reg_clock = reg  # Lamport: later registrations here order after it
         self.drop_node(node_id)
         self.remote_agents[node_id] = agents
-        self._remote_topic_counts = None
+        self._remote_changed()
         losers: list[LocalAgent] = []
         for name, rec in agents.items():
             self._admit(node_id, name, rec, losers)
@@ -350,7 +435,7 @@ class Directory:
             name: str = ch["name"]
             if ch.get("gone") is True:
                 if held.pop(name, None) is not None:
-                    self._remote_topic_counts = None
+                    self._remote_changed()
                 if self.remote.get(name) == node_id:
                     del self.remote[name]
                 self._topic_sets.pop((node_id, name), None)
@@ -358,7 +443,7 @@ class Directory:
             rec = ch.get("rec")
             if rec is not None:
                 held[name] = rec
-                self._remote_topic_counts = None
+                self._remote_changed()
                 self._topic_sets.pop((node_id, name), None)
             else:
                 old = held[name]
@@ -386,6 +471,7 @@ class Directory:
         if sets is None:
             sets = self._topic_sets[(node_id, name)] = (set(topics), set(durable))
         in_topics, in_durable = sets
+        self._remote_match.clear()
         counts = self._remote_topic_counts
         for topic in ch.get("unsub", ()):
             if topic in in_topics:
@@ -393,6 +479,7 @@ class Directory:
                 topics.remove(topic)
                 if counts is not None:
                     counts[topic] -= 1
+                    self._remote_patterns -= T.is_pattern(topic)
             if topic in in_durable:
                 in_durable.discard(topic)
                 durable.remove(topic)
@@ -403,6 +490,7 @@ class Directory:
                 topics.append(topic)
                 if counts is not None:
                     counts[topic] += 1
+                    self._remote_patterns += T.is_pattern(topic)
             if make_durable and topic not in in_durable:
                 in_durable.add(topic)
                 durable.append(topic)
@@ -412,24 +500,44 @@ class Directory:
 
     # ------------------------------------------------------------------ topics
 
+    def _remote_changed(self) -> None:
+        self._remote_topic_counts = None
+        self._remote_match.clear()
+
     def remote_subscribers(self, topic: str) -> int:
-        """How many remote agents subscribe to ``topic`` (cached until a directory changes)."""
+        """How many remote agents subscribe to ``topic``, exactly or by a pattern, each agent
+        once (cached until a directory changes)."""
         counts = self._remote_topic_counts
         if counts is None:
             counts = Counter()
+            patterns = 0
             for agents in self.remote_agents.values():
                 for rec in agents.values():
                     for t in rec.get("topics") or ():
                         if isinstance(t, str):
                             counts[t] += 1
+                            if T.is_pattern(t):
+                                patterns += 1
             self._remote_topic_counts = counts
-        return counts.get(topic, 0)
+            self._remote_patterns = patterns
+            self._remote_match.clear()
+        if not self._remote_patterns:
+            return counts.get(topic, 0)
+        hit = self._remote_match.get(topic)
+        if hit is None:
+            hit = sum(1 for agents in self.remote_agents.values() for rec in agents.values()
+                      if _subscribes(rec.get("topics"), topic))
+            if len(self._remote_match) >= MATCH_CACHE_MAX:
+                self._remote_match.clear()
+            self._remote_match[topic] = hit
+        return hit
 
     def durable_subscribers(self, topic: str) -> list[str]:
-        """Names (local and remote) with a durable subscription to ``topic``."""
-        names = [a.name for a in self.local.values() if topic in a.durable]
+        """Names (local and remote) with a durable subscription to ``topic``, exactly or by a
+        pattern, each once."""
+        names = [a.name for a in self.local.values() if a.durable and a.durable_for(topic)]
         for agents in self.remote_agents.values():
-            names.extend(n for n, rec in agents.items() if topic in (rec.get("durable") or ()))
+            names.extend(n for n, rec in agents.items() if _subscribes(rec.get("durable"), topic))
         return names
 
     def local_agents(self) -> Iterable[LocalAgent]:

@@ -54,6 +54,7 @@ from meshd.errors import ConfigError
 from meshd.plugins.config import PluginOptions, split_section, validate_settings
 from meshd.plugins.entrypoints import handed_over, list_entry_points, load_value
 from meshd.plugins.process import NodeSnapshot, ProcessWorker
+from meshd.plugins.routing import RouteHooks
 from meshd.plugins.tools import ToolHooks
 from meshd.plugins.workers import ThreadWorker, call_impl, close_loop, plain
 
@@ -89,7 +90,7 @@ def _describe(plugin: object) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-class PluginHost(ToolHooks):
+class PluginHost(ToolHooks, RouteHooks):
     """Loads plugins and calls their hooks, one typed method per hook.
 
     Lifecycle, as the node drives it: ``load()`` (and ``register()`` for built-ins; both

@@ -28,6 +28,7 @@ from typing import Any
 from meshd.qos1.bounds import OutboxBounds, unit_size
 from meshd.qos1.store import DELIVERY_DB_FIX, DeliveryStore, OutboxEntry, StoreWriteFailed
 from meshd.util.backoff import backoff_delay
+from meshd.util.priority import priority_of
 from meshd.wire import protocol as P
 from meshd.wire.protocol import FrameError
 
@@ -127,6 +128,12 @@ class _Delivering:
     origin: str  # node id the unit came from (our own for local senders)
     rid: bytes  # the agent connection it was handed to
     at: float
+
+
+
+def _priority(entry: OutboxEntry) -> int:
+    fields = entry.header.fields if entry.header is not None else {}
+    return priority_of(fields.get(P.PRIO))
 
 
 class Qos1:
@@ -263,12 +270,15 @@ class Qos1:
         return [GiveUp(entry, why, "nack", error)]
 
     def tick(self) -> list[Action]:
-        """Retry what is due; give up on what is out of attempts or time."""
+        """Retry what is due, lower priority numbers first (then in outbox order); give up on what
+        is out of attempts or time."""
         now_m = self._monotonic()  # never the wall clock: a clock jump expires nothing
         actions: list[Action] = []
-        for entry in list(self.store.outbox.values()):
-            if not entry.durable or entry.next_attempt > now_m:
-                continue
+        due = [entry for entry in self.store.outbox.values()
+               if entry.durable and entry.next_attempt <= now_m]
+        if len(due) > 1:
+            due.sort(key=_priority)  # stable: FIFO within one priority
+        for entry in due:
             if now_m > entry.expires_m:
                 actions.append(self._drop(entry, f"not delivered within qos1_ttl ({self.ttl:g} s); "
                                                  f"last error: {entry.extra.get('last_error', 'none')}"))

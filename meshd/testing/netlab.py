@@ -25,6 +25,7 @@ trailing number). Standard library only.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -143,6 +144,13 @@ class Netlab:
     def plug(self, i: int) -> None:
         _run(["ip", "-n", self.switch, "link", "set", self._port(i), "up"])
         self.cut_hosts.discard(i)
+
+    def counters(self, i: int) -> tuple[int, int]:
+        """(packets, bytes) in+out so far at host ``i``'s interface: what the LAN carried for it."""
+        out = _run(["ip", "-n", self.host(i), "-s", "-j", "link", "show", "eth0"]).stdout
+        stats = json.loads(out)[0]["stats64"]
+        return (stats["rx"]["packets"] + stats["tx"]["packets"],
+                stats["rx"]["bytes"] + stats["tx"]["bytes"])
 
     def _nft(self, netns: str, *script: str) -> None:
         _run(["ip", "netns", "exec", netns, "nft", *script])

@@ -14,8 +14,9 @@ import asyncio
 import time
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from meshd.client.gather import GATHER_MAX_TARGETS, pick_targets
 from meshd.errors import MeshError, NoSuchAgent, NotWired, QueueFull
 from meshd.hookspecs import hookimpl
 from meshd.plugins.policy import Authorizer, Quotas
@@ -30,6 +31,7 @@ _AGENT = Field(description="Agent name, or name@node to pick one node's agent.",
                max_length=260)
 _TOPIC = Field(description="Topic the receiving agent's handler is selected by.", min_length=1,
                max_length=256)
+_PRIORITY = Field(default=5, ge=0, le=9, description="0 (urgent, served first) to 9; default 5.")
 _TERMINAL: Final = frozenset({"done", "failed", "cancelled"})
 _WAIT_SLICE_S: Final = 2.0  # wait_task looks at its task this often, to tell the caller how it goes
 
@@ -58,6 +60,30 @@ class RequestAgentArgs(_Args):
     version: str | None = Field(default=None, pattern=r"^[0-9]{1,5}\.[0-9]{1,5}$",
                                 description="The contract version the payload is written for "
                                             "(MAJOR.MINOR, as describe_agent lists it).")
+    priority: int = _PRIORITY
+
+
+class GatherAgentsArgs(_Args):
+    topic: str = _TOPIC
+    payload: Any = Field(default=None, description="The request every target gets (any JSON value).")
+    agents: list[str] | None = Field(default=None, min_length=1, max_length=GATHER_MAX_TARGETS,
+                                     description="The targets by name (or capability, or subscribers_of: "
+                                     "exactly one of the three).")
+    capability: str | None = Field(default=None, min_length=1, max_length=64,
+                                   description="Every agent in the mesh with this capability.")
+    subscribers_of: str | None = Field(default=None, min_length=1, max_length=256,
+                                       description="Every agent subscribed to this topic (exactly or by a "
+                                       "wildcard pattern).")
+    want: int | None = Field(default=None, ge=1, le=GATHER_MAX_TARGETS,
+                             description="Stop after this many replies (default: wait for every target).")
+    timeout_s: float = Field(default=30.0, gt=0, description="Seconds to wait for the replies.")
+    priority: int = _PRIORITY
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> GatherAgentsArgs:
+        if sum(x is not None for x in (self.agents, self.capability, self.subscribers_of)) != 1:
+            raise ValueError("give exactly one of 'agents', 'capability' or 'subscribers_of'")
+        return self
 
 
 class ListAgentsArgs(_Args):
@@ -73,11 +99,13 @@ class SendMessageArgs(_Args):
     agent: str = _AGENT
     topic: str = _TOPIC
     payload: Any = Field(default=None, description="The message (any JSON value).")
+    priority: int = _PRIORITY
 
 
 class PublishArgs(_Args):
     topic: str = Field(description="Topic to publish on.", min_length=1, max_length=256)
     payload: Any = Field(default=None, description="The publication (any JSON value).")
+    priority: int = _PRIORITY
 
 
 # -- tasks and spawning -------------------------------------------------------------------------
@@ -212,7 +240,26 @@ async def request_agent(args: RequestAgentArgs, ctx: ToolContext) -> Any:
     # a client from timing the call out).
     return await ctx.agent.request(args.agent, args.topic, args.payload,
                                    timeout=_bounded(ctx, args.timeout_s), headers=_headers(ctx),
-                                   on_progress=ctx.progress, version=args.version)
+                                   on_progress=ctx.progress, version=args.version,
+                                   priority=args.priority)
+
+
+async def gather_agents(args: GatherAgentsArgs, ctx: ToolContext) -> dict[str, Any]:
+    records = [] if args.agents is not None else await ctx.agent.agents()
+    targets = pick_targets(records, ctx.caller, to=args.agents, capability=args.capability,
+                           subscribers_of=args.subscribers_of)
+    for target in targets:  # each target is a message the caller must be allowed to send
+        _may_message(ctx, target, args.topic)
+
+    def note(target: str, text: str) -> Any:
+        return ctx.note(f"{target}: {text}")
+
+    replies, summary = await ctx.agent.gather(
+        args.topic, args.payload, to=[t for t in targets if t != ctx.agent.name], want=args.want,
+        timeout=_bounded(ctx, args.timeout_s), headers=_headers(ctx), on_progress=note,
+        priority=args.priority).collect()
+    return {"replies": [{"agent": r.sender, "reply": r.payload} for r in replies],
+            "summary": summary.as_dict()}
 
 
 async def list_agents(args: ListAgentsArgs, ctx: ToolContext) -> list[dict[str, Any]]:
@@ -260,13 +307,15 @@ async def describe_agent(args: DescribeAgentArgs, ctx: ToolContext) -> dict[str,
 
 async def send_message(args: SendMessageArgs, ctx: ToolContext) -> dict[str, Any]:
     _may_message(ctx, args.agent, args.topic)
-    msg_id = await ctx.agent.send(args.agent, args.topic, args.payload, headers=_headers(ctx))
+    msg_id = await ctx.agent.send(args.agent, args.topic, args.payload, headers=_headers(ctx),
+                                  priority=args.priority)
     return {"sent": True, "message_id": msg_id}
 
 
 async def publish(args: PublishArgs, ctx: ToolContext) -> dict[str, Any]:
     _may_message(ctx, "*", args.topic)
-    reached = await ctx.agent.publish(args.topic, args.payload, headers=_headers(ctx), reach=True)
+    reached = await ctx.agent.publish(args.topic, args.payload, headers=_headers(ctx), reach=True,
+                                      priority=args.priority)
     return {"reached": reached}
 
 
@@ -359,6 +408,10 @@ def builtin_tools() -> list[Tool]:
              side_effects=True),
         Tool("request_agent", "Ask a named agent and wait for its reply (bounded by timeout_s).",
              RequestAgentArgs, request_agent, side_effects=True),
+        Tool("gather_agents", "Ask several agents at once (by names, a capability, or the subscribers of "
+             "a topic) and wait for their replies, up to want of them or timeout_s; returns the replies "
+             "and who replied, failed, timed out or was unreachable.", GatherAgentsArgs, gather_agents,
+             side_effects=True),
         Tool("list_agents", "List the agents in the mesh: name, node, capabilities, the skills (typed "
              "topics) each serves, state and live telemetry (context use %, queue depth, what it is "
              "doing).", ListAgentsArgs, list_agents),

@@ -47,6 +47,9 @@ HOPS: Final = "hops"
 BUDGET: Final = "budget"  # a request's time budget: milliseconds left when it was sent (a duration)
 DEADLINE: Final = "deadline"  # deprecated (protocol 1 only): an absolute Unix time; see local_deadline
 QOS: Final = "qos"
+PRIO: Final = "prio"  # 0 (urgent, served first) .. 9; absent = 5 (docs/PROTOCOL.md §5, priorities)
+MAX_PRIORITY: Final = 9
+DEFAULT_PRIORITY: Final = 5
 HEADERS: Final = "headers"
 ERROR: Final = "error"
 COUNT: Final = "count"
@@ -319,6 +322,10 @@ def header_from_map(fields: dict[str, Any]) -> Header:
         qos = 0
     if type(qos) is not int or qos not in (0, 1):
         raise FrameError("bad_field", f"'qos' must be 0 or 1, not {qos!r}"[:120], fields=fields)
+    prio = fields.get(PRIO)
+    if prio is not None and (type(prio) is not int or not 0 <= prio <= MAX_PRIORITY):
+        raise FrameError("bad_field", f"'prio' must be an integer 0..{MAX_PRIORITY}, not {prio!r}"[:120],
+                         fields=fields)
     deadline = local_deadline(fields)
     if TIMESTAMP in fields:
         ts = fields[TIMESTAMP]

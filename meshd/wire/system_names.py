@@ -21,6 +21,9 @@ TOPIC_APPROVALS: Final = "meshd.tools.approvals"
 TOPIC_ANSWER: Final = "meshd.answer"
 #: Topic task and spawn events are published on (``meshctl tail meshd.tasks``).
 TOPIC_TASK_EVENTS: Final = "meshd.tasks"
+#: A ``to`` starting with this is a virtual address a content-routing plugin resolves at the
+#: sender's daemon (``meshd_route``, meshd/delivery/content_routes.py).
+ROUTE_PREFIX: Final = "route:"
 #: Application header naming the agent a tool acted for, on messages a tool sends.
 CALLER_HEADER: Final = "meshd-caller"
 

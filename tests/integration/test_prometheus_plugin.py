@@ -20,7 +20,7 @@ from meshd.plugins import AUTOLOAD_ENV  # on again: these tests are about entry-
 from meshd.testing import MeshdFactory, MeshdProcess, pip_install, wait_listed, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-REQUESTS = 5
+REQUESTS = 40  # well above the hook calls that are not per message (agents, peers, dead letters)
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'

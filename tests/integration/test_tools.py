@@ -25,7 +25,8 @@ from meshd.errors import (
 from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed, wait_until
 from meshd.wire.system_names import TOPIC_ANSWER, TOPIC_APPROVALS, system_agent_name
 
-BUILTINS = {"ask_agent", "request_agent", "list_agents", "describe_agent", "send_message", "publish",
+BUILTINS = {"ask_agent", "request_agent", "gather_agents", "list_agents", "describe_agent", "send_message",
+            "publish",
             "spawn_agent", "create_task", "create_plan", "task_status", "wait_task", "list_tasks",
             "cancel_task"}
 

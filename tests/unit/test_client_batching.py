@@ -110,7 +110,7 @@ def test_keys_are_typed_and_never_mixed() -> None:
            for b, items in h.decoded()}
     assert got == {("bob", None, None): to0, ("bob", None, 1): to1,
                    (None, "news", None): topic, (None, "news", 1): topic1}
-    assert to_agent("bob", 1) == ("to", "bob", 1)
+    assert to_agent("bob", 1) == ("to", "bob", 1, 5)
     assert to_agent("x") != to_topic("x")
 
 
@@ -187,3 +187,15 @@ def test_a_single_publication_is_addressed_by_topic() -> None:
     h.send(to_topic("news"), 1, kind=Kind.PUBLISH)
     [(header, _)] = h.decoded()
     assert header[P.TOPIC] == "news" and P.TO not in header and header[P.FROM] == "me"
+
+
+def test_batches_never_mix_priorities_and_lower_ones_leave_first() -> None:
+    h = Harness(batch_max=64)
+    h.busy = True
+    low = h.send(to_agent("bob", priority=9), 3)
+    mid = h.send(to_agent("bob"), 2)
+    urgent = h.send(to_agent("bob", priority=0), 2)
+    h.end_turn()
+    got = [(b.get(P.PRIO), [(m[P.ID], m.get(P.PRIO)) for m, _ in items]) for b, items in h.decoded()]
+    assert got == [(0, [(i, 0) for i in urgent]), (None, [(i, None) for i in mid]),
+                   (9, [(i, 9) for i in low])]

@@ -10,7 +10,16 @@ import pytest
 
 from meshd import transport
 from meshd.client import agent as client
-from meshd.client import batching, blocking, call_slots, handler_slots, publish_window, resend, send_pause
+from meshd.client import (
+    batching,
+    blocking,
+    call_slots,
+    gather,
+    handler_slots,
+    publish_window,
+    resend,
+    send_pause,
+)
 from meshd.client import handlers as dispatch
 from meshd.client import incoming as client_incoming
 from meshd.client import session as client_session
@@ -26,7 +35,8 @@ CLASSES = {"Agent": client.Agent, "Batcher": batching.Batcher, "Dispatcher": dis
            "PublishWindow": publish_window.PublishWindow, "ResendHold": resend.ResendHold,
            "Incoming": client_incoming.Incoming, "HandlerSlots": handler_slots.HandlerSlots,
            "CallSlots": call_slots.CallSlots, "SendPauses": send_pause.SendPauses,
-           "Session": client_session.Session, "AgentEvents": client_incoming.AgentEvents}
+           "Session": client_session.Session, "AgentEvents": client_incoming.AgentEvents,
+           "Gather": gather.Gather, "BlockingAgent": blocking.BlockingAgent}
 DOTTED = re.compile(r"`([A-Za-z_]+)\.([A-Za-z_]+)(?:\([^`]*\))?`")
 
 

@@ -90,19 +90,17 @@ def test_the_pause_grows_while_refusals_continue_and_is_capped_by_retry_after() 
 
 
 def test_the_pause_starts_small_again_after_a_quiet_spell() -> None:
-    async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        pauses = SendPauses()
-        _sent(pauses, ("m", "slow"))
-        for _ in range(3):
-            pauses.refused(["m"], None, loop)
-            await pauses.wait("slow")
-        assert pauses._by_dest["slow"].length == SEND_PAUSE_MIN * 4
-        pauses._by_dest["slow"].until -= 1.0  # as if the last pause ended a second ago
+    clock = _StepClock()
+    loop = cast(asyncio.AbstractEventLoop, clock)
+    pauses = SendPauses()
+    _sent(pauses, ("m", "slow"))
+    for _ in range(3):
         pauses.refused(["m"], None, loop)
-        assert pauses._by_dest["slow"].length == SEND_PAUSE_MIN
-
-    asyncio.run(scenario())
+        clock.run_next_timer()  # the pause ends; refused again at once
+    assert pauses._by_dest["slow"].length == SEND_PAUSE_MIN * 4
+    clock.now += 1.0  # the last pause ended a second ago
+    pauses.refused(["m"], None, loop)
+    assert pauses._by_dest["slow"].length == SEND_PAUSE_MIN
 
 
 def test_the_destinations_remembered_are_bounded_and_clear_opens_every_gate() -> None:

@@ -106,6 +106,7 @@ class Harness:
 def test_only_suspended_handlers_hold_slots_and_the_socket_pauses_when_all_are_taken() -> None:
     async def scenario() -> None:
         h = Harness(limit=2)
+        h.slots.fit_daemon(3)  # it reads on until this much work waits here, then pauses
         release = asyncio.Event()
         started: list[int] = []
 
@@ -123,7 +124,7 @@ def test_only_suspended_handlers_hold_slots_and_the_socket_pauses_when_all_are_t
         for i in range(5):
             h.deliver(payload=i)
         assert started == [0, 1] and h.slots.running == 2
-        assert h.reading == [False], "paused once every slot was taken"
+        assert h.reading == [False], "paused once every slot was taken and park_max work waited"
         assert len(h.slots.parked) == 3
         release.set()
         for _ in range(10):
@@ -164,9 +165,11 @@ def test_while_answers_are_awaited_it_reads_on_and_refuses_work_past_the_daemons
         h.slots.cancel_parked({P.KIND: Kind.CANCEL, P.CORR: parked[0], P.FROM: "asker"})
         assert len(h.slots.parked) == 2
         assert h.out[-1][1][P.ERROR]["code"] == ErrorCode.CANCELLED
-        # No answer awaited any more, every slot taken: reading pauses.
+        # No answer awaited any more, every slot taken and park_max work waiting: reading pauses.
         h.awaiting = False
         h.slots.check_reading()
+        assert h.reading == [], "two wait: it reads on (a more urgent message may come)"
+        h.deliver(payload=6)
         assert h.reading == [False]
         release.set()
 
@@ -176,6 +179,7 @@ def test_while_answers_are_awaited_it_reads_on_and_refuses_work_past_the_daemons
 def test_a_call_of_its_own_resumes_reading_until_its_answer_came() -> None:
     async def scenario() -> None:
         h = Harness(limit=1)
+        h.slots.fit_daemon(1)
         release = asyncio.Event()
 
         async def handler(msg: Any) -> Any:
@@ -183,6 +187,7 @@ def test_a_call_of_its_own_resumes_reading_until_its_answer_came() -> None:
 
         h.d.handlers["t"] = handler
         h.deliver(payload=0)
+        h.deliver(payload=1)
         assert h.reading == [False]
         assert h.calls.try_take()  # a running handler sends a request: its reply must be read
         assert h.reading == [False, True]
@@ -230,3 +235,32 @@ def test_the_bound_must_be_positive() -> None:
     with pytest.raises(ValidationFailed):
         HandlerSlots("me", 0, dispatch=d.dispatch, push=lambda f: None, enqueue=lambda k, h, p: None,
                      reading=lambda on: None, awaiting=lambda: False)
+
+
+def test_read_ahead_parks_more_before_pausing_and_serves_it_by_priority() -> None:
+    async def scenario() -> None:
+        h = Harness(limit=1)
+        h.slots.fit_daemon(2)
+        h.slots.read_ahead = 5
+        release = asyncio.Event()
+        order: list[Any] = []
+
+        async def handler(msg: Any) -> Any:
+            order.append(msg.payload)
+            await release.wait()
+
+        h.d.handlers["t"] = handler
+        h.deliver(Kind.SEND, payload="first")  # takes the one slot
+        for i in range(4):
+            h.slots.offer({P.KIND: Kind.SEND, P.ID: P.new_id(), P.TOPIC: "t", P.FROM: "asker",
+                           P.PRIO: 9}, encode_payload(i), None)
+        assert h.reading == [], "past park_max (2), within read_ahead (5): it reads on"
+        h.slots.offer({P.KIND: Kind.SEND, P.ID: P.new_id(), P.TOPIC: "t", P.FROM: "asker",
+                       P.PRIO: 0}, encode_payload("urgent"), None)
+        assert h.reading == [False] and len(h.slots.parked) == 5 and h.slots.refused == 0
+        release.set()
+        for _ in range(30):
+            await asyncio.sleep(0)
+        assert order == ["first", "urgent", 0, 1, 2, 3]
+
+    asyncio.run(scenario())

@@ -250,3 +250,13 @@ def test_a_nack_without_retry_gives_up_at_once_and_the_receiver_keeps_a_done_mar
     assert r.admit("u3", "nodeA", b"rid", lambda rid: True)
     r.agent_nacked("u3", {"retry": True, "retry_after": 1})
     assert not r.store.is_done("u3") and r.admit("u3", "nodeA", b"rid", lambda rid: True)
+def test_due_retries_go_lowest_priority_first(clock: Clock) -> None:
+    q = _machine(clock)
+    for unit, prio in (("u9", 9), ("u5", None), ("u0", 0), ("u9b", 9)):
+        header = {P.KIND: Kind.SEND, P.ID: unit, P.FROM: "planner", P.TO: "r", P.TOPIC: "t", P.QOS: 1}
+        if prio is not None:
+            header[P.PRIO] = prio
+        q.accept(None, "planner", unit, "r", P.frames(header, b"p"))
+    q.flush()
+    clock.advance(5.1)
+    assert [a.entry.id for a in q.tick() if isinstance(a, Attempt)] == ["u0", "u5", "u9", "u9b"]
