@@ -161,3 +161,37 @@ def test_messaging_metrics_with_a_meter_provider() -> None:
                    "('messaging.client.operation.duration', (1, 'researcher')), "
                    "('messaging.client.sent.messages', (1, 'researcher')), "
                    "('messaging.process.duration', (1, 't'))]")
+
+
+def test_a_gather_is_one_producer_span_with_its_requests_under_it() -> None:
+    out = run("""
+        import asyncio
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from meshd.client.gather import Gather
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        seen = []
+
+        class Asker:
+            name = "planner"
+            async def agents(self):
+                return []
+            async def request(self, to, topic, payload=None, *, timeout, headers=None, **kw):
+                seen.append(headers["traceparent"])
+                return to
+
+        async def main():
+            replies, summary = await Gather(Asker(), "verify", 1, to=["v1", "v2"], timeout=5).collect()
+            return sorted(r.sender for r in replies), summary.ended
+        print(asyncio.run(main()))
+        (span,) = exporter.get_finished_spans()
+        sid = format(span.context.span_id, "016x")
+        print(span.name, span.kind.name, span.attributes["messaging.batch.message_count"],
+              span.attributes["meshd.gather.replied"], all(tp.split("-")[2] == sid for tp in seen), len(seen))
+    """)
+    assert out.splitlines() == ["(['v1', 'v2'], 'all')", "gather verify PRODUCER 2 2 True 2"]
