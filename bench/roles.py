@@ -835,9 +835,34 @@ ROLES: dict[str, Callable[[Cfg], Any]] = {
 }
 
 
+def otel_mode(mode: str | None) -> None:
+    """A helper's OpenTelemetry set-up (bench/tracing_row.py): ``absent`` makes the API
+    unimportable (as without the ``otel`` extra), ``api`` leaves it importable with no SDK, ``sdk``
+    configures the SDK with a batch processor and an exporter that drops every span."""
+    if mode is None:
+        return
+    if mode == "absent":
+        from meshd.client import tracing
+
+        tracing.API = False  # what the client does when the import fails
+    elif mode == "sdk":
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+        class Drop(SpanExporter):
+            def export(self, spans: Any) -> SpanExportResult:
+                return SpanExportResult.SUCCESS
+
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(Drop()))
+        trace.set_tracer_provider(provider)
+
+
 def run_role(name: str, cfg: Cfg) -> None:
     """Run one helper role. Async (Agent) roles run under the hard timeout; sync ones bound every
     wait themselves. Every socket made by zsocket is closed on the way out."""
+    otel_mode(cfg.get("otel"))
     if name in ROLES:
         role = ROLES[name]
     elif name.startswith("emb_"):  # an agent with its node embedded (roles_embedded.py)

@@ -49,6 +49,11 @@ class MetricsSnapshot:
     #: qos-1 units staged and not yet acknowledged, and those sent and awaiting an ack.
     qos1_pending: int = 0
     qos1_in_flight: int = 0
+    #: Each local agent's consumer lag: ``{agent: (messages waiting, age of the oldest in s)}``
+    #: (meshd/delivery/consumer_lag.py), for agents whose heartbeat says what they read.
+    agent_lag: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    #: qos-1 units in the outbox by destination agent (what waits for each receiver's ack).
+    qos1_pending_by_dest: Mapping[str, int] = field(default_factory=dict)
     #: Dead letters recorded since start (the in-memory FIFO keeps only the newest).
     dead_letters_total: int = 0
     #: The node's message counters (``routed``, ``delivered``, ``bounced``, ``rejected``, ...).
@@ -56,11 +61,16 @@ class MetricsSnapshot:
     #: Observer events waiting for plugins, and the plugin host's counters.
     plugin_queue: int = 0
     plugin_stats: Mapping[str, int] = field(default_factory=dict)
+    #: Time in each thread-mode plugin's hooks: ``{(plugin, hook): (calls, seconds, cpu_seconds)}``.
+    plugin_hook_time: Mapping[tuple[str, str], tuple[int, float, float]] = field(default_factory=dict)
     #: Collaborations (send, request, delegate, handoff) by ``(kind, outcome)``, counted by the
     #: node itself, so that a metrics plugin need not receive every outcome (meshd_collaboration).
     collaborations: Mapping[tuple[str, str], int] = field(default_factory=dict)
     #: Those that ended in an error, by ``(kind, error code)`` (bounded: past 64 codes, "other").
     collaboration_errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    #: Messages this node's agents sent, by ``(kind, topic)``; topics past ``metrics_topic_labels``
+    #: are counted under "other", a batch to one agent under "(batch)".
+    messages: Mapping[tuple[str, str], int] = field(default_factory=dict)
     #: Request (and qos-1 send) latency by kind.
     latency: Mapping[str, LatencyReading] = field(default_factory=dict)
 

@@ -140,8 +140,10 @@ class MeshMcpBridge:
         return float(wanted) + TIMEOUT_GRACE if wanted else CALL_TIMEOUT
 
     async def call(self, name: str, args: dict[str, Any], *,
-                   on_progress: Callable[[str], Any] | None = None) -> Any:
-        """Call a tool; raises typed errors. ``on_progress(note)`` sees the daemon's notes."""
+                   on_progress: Callable[[str], Any] | None = None,
+                   headers: dict[str, Any] | None = None) -> Any:
+        """Call a tool; raises typed errors. ``on_progress(note)`` sees the daemon's notes;
+        ``headers``: the client's trace context (``_meta.traceparent``) as mesh headers."""
         if name == "wait_message":
             return await self.wait_message(float(args.get("timeout_s", 30)))
         if name == "reply_message":
@@ -150,9 +152,9 @@ class MeshMcpBridge:
         if skill is not None:  # a typed topic of a mesh agent: a request with its contract's version
             return await self.agent.request(skill.agent, skill.topic, skill.payload(args),
                                             version=skill.version, timeout=SKILL_TIMEOUT,
-                                            on_progress=on_progress)
+                                            on_progress=on_progress, headers=headers)
         return await self.agent.call_tool(name, args, timeout=await self.call_timeout(name, args),
-                                          on_progress=on_progress)
+                                          on_progress=on_progress, headers=headers)
 
     async def wait_message(self, timeout_s: float) -> dict[str, Any] | None:
         if not 0 < timeout_s <= 600:

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from meshd.bindings.mcp import INBOX_URI, RESOURCES, MeshMcpBridge
+from meshd.client.tracing import trace_headers
 from meshd.errors import MeshError, NoSuchTool
 
 __all__ = ["CHANNEL_CAPABILITY", "CHANNEL_METHOD", "MAX_WATCHERS", "InboxAnnouncer", "ProgressRelay",
@@ -39,6 +40,15 @@ CHANNEL_METHOD: Final = "notifications/claude/channel"
 MAX_WATCHERS: Final = 256
 RESOURCE_NOT_FOUND: Final = -32002  # the MCP spec's error code for an unknown resource URI
 _SEND_TIMEOUT_S: Final = 5.0  # a notification a session cannot take within this is dropped
+
+
+def _trace_of(params: Any) -> dict[str, Any] | None:
+    """The W3C trace context an MCP client put in the call's ``_meta`` (``traceparent``,
+    ``tracestate``), as mesh headers; None when there is none."""
+    meta = getattr(params, "meta", None)
+    if meta is not None and not isinstance(meta, dict):
+        meta = meta.model_dump(by_alias=True) if hasattr(meta, "model_dump") else None
+    return (trace_headers(meta) or None) if isinstance(meta, dict) else None
 
 
 def _text(value: Any) -> str:
@@ -249,7 +259,7 @@ def build_server(bridge: MeshMcpBridge, name: str, *, progress_every: float = 5.
         relay = ProgressRelay(ctx.session.report_progress, progress_every)
         try:
             result = await relay.run(bridge.call(params.name, dict(params.arguments or {}),
-                                                 on_progress=relay.note))
+                                                 on_progress=relay.note, headers=_trace_of(params)))
         except MeshError as exc:
             return types.CallToolResult(content=[types.TextContent(text=f"{exc.code}: {exc.message}")],
                                         is_error=True)

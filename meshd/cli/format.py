@@ -42,3 +42,22 @@ def task_summary_cell(summary: Any, width: int = 40) -> str:
     else:
         text = "" if summary is None else str(summary)
     return text[:width]
+
+
+def plugin_rows(plugins: dict[str, Any]) -> list[dict[str, Any]]:
+    """``meshctl plugins``: one row per loaded plugin and hook, with the time spent in it (a
+    plugin with no timed call yet gets one row without a hook); the CPU-heaviest first."""
+    times = plugins.get("hook_time") or {}
+    rows: list[dict[str, Any]] = []
+    for name in plugins.get("loaded") or []:
+        hooks = times.get(name) or {}
+        if not hooks:
+            rows.append({"plugin": name, "hook": "", "calls": 0, "total_ms": 0.0, "cpu_ms": 0.0,
+                         "mean_ms": 0.0})
+        for hook, t in hooks.items():
+            calls = int(t.get("calls") or 0)
+            total = float(t.get("seconds") or 0.0) * 1000
+            rows.append({"plugin": name, "hook": hook, "calls": calls, "total_ms": round(total, 3),
+                         "cpu_ms": round(float(t.get("cpu_seconds") or 0.0) * 1000, 3),
+                         "mean_ms": round(total / calls, 3) if calls else 0.0})
+    return sorted(rows, key=lambda r: (-r["cpu_ms"], r["plugin"], r["hook"]))

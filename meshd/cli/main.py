@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshd import __version__
 from meshd.cli.contracts_view import describe_lines, skills_cell
-from meshd.cli.format import print_json, table
+from meshd.cli.format import plugin_rows, print_json, table
 from meshd.cli.top import run_top
 from meshd.daemon.run import run_daemon, setup_logging  # noqa: F401  (setup_logging: kept importable here)
 from meshd.errors import ConfigError, MeshError
@@ -62,6 +62,8 @@ def _run_parser(sub: Any) -> None:
     run.add_argument("--offline-after", type=float)
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", choices=["text", "json"])
+    run.add_argument("--otlp", dest="otlp_endpoint", metavar="URL",
+                     help="export the daemon's own spans over OTLP/HTTP (needs the otel-export extra)")
     run.add_argument("--no-http", dest="http", action="store_const", const=False,
                      help="do not serve the HTTP/SSE gateway and dashboard (docs/http.md)")
     run.add_argument("--http-port", type=int, help="HTTP gateway port (0 = any free port)")
@@ -82,7 +84,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
     keys = ("name", "mesh", "interfaces", "port", "pub_port", "peers", "discovery", "state_dir",
             "socket", "insecure", "heartbeat_interval", "stale_after", "offline_after",
             "log_level", "log_format", "allow_insecure_lan", "trust_mode", "authorized_keys_dir",
-            "mesh_secret_file", "http", "http_port")
+            "mesh_secret_file", "http", "http_port", "otlp_endpoint")
     overrides = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     return load_settings(config, overrides=overrides, environ=env)
 
@@ -398,6 +400,12 @@ async def _ctl(args: argparse.Namespace) -> int:
                 print("\n".join(describe_lines(args.agent, node, records)))
         elif args.cmd == "node":
             print_json(await me.node_info())
+        elif args.cmd == "plugins":
+            rows = plugin_rows((await me.node_info()).get("plugins") or {})
+            if args.json:
+                print_json(rows)
+            else:
+                table(rows, ["plugin", "hook", "calls", "total_ms", "cpu_ms", "mean_ms"])
         elif args.cmd == "send":
             await me.send(args.agent, args.topic, args.payload, priority=args.priority)
             await asyncio.sleep(0.05)  # let the daemon bounce an unknown name back
@@ -499,6 +507,8 @@ def meshctl_main(argv: list[str] | None = None) -> int:
     p.add_argument("agent")
     p.add_argument("--json", action="store_true", help="the contract records as they are")
     sub.add_parser("node", help="this daemon's identity and counters (JSON)")
+    p = sub.add_parser("plugins", help="this daemon's plugins and the time spent in their hooks")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("send", help="fire-and-forget message")
     p.add_argument("agent")
     p.add_argument("topic")

@@ -44,6 +44,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 import zmq
 
+from meshd.client import tracing
 from meshd.client.batching import Batcher, BatchKey
 from meshd.client.call_slots import CallSlots
 from meshd.client.contracts import Contract, ContractRefused, TypedTopic, is_model_class, to_wire
@@ -311,7 +312,7 @@ class Agent:
         self._dispatch.cancel_all()
         self._resend.release(DaemonUnreachable("the agent closed before its daemon came back"))
         self._calls.fail_waiting(DaemonUnreachable("agent closed"))
-        self._handler_slots.parked.clear()  # never run now (qos-1 ones: not acked, sent again)
+        self._handler_slots.clear()  # never run now (qos-1 ones: not acked, sent again)
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(DaemonUnreachable("agent closed"))
@@ -444,6 +445,11 @@ class Agent:
         if version is not None or check or type(payload) not in _PLAIN:
             payload = await self._typed(header, to, topic, payload, version, check)
         data = self._encode(payload, self.max_payload_bytes)  # as _payload, one call less
+        span = None
+        if (t := tracing.tracer()) is not None:  # None without an SDK: no span, no header copy
+            span = tracing.start_producer(t, "send", to, self.name, msg_id, header, P.HEADERS)
+            if qos == 0:
+                span.end()  # handed on; a later failure comes through on_error
         if qos == 0:  # the README's loop: no coroutine but this one, no loop turn unless one is due
             key: BatchKey = (P.TO, to, 0, priority)
             if self._resend.holding:  # the daemon is restarting: sent once registered again
@@ -460,6 +466,14 @@ class Agent:
                 await sendq.writable.wait()
             return msg_id
         loop = self._require_loop()
+        if span is not None:
+            return str(await tracing.until_answered(span, self._send_qos1(loop, msg_id, to, header, data,
+                                                                          priority)))
+        return await self._send_qos1(loop, msg_id, to, header, data, priority)
+
+    async def _send_qos1(self, loop: asyncio.AbstractEventLoop, msg_id: str, to: str,
+                         header: dict[str, Any], data: bytes, priority: int) -> str:
+        """A qos-1 send: until the local daemon has it on disk, sent again after a daemon restart."""
         await self._calls.wait(CONTROL_TIMEOUT * 2)
         try:
             for _ in range(QOS1_RESENDS + 1):
@@ -516,8 +530,13 @@ class Agent:
             timeout -= await self._calls.wait(timeout, RequestTimeout(f"no reply from {to!r} on "
                                              f"{topic!r} within {timeout:g} s (not sent: no room)"))
         header[P.BUDGET] = P.budget_ms(timeout)  # a duration, never a clock reading
-        return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
-                                       lambda: self._enqueue((P.TO, to, 0, priority), header, data))
+        answer = self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
+                                   lambda: self._enqueue((P.TO, to, 0, priority), header, data))
+        if (t := tracing.tracer()) is not None:
+            span = tracing.start_producer(t, "request", to, self.name, msg_id, header, P.HEADERS,
+                                          conversation=msg_id)
+            return await tracing.until_answered(span, answer)
+        return await answer
 
     async def _typed(self, header: dict[str, Any], to: str, topic: str, payload: Any,
                      version: str | None, check: bool) -> Any:
@@ -665,6 +684,9 @@ class Agent:
         if msg.headers:
             header[P.HEADERS] = msg.headers
         data = self._payload(msg.payload if payload is DEFER else payload)
+        if (t := tracing.tracer()) is not None:  # the trace goes on under this handler's span
+            tracing.start_producer(t, "delegate", to, self.name, header[P.ID], header, P.HEADERS,
+                                   conversation=header[P.CORR], parent=msg._span).end()
         self._dispatch.handed_on(msg)  # the delegate answers; this handler's return value is ignored
         # Remember where it went, so a cancel from the requester follows it down the chain.
         self._dispatch.delegated(header[P.CORR], to, msg.sender)
@@ -716,7 +738,10 @@ class Agent:
         if version is not None or type(payload) not in _PLAIN:
             payload = await self._typed(header, "", topic, payload, version, False)
         data = self._payload(payload)
+        t = tracing.tracer()
         if qos == 0 and not reach:
+            if t is not None:
+                tracing.start_producer(t, "publish", topic, self.name, msg_id, header, P.HEADERS).end()
             window = self._window
             await window.wait_pause(loop)
             window.unconfirmed.add(msg_id)
@@ -734,6 +759,10 @@ class Agent:
         # No timer per publish (they are many and fast): the heartbeat loop expires stragglers.
         self._expiring[msg_id] = time.monotonic() + CONTROL_TIMEOUT
         try:
+            if t is not None:
+                span = tracing.start_producer(t, "publish", topic, self.name, msg_id, header, P.HEADERS)
+                self._enqueue((P.TOPIC, topic, qos, priority), header, data)
+                return int(await tracing.until_answered(span, fut))
             self._enqueue((P.TOPIC, topic, qos, priority), header, data)
             return int(await fut)
         finally:
@@ -792,18 +821,20 @@ class Agent:
 
     async def call_tool(self, name: str, args: dict[str, Any] | None = None, *,
                         timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                        on_progress: Callable[[str], Any] | None = None) -> Any:
+                        on_progress: Callable[[str], Any] | None = None,
+                        headers: dict[str, Any] | None = None) -> Any:
         """Call tool ``name`` with ``args`` on the local daemon and return its result. Failures are
         typed: NoSuchTool, ValidationFailed (names the field), Forbidden, QuotaExceeded,
         ApprovalDenied, NotWired, NoSuchAgent (a tool's target, answered at once),
         RequestTimeout (no answer within ``timeout``). ``on_progress(note)`` sees the notes
         of a call that takes long: the target's ``progress`` relayed by ``request_agent``, a
         call held for approval, ``wait_task``'s task changing state. Cancelling the awaiting
-        task cancels the call (and the request it made)."""
+        task cancels the call (and the request it made). ``headers``: as ``request``'s (an edge's
+        ``traceparent``: what the tool does goes on in that trace)."""
         from meshd.wire.system_names import TOPIC_CALL
 
         return await system_request(self, TOPIC_CALL, {"name": name, "args": args or {}}, timeout,
-                                    on_progress=on_progress)
+                                    on_progress=on_progress, headers=headers)
 
     # ----------------------------------------------------------------------------- internals
 
@@ -932,8 +963,11 @@ class Agent:
         running). The agent calls it every ``heartbeat_interval`` unless ``auto_heartbeat=False``."""
         if self._closed or self._sock is None:
             return
-        depth = len(self._dispatch.tasks) + len(self._handler_slots.parked)
-        telemetry = {"queue_depth": depth} | self.telemetry
+        slots = self._handler_slots
+        depth = len(self._dispatch.tasks) + len(slots.parked)
+        # waiting/lag_s: the consumer lag, messages waiting for a handler slot and the oldest's age
+        telemetry = {"queue_depth": depth, "waiting": len(slots.parked), "lag_s": round(slots.lag(), 3),
+                     "read": self._incoming.work_read} | self.telemetry
         self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from meshd.client import tracing
 from meshd.errors import MeshError, RequestTimeout, TooLarge, ValidationFailed
 from meshd.wire import topics as T
 from meshd.wire.system_names import SYSTEM_PREFIX
@@ -143,6 +144,7 @@ class Gather:
         self._started = False
         self.summary = None
         self._partial = GatherSummary(targets=[])
+        self._span: Any = None  # the gather's PRODUCER span when tracing: its requests are under it
 
     def __aiter__(self) -> Gather:
         return self
@@ -166,6 +168,12 @@ class Gather:
             raise TooLarge(f"gather to {len(targets)} agents; the limit is GATHER_MAX_TARGETS="
                            f"{GATHER_MAX_TARGETS}")
         self._partial.targets = targets
+        if (t := tracing.tracer()) is not None:  # one span for the scatter; each request a child
+            carried: dict[str, Any] = {"h": self._headers} if self._headers else {}
+            self._span = tracing.start_producer(t, "gather", self._topic, self._agent.name,
+                                                f"gather-{id(self):x}", carried, "h")
+            self._span.set_attribute("messaging.batch.message_count", len(targets))
+            self._headers = carried["h"]
         left = self.timeout - (time.monotonic() - t0)
         for name in targets:
             self._tasks[name] = asyncio.ensure_future(self._ask(name, max(left, 0.001)))
@@ -225,6 +233,11 @@ class Gather:
             task.cancel()
         s.ended = ended
         self.summary = s
+        if self._span is not None:
+            self._span.set_attribute("meshd.gather.replied", len(s.replied))
+            self._span.set_attribute("meshd.gather.ended", ended)
+            self._span.end()
+            self._span = None
         return tasks
 
     async def _finish(self, ended: str) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +83,9 @@ class HandlerSlots:
         self.peak_parked = 0
         #: Served lowest priority first, FIFO within one (meshd/util/priority.py).
         self.parked: PriorityFifo[Work] = PriorityFifo(_work_priority)
+        #: When each parked message arrived (``time.monotonic()``), by the work item's identity
+        #: (parked work is served by priority, not in arrival order): the consumer lag.
+        self._parked_at: dict[int, float] = {}
         self.paused = False
         self.refused = 0
         self._dispatch = dispatch
@@ -117,7 +121,9 @@ class HandlerSlots:
             return
         # qos-1 work is never refused (its daemon would hold it as still in the agent's hands,
         # docs/client.md): at parked_max the socket pauses instead.
-        self.parked.append((header, payload, unit))
+        work = (header, payload, unit)
+        self.parked.append(work)
+        self._parked_at[id(work)] = time.monotonic()
         if len(self.parked) > self.peak_parked:
             self.peak_parked = len(self.parked)
         self.check_reading()
@@ -135,12 +141,24 @@ class HandlerSlots:
         self.running -= 1
         parked = self.parked
         while parked and self.running < self.limit:
-            header, payload, unit = parked.popleft()
+            work = parked.popleft()
+            self._parked_at.pop(id(work), None)
+            header, payload, unit = work
             try:
                 self._dispatch(header, payload, unit)
             except Exception:
                 log.exception("agent %s: dropped a message that could not be handled", self.agent_name)
         self.check_reading()
+
+    def lag(self) -> float:
+        """Seconds the oldest message waiting for a handler slot has waited (0 when none waits):
+        the consumer lag the agent's heartbeat reports (``lag_s``)."""
+        return time.monotonic() - min(self._parked_at.values()) if self.parked and self._parked_at else 0.0
+
+    def clear(self) -> None:
+        """Forget what is parked (the agent closes: nothing parked runs now)."""
+        self.parked.clear()
+        self._parked_at.clear()
 
     def check_reading(self) -> None:
         """Pause the socket while every slot is taken and none of the agent's own calls awaits an
@@ -165,6 +183,7 @@ class HandlerSlots:
             if unit is None and h.get(P.KIND) == Kind.REQUEST and h.get(P.FROM) == sender and \
                     (h.get(P.CORR) or h.get(P.ID)) == corr:
                 self.parked.remove(item)
+                self._parked_at.pop(id(item), None)
                 self.refuse(h, P.ErrorCode.CANCELLED, "cancelled by the requester")
                 self.check_reading()
                 return

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import CoroutineType
 from typing import Any
 
+from meshd.client import tracing
 from meshd.client.batching import BatchKey, to_agent
 from meshd.client.contracts import ContractRefused, to_wire
 from meshd.errors import MeshError, Nack
@@ -95,6 +96,9 @@ class Message:
     #: When the sender made it (header ``ts``, ISO-8601 UTC): for people and logs, never compared
     #: with this host's clock (use ``time_left`` for deadlines). None from senders that omit it.
     timestamp: str | None = None
+    #: The handler's CONSUMER span when tracing (meshd/client/tracing.py): answers and delegations
+    #: made later, outside the handler, still belong under it.
+    _span: Any = None
 
     @property
     def cancelled(self) -> asyncio.Event:
@@ -199,6 +203,9 @@ class Dispatcher:
         self._unit_left: dict[str, int] = {}
         #: qos-1 units a handler refused (``Nack``), with its error map: nacked, not acked, when done.
         self._unit_nack: dict[str, dict[str, Any]] = {}
+        #: A traced qos-1 unit's last process span: its ack (or nack) is a span under it. Empty
+        #: (and never looked into) without an SDK.
+        self._unit_span: dict[str, Any] = {}
         #: The last ``HANDLED_WINDOW`` qos-1 units this agent handled: a daemon that died before
         #: writing their done-marks redelivers them, and they are acked again, not run again.
         self._handled: OrderedDict[str, None] = OrderedDict()
@@ -325,6 +332,12 @@ class Dispatcher:
             self.reply_error(msg, P.ErrorCode.TIMEOUT, "the deadline passed before the handler started")
             self.unit_done(unit)
             return
+        if (t := tracing.tracer()) is not None:  # None without an SDK: the handler runs as it is
+            msg._span = span = tracing.process_span(t, self.agent_name, kind, topic, msg_id, sender,
+                                                    msg.correlation_id, msg.headers)
+            if unit is not None and len(self._unit_span) < HANDLED_WINDOW:
+                self._unit_span[unit] = span
+            handler = tracing.traced_handler(span, handler)
         try:
             result = handler(msg)
         except Exception as exc:
@@ -420,6 +433,10 @@ class Dispatcher:
             return
         self._unit_left.pop(unit, None)
         nack = self._unit_nack.pop(unit, None) if self._unit_nack else None
+        if self._unit_span and (span := self._unit_span.pop(unit, None)) is not None \
+                and (t := tracing.tracer()) is not None:
+            code = None if nack is None else str(nack.get("code"))
+            tracing.settle_span(t, self.agent_name, unit, span, code)
         if nack is not None:
             if nack.get("retry") is not True:
                 self._handled[unit] = None  # not retried: a late copy is acked, not run
@@ -523,6 +540,9 @@ class Dispatcher:
         except MeshError as exc:
             self.reply_error(msg, exc.code, f"reply refused: {exc.message}")
             return
+        if (t := tracing.tracer()) is not None:
+            tracing.answer_span(t, "reply", msg.reply_to or msg.sender, self.agent_name,
+                                msg.correlation_id or msg.id, msg._span)
         header = {P.KIND: Kind.REPLY, P.ID: P.new_id(), P.TIMESTAMP: P.timestamp(),
                   P.CORR: msg.correlation_id or msg.id,
                   P.TOPIC: msg.topic}
@@ -543,11 +563,17 @@ class Dispatcher:
         if self._closed() or not msg.sender or msg._answered:
             return
         msg._answered = True
+        if (t := tracing.tracer()) is not None:
+            tracing.answer_span(t, "reply", msg.reply_to or msg.sender, self.agent_name,
+                                msg.correlation_id or msg.id, msg._span, error=str(err.get("code")))
         header = {P.KIND: Kind.ERROR, P.ID: P.new_id(), P.CORR: msg.correlation_id or msg.id, P.ERROR: err,
                   P.TIMESTAMP: P.timestamp()}
         self._enqueue(to_agent(msg.reply_to or msg.sender), header, b"")
 
     def progress(self, msg: Message, note: str) -> None:
+        if (t := tracing.tracer()) is not None:
+            tracing.answer_span(t, "progress", msg.reply_to or msg.sender, self.agent_name,
+                                msg.correlation_id or msg.id, msg._span)
         header = {P.KIND: Kind.PROGRESS, P.ID: P.new_id(), P.TIMESTAMP: P.timestamp(),
                   P.CORR: msg.correlation_id or msg.id,
                   P.NOTE: note[:PROGRESS_NOTE_CHARS]}

@@ -86,6 +86,9 @@ class Incoming:
         ``Batcher``'s ``on_batch`` fills it). All three are the ``Agent``'s own dicts, shared."""
         self.name = name
         self.log_once = LogOnce(log, capacity=64)
+        #: Work messages read from the daemon (sends, requests, publications; a batch's each):
+        #: the heartbeat reports it, and the daemon, which counts what it wrote, knows the lag.
+        self.work_read = 0
         self._dispatcher = dispatcher
         self._slots = slots
         self._pending = pending
@@ -111,6 +114,8 @@ class Incoming:
             dispatcher.begin_unit(unit, len(messages))
         slots = self._slots
         dispatch = dispatcher.runner(unit)
+        if messages and messages[0][0].get(P.KIND) in _WORK_KINDS:
+            self.work_read += len(messages)
         for header, payload in messages:
             try:
                 if header[P.KIND] in _WORK_KINDS and slots.running < slots.limit and not slots.parked:

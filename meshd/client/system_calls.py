@@ -23,7 +23,8 @@ __all__ = ["system_request"]
 
 
 async def system_request(agent: Agent, topic: str, payload: Any, timeout: float, *,
-                         on_progress: Callable[[str], Any] | None = None) -> Any:
+                         on_progress: Callable[[str], Any] | None = None,
+                         headers: dict[str, Any] | None = None) -> Any:
     """A request to ``agent``'s daemon's system agent, answered within ``timeout``.
 
     Just after the daemon started, its system agent may not be registered yet: the daemon then
@@ -38,7 +39,8 @@ async def system_request(agent: Agent, topic: str, payload: Any, timeout: float,
     while True:
         try:
             return await agent.request(system_agent_name(str(agent.node)), topic, payload,
-                                       timeout=max(end - time.monotonic(), 0.001), on_progress=on_progress)
+                                       timeout=max(end - time.monotonic(), 0.001), on_progress=on_progress,
+                                       headers=headers)
         except NoSuchAgent as exc:
             if not (exc.sender or "").startswith(DAEMON_PREFIX) or time.monotonic() + delay >= end:
                 raise  # the tool's own answer (the system agent sent it), or out of time

@@ -318,6 +318,18 @@ class Settings(BaseModel):
     log_format: Literal["text", "json"] = Field(
         default="text", description="Log format: text (human) or json (one object per line)."
     )
+    metrics_topic_labels: int = Field(
+        default=100, ge=1, le=10_000,
+        description="Distinct topics named in the per-topic message counts (metrics); the rest "
+        "are counted under 'other', so agents' topic names cannot grow the label set.",
+    )
+    # tracing (docs/tracing.md)
+    otlp_endpoint: str | None = Field(
+        default=None, max_length=2048,
+        description="Export the daemon's own OpenTelemetry spans (its gateway, tools and task "
+        "dispatch calls) over OTLP/HTTP to this URL (http://host:4318, or a full .../v1/traces); "
+        "needs the otel-export extra. Off by default.",
+    )
     # HTTP/SSE gateway (docs/http.md)
     http: bool = Field(default=True, description="Serve the HTTP/SSE gateway and the web dashboard.")
     http_host: str = Field(
@@ -483,6 +495,18 @@ class Settings(BaseModel):
         if stale is not None and not value > stale:
             raise ValueError(f"must be greater than stale_after ({stale})")
         return value
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _check_otlp(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL (an OTLP/HTTP receiver)")
+        return value.strip()
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod

@@ -49,6 +49,7 @@ from meshd.daemon.admin import Admin, letter_summary
 from meshd.daemon.doctor import daemon_report
 from meshd.daemon.sdnotify import Notifier
 from meshd.daemon.timers import TimerLoops
+from meshd.delivery.consumer_lag import ConsumerLag
 from meshd.delivery.dead_letters import DeadLetters
 from meshd.delivery.handover import peers_settled
 from meshd.delivery.local_agents import AgentLink, LocalAgents
@@ -181,6 +182,7 @@ class Node:
             self.plugins.register(JsonlDeadLetterSink(settings.state_dir / "deadletters.jsonl"),
                                   name="meshd.jsonl_dead_letters")
         self.outcomes = Outcomes(self.plugins)
+        self.consumer_lag = ConsumerLag()  # each local agent's lag, sampled with every snapshot
         # On from the start: agents may attach (and be observed) before the plugins step runs;
         # their outcomes wait in the plugins' queues until the workers start after meshd_startup.
         self._track_outcomes()
@@ -250,6 +252,7 @@ class Node:
         local = Counter(str(a.state) for a in directory.local.values())
         peer_table: PeerTable | None = getattr(self, "peer_table", None)
         qos = getattr(self, "qos", None)
+        routing: Router | None = getattr(self, "routing", None)
         snap = MetricsSnapshot(
             node_id=self.node_id, name=self.name, mesh=self.settings.mesh,
             uptime_s=time.monotonic() - self.started_at if self.started_at else 0.0,
@@ -259,13 +262,18 @@ class Node:
             agent_telemetry={a.name: dict(a.telemetry) for a in directory.local.values()},
             qos1_pending=qos.pending if qos is not None else 0,
             qos1_in_flight=qos.in_flight if qos is not None else 0,
+            qos1_pending_by_dest=qos.pending_by_dest() if qos is not None else {},
             dead_letters_total=self.dead_letter_fifo.total,
             events=dict(self.stats),
             plugin_queue=self.plugins.queued,
             plugin_stats=dict(self.plugins.stats),
+            plugin_hook_time={(p, h): (int(t["calls"]), t["seconds"], t["cpu_seconds"])
+                              for p, hooks in self.plugins.hook_times().items() for h, t in hooks.items()},
             collaborations=dict(self.outcomes.tally.counts),
             collaboration_errors=dict(self.outcomes.tally.errors),
             latency=self.outcomes.tally.readings(),
+            messages=routing.traffic.snapshot() if routing is not None else {},
+            agent_lag=self.consumer_lag.sample(directory.local.values(), time.monotonic()),
         )
         with self._snapshot_lock:
             self._snapshot = snap
@@ -650,6 +658,7 @@ class Node:
             "dead_letters": self.dead_letter_fifo.total,
             "plugins": {"stats": dict(self.plugins.stats), "queued": self.plugins.queued,
                         "queues": self.plugins.queue_depths(),
+                        "hook_time": self.plugins.hook_times(),
                         "loaded": [p["name"] for p in self.plugins.list_plugins()
                                    if p["status"] == "loaded"]},
             "qos1": self.qos.info(),

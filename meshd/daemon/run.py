@@ -17,10 +17,12 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from meshd.client.tracing import current_ids
 from meshd.errors import ConfigError, StateFileError
 from meshd.mesh.keys import KeyFileError
 
@@ -42,6 +44,9 @@ class _JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
+        ids = current_ids()  # written inside a span: a log shipper links the line to its trace
+        if ids is not None:
+            entry["trace_id"], entry["span_id"] = ids
         return json.dumps(entry)
 
 
@@ -105,7 +110,13 @@ def run_daemon(settings: Any, *, regenerate_id: bool = False) -> int:
                     ", ".join(map(str, removed)) or "nothing (no identity yet)")
     if settings.insecure:
         log.warning("INSECURE MODE: the mesh runs in plaintext; anyone on the LAN can read and inject")
+    stop_export: Callable[[], None] | None = None
     try:
+        if getattr(settings, "otlp_endpoint", None):
+            from meshd.daemon.otlp import start_export
+
+            stop_export = start_export(settings.otlp_endpoint, str(settings.name))
+            log.info("exporting the daemon's spans over OTLP/HTTP to %s", settings.otlp_endpoint)
         return asyncio.run(_serve(settings))
     except KeyboardInterrupt:
         return 0
@@ -128,3 +139,6 @@ def run_daemon(settings: Any, *, regenerate_id: bool = False) -> int:
     except (RuntimeError, OSError, zmq.ZMQError) as exc:
         log.error("cannot start: %s", exc)
         return 1
+    finally:
+        if stop_export is not None:
+            stop_export()  # the spans still batched go out before the process ends

@@ -134,6 +134,7 @@ class Publications:
         if (not hold.waiting(rid) or hold.flush_one(rid)) and not self.link.has_backlog(rid):
             try:
                 self.link.send_now([rid, *msg])
+                sub.work_sent += 1
                 return True
             except zmq.Again:
                 pass  # the inbox is full: hold it

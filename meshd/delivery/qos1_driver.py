@@ -88,6 +88,9 @@ class Qos1Driver:
     def in_flight(self) -> int:
         return self.machine.in_flight
 
+    def pending_by_dest(self) -> dict[str, int]:
+        return self.machine.pending_by_dest()
+
     def info(self) -> dict[str, Any]:
         m = self.machine
         return {"pending": m.pending, "in_flight": m.in_flight, **m.stats, "commits": m.store.commits,

@@ -30,6 +30,7 @@ from meshd.delivery.local_agents import AgentLink, LocalAgents
 from meshd.delivery.open_requests import OpenRequests
 from meshd.delivery.outcomes import Outcomes
 from meshd.delivery.publications import OUTBOX_RETRY_AFTER, Publications, PublishRouting
+from meshd.delivery.traffic import TrafficTally
 from meshd.mesh.directory import Directory, LocalAgent
 from meshd.mesh.liveness import PeerState
 from meshd.mesh.peers import PeerTable
@@ -147,6 +148,8 @@ class Router:
         self._system_agent = system_agent_name(node_id)
         #: Requests handed to local agents and not answered yet: answers are checked against it.
         self.open_requests = OpenRequests(settings.max_open_requests, stats)
+        #: What local agents sent, by kind and (bounded) topic: metrics_topic_labels caps the topics.
+        self.traffic = TrafficTally(settings.metrics_topic_labels)
         #: The publish path: fan-out, a peer's publications, gap notices, INBOX_FULL to publishers.
         self.publications = Publications(
             settings, node_id=node_id, directory=directory, link=link, qos=qos, xpub=xpub, reactor=reactor,
@@ -311,6 +314,12 @@ class Router:
                 return
             self.stats["batches_without_kinds"] += 1
         topic = header.topic
+        if kind == Kind.BATCH:
+            kinds, count = header.get(P.KINDS), header.get(P.COUNT)
+            self.traffic.count_batch(kinds if isinstance(kinds, list) else (),
+                                     count if type(count) is int and count > 0 else 1, topic)
+        else:
+            self.traffic.count(kind, topic)
         if kind == Kind.PUBLISH or (kind == Kind.BATCH and header.to is None):
             if not P.valid_topic(topic) or T.is_pattern(str(topic)):
                 self.refuse(rid, header, frames, P.ErrorCode.VALIDATION_FAILED,
@@ -627,6 +636,11 @@ class Router:
             if self.link.has_backlog(agent.rid):
                 raise zmq.Again  # answers wait for this agent: they go first
             self.link.send_now([agent.rid, *msg])
+            if header.kind == Kind.BATCH:  # counted as messages, as the agent counts what it reads
+                count = header.get(P.COUNT)
+                agent.work_sent += count if type(count) is int and count > 0 else 1
+            else:
+                agent.work_sent += 1
             self.stats["delivered"] += 1
         except zmq.Again:
             prio = header.fields.get(P.PRIO)

@@ -26,6 +26,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, ValidationError
 
+from meshd.client.tracing import trace_headers
 from meshd.errors import MeshError, NoSuchAgent
 from meshd.gateway import models as M
 from meshd.gateway.dashboard import page_html
@@ -192,7 +193,8 @@ class Routes:
         else:
             payload = {"prompt": req.prompt, **({"tasks": req.tasks} if req.tasks is not None else {})}
         msg_id = session.start_message(req.target, req.topic, payload, expects_response=req.expects_response,
-                                       timeout=req.timeout, qos=req.qos, priority=req.priority)
+                                       timeout=req.timeout, qos=req.qos, priority=req.priority,
+                                       headers=trace_headers(request.headers))
         return web.json_response({"msg_id": msg_id, "expects_response": req.expects_response}, status=202)
 
     async def respond(self, request: web.Request) -> web.Response:
@@ -243,8 +245,10 @@ class Routes:
         session = self.gw.sessions.get(req.session_id or req.sender_session)
         self.check_target(req.target)
         started = time.monotonic()
+        # The caller's W3C trace context (HTTP headers) becomes the mesh message's: one trace.
         answer = await session.agent.request(req.target, req.topic, req.payload, timeout=req.timeout,
-                                             priority=req.priority)
+                                             priority=req.priority,
+                                             headers=trace_headers(request.headers) or None)
         return web.json_response({"ok": True, "payload": answer,
                                   "latency_ms": round((time.monotonic() - started) * 1000, 3)})
 
@@ -273,7 +277,8 @@ class Routes:
         req = await self.body(request, M.PublishRequest)
         session = self.gw.sessions.get(req.session_id or req.sender_session)
         reached = await session.agent.publish(req.topic, req.payload, qos=req.qos, reach=True,
-                                              priority=req.priority)
+                                              priority=req.priority,
+                                              headers=trace_headers(request.headers) or None)
         return web.json_response({"subscribers": reached})
 
     async def subscribe(self, request: web.Request) -> web.Response:

@@ -25,6 +25,11 @@ from meshd.view import NodeView
 __all__ = ["MeshInfo", "MeshWatch", "OutcomeFeed", "OutcomeObserver", "page_html"]
 
 RECENT_OUTCOMES = 50
+HISTORY_SAMPLES = 150
+"""Metric samples kept for the page's charts, from the gateway's start (one every
+``HISTORY_EVERY`` watch ticks: five minutes at 2 s), whether or not a page is open."""
+HISTORY_EVERY = 4
+ROUTED_EVENTS = ("delivered", "forwarded", "published")
 RECENT_DEAD_LETTERS = 20
 DEAD_LETTERS_SHOWN = 1024  # GET /v1/deadletters: at most the default dead_letter_capacity
 _LETTER_KEYS = ("seq", "at", "reason", "detail", "attempts", "kind", "from", "to", "topic")
@@ -101,11 +106,22 @@ class MeshWatch:
     def __init__(self, mesh: MeshInfo) -> None:
         self.mesh = mesh
         self.outcomes: deque[dict[str, Any]] = deque(maxlen=RECENT_OUTCOMES)
+        #: ``[at, messages routed so far, dead letters so far, qos-1 pending]`` samples for the charts.
+        self.history: deque[list[float]] = deque(maxlen=HISTORY_SAMPLES)
         self._agents: dict[str, str] = {}
         self._peers: dict[str, str] = {}
 
     def add_outcome(self, outcome: dict[str, Any]) -> None:
         self.outcomes.append(outcome)
+
+    def sample(self) -> None:
+        """One chart sample from the node's counters (cheap: a few numbers)."""
+        info = self.mesh.info()
+        stats = info.get("stats") or {}
+        routed = sum(int(stats.get(k, 0) or 0) for k in ROUTED_EVENTS)
+        pending = (info.get("qos1") or {}).get("pending", 0)
+        self.history.append([round(time.time(), 3), routed, int(info.get("dead_letters", 0) or 0),
+                             int(pending or 0)])
 
     def changes(self) -> list[tuple[str, dict[str, Any]]]:
         """Agent and peer state changes since the last call, as (event name, data)."""
@@ -160,6 +176,7 @@ class MeshWatch:
             "dead_letters": self.mesh.dead_letters(RECENT_DEAD_LETTERS)[::-1],
             "dead_letters_total": info.get("dead_letters", 0),
             "qos1": info.get("qos1", {}), "gateway": gateway_stats,
+            "history": list(self.history),
         }
 
 

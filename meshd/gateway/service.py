@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshd.errors import ConfigError
 from meshd.gateway import auth
-from meshd.gateway.dashboard import MeshInfo, MeshWatch, OutcomeFeed, OutcomeObserver
+from meshd.gateway.dashboard import HISTORY_EVERY, MeshInfo, MeshWatch, OutcomeFeed, OutcomeObserver
 from meshd.gateway.events import EventBuffer
 from meshd.gateway.listener import PendingListener
 from meshd.gateway.sessions import SessionTable
@@ -202,9 +202,13 @@ class Gateway:
         self.dashboard.append("snapshot", self.watch.snapshot(self.stats()))
 
     async def _watch_loop(self) -> None:
+        tick = 0
         while True:
             await asyncio.sleep(WATCH_INTERVAL_S)
             try:
+                if tick % HISTORY_EVERY == 0:  # the charts' history is kept from start
+                    self.watch.sample()
+                tick += 1
                 await self.sessions.sweep(self.settings.offline_after + ABANDONED_GRACE_S)
                 changes = self.watch.changes()
                 for name, data in changes:

@@ -123,25 +123,29 @@ class HttpSession:
         self.agent.heartbeat()
 
     def start_message(self, target: str, topic: str, payload: Any, *, expects_response: bool,
-                      timeout: float, qos: int, priority: int = P.DEFAULT_PRIORITY) -> str:
+                      timeout: float, qos: int, priority: int = P.DEFAULT_PRIORITY,
+                      headers: dict[str, Any] | None = None) -> str:
         """Send (or request) in the background; the answer arrives as a ``response`` event."""
         if len(self.in_flight) >= self.cap:
             raise TooManyInFlight(f"{self.name!r} has {self.cap} messages awaiting an answer")
         msg_id = P.new_id()
         task = asyncio.create_task(self._deliver(msg_id, target, topic, payload, expects_response,
-                                                 timeout, qos, priority), name=f"meshd-gw-msg-{msg_id}")
+                                                 timeout, qos, priority, headers or None),
+                                   name=f"meshd-gw-msg-{msg_id}")
         self.in_flight[msg_id] = task
         task.add_done_callback(lambda _t: self.in_flight.pop(msg_id, None))
         return msg_id
 
     async def _deliver(self, msg_id: str, target: str, topic: str, payload: Any, expects_response: bool,
-                       timeout: float, qos: int, priority: int = P.DEFAULT_PRIORITY) -> None:
+                       timeout: float, qos: int, priority: int = P.DEFAULT_PRIORITY,
+                       headers: dict[str, Any] | None = None) -> None:
         started = time.monotonic()
         try:
             if expects_response:
-                answer = await self.agent.request(target, topic, payload, timeout=timeout, priority=priority)
+                answer = await self.agent.request(target, topic, payload, timeout=timeout, priority=priority,
+                                                  headers=headers)
             else:
-                await self.agent.send(target, topic, payload, qos=qos, priority=priority)
+                await self.agent.send(target, topic, payload, qos=qos, priority=priority, headers=headers)
                 return
         except MeshError as exc:
             self.events.append("response", {"msg_id": msg_id, "from": target, "ok": False,

@@ -58,6 +58,8 @@ class LocalAgent:
     last_seen: float = field(default_factory=time.monotonic)
     state: PeerState = PeerState.ONLINE
     telemetry: dict[str, Any] = field(default_factory=dict)
+    #: Work messages this daemon wrote to it (its heartbeat's ``read`` says how many it read).
+    work_sent: int = 0
     reg: int = 0  # the registration counter (Lamport): what name conflicts are decided on
     #: Contract records of its typed topics (docs/contracts.md), checked at registration.
     contracts: list[dict[str, Any]] = field(default_factory=list)

@@ -371,6 +371,16 @@ class PluginHost(ToolHooks, RouteHooks):
         """Whether any plugin implements observer ``hook`` (so the core can skip building events)."""
         return hook in self._routes
 
+    def hook_times(self) -> dict[str, dict[str, dict[str, float]]]:
+        """Time spent in each thread-mode plugin's observer hooks: ``{plugin: {hook: {calls,
+        seconds, cpu_seconds}}}`` (a process-mode plugin's time is its own process's)."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for name, worker in self._workers.items():
+            times = getattr(worker, "hook_times", None)
+            if times is not None:
+                out[name] = times()
+        return out
+
     def queue_depths(self) -> dict[str, int]:
         """Events waiting per plugin (approximate)."""
         return {name: worker.queued for name, worker in self._workers.items()}

@@ -102,6 +102,11 @@ def close_loop(loop: asyncio.AbstractEventLoop) -> None:
         loop.close()
 
 
+SLOW_CALL_CPU_S = 0.005
+"""A thread-mode observer call that holds the CPU this long (its thread's CPU time) slows the
+routing loop, which needs the same interpreter: warned about, naming the plugin."""
+
+
 class ThreadWorker:
     """One plugin's observer hooks, called on a thread of its own from a bounded queue of its own.
 
@@ -122,6 +127,9 @@ class ThreadWorker:
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._abandon = threading.Event()
+        #: hook -> [calls, wall seconds, CPU seconds of this thread] (written by its thread only).
+        self.hook_time: dict[str, list[float]] = {}
+        self._slow_warned = 0
 
     @property
     def queue_size(self) -> int:
@@ -200,6 +208,26 @@ class ThreadWorker:
             self._count(f"abandoned:{self.name}", abandoned)
         return abandoned
 
+    def _timed(self, hook: str, wall: float, cpu: float) -> None:
+        spent = self.hook_time.get(hook)
+        if spent is None:
+            spent = self.hook_time[hook] = [0, 0.0, 0.0]
+        spent[0] += 1
+        spent[1] += wall
+        spent[2] += cpu
+        if cpu >= SLOW_CALL_CPU_S:
+            n = self._count(f"slow:{self.name}")
+            if n == 1 or n % FAIL_LOG_EVERY == 0:
+                log.warning("plugin %s held the CPU %.1f ms in one %s call on its thread (%d slow calls "
+                            "so far): a thread-mode plugin shares the interpreter with routing and slows "
+                            "it; run it in a process of its own: [plugins.%s] isolation = \"process\"",
+                            self.name, cpu * 1000, hook, n, self.name)
+
+    def hook_times(self) -> dict[str, dict[str, float]]:
+        """Per hook: calls, seconds and cpu_seconds spent in this plugin's implementations."""
+        return {hook: {"calls": int(c), "seconds": round(w, 6), "cpu_seconds": round(u, 6)}
+                for hook, (c, w, u) in list(self.hook_time.items())}
+
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         try:
@@ -211,7 +239,9 @@ class ThreadWorker:
                 for impl in self.impls.get(hook, ()):
                     if self._abandon.is_set():
                         break
+                    started, cpu = time.perf_counter(), time.thread_time()
                     call_impl(loop, self.name, impl, hook, kwargs, self.hook_timeout, self._count)
+                    self._timed(hook, time.perf_counter() - started, time.thread_time() - cpu)
         finally:
             self._abandon_queued()
             close_loop(loop)

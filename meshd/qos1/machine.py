@@ -402,3 +402,7 @@ class Qos1:
     @property
     def in_flight(self) -> int:
         return len(self._delivering)
+
+    def pending_by_dest(self) -> dict[str, int]:
+        """Outbox units by destination agent (a copy)."""
+        return dict(self.store.dest_units)

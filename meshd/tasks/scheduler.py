@@ -194,7 +194,10 @@ class Scheduler:
         left = self.host.time_left(record)
         timeout = max(0.001, min(self.settings.dispatch_timeout, left))
         payload = self.host.task_payload(record)
-        request = asyncio.ensure_future(self.agent.request(assignee, TASK_TOPIC, payload, timeout=timeout))
+        trace = record.get("_trace")  # the creating call's trace context (TaskService.create_task)
+        headers = trace if isinstance(trace, dict) else None
+        request = asyncio.ensure_future(self.agent.request(assignee, TASK_TOPIC, payload, timeout=timeout,
+                                                           headers=headers))
         watch = asyncio.ensure_future(self._watch(assignee))
         try:
             await asyncio.wait({request, watch}, return_when=asyncio.FIRST_COMPLETED)

@@ -136,14 +136,18 @@ class TaskService:
     # ------------------------------------------------------------------ the interface
 
     async def create_task(self, *, creator: str, title: str, input: Any, capability: str,
-                          deadline_s: float | None = None) -> dict[str, Any]:
-        """Store a task and start scheduling it; returns its record once it is on disk."""
+                          deadline_s: float | None = None, trace: dict[str, str] | None = None
+                          ) -> dict[str, Any]:
+        """Store a task and start scheduling it; returns its record once it is on disk.
+        ``trace``: the creating call's W3C trace headers; its dispatches carry them, so the
+        task's work belongs to that call's trace."""
         store = self._store()
         item = PlanItem("task", self._check_title(title), self._check_capability(capability), input)
         deadline = self._deadline(deadline_s)
         self._check_input(input, "input")
         store.reserve(1)
-        record = self._new_record(item, creator=creator, deadline=deadline, plan_id=None, deps=[], round_no=0)
+        record = self._new_record(item, creator=creator, deadline=deadline, plan_id=None, deps=[], round_no=0,
+                                  trace=trace)
         record["key"] = None
         store.add_task(record)
         # Started before the commit: when the directory is fresh the assignment is staged in this
@@ -154,7 +158,8 @@ class TaskService:
         return public(record)
 
     async def create_plan(self, *, creator: str, tasks: list[dict[str, Any]], rounds: int = 1,
-                          deadline_s: float | None = None) -> dict[str, Any]:
+                          deadline_s: float | None = None, trace: dict[str, str] | None = None
+                          ) -> dict[str, Any]:
         """Check the DAG, then store the plan and its tasks and start the ready ones.
 
         Raises ValidationFailed (a cycle, an unknown dependency, too many tasks, bad fields)
@@ -171,6 +176,8 @@ class TaskService:
         store.reserve(len(items))
         plan = {"id": _new_id("p"), "creator": creator, "state": "running", "tasks": [], "rounds": rounds,
                 "round": 1, "created_at": time.time(), "deadline": deadline, "error": None}
+        if trace:
+            plan["_trace"] = trace  # every round's tasks carry the creating call's trace
         records = self._add_round(plan, items, round_no=1)
         store.add_plan(plan)
         self.deadlines.left(plan)  # its tasks (this round's and later rounds') end with it
@@ -304,12 +311,15 @@ class TaskService:
     # ------------------------------------------------------------------ internals
 
     def _new_record(self, item: PlanItem, *, creator: str, deadline: float, plan_id: str | None,
-                    deps: list[str], round_no: int) -> dict[str, Any]:
-        return {"id": _new_id("t"), "key": item.key, "title": item.title, "input": item.input,
-                "capability": item.capability, "state": "ready" if not deps else "pending",
-                "assignee": None, "attempts": 0, "result": None, "error": None, "creator": str(creator),
-                "plan_id": plan_id, "deps": deps, "round": round_no, "created_at": time.time(),
-                "deadline": deadline, "why": None, "tried": []}
+                    deps: list[str], round_no: int, trace: dict[str, str] | None = None) -> dict[str, Any]:
+        record = {"id": _new_id("t"), "key": item.key, "title": item.title, "input": item.input,
+                  "capability": item.capability, "state": "ready" if not deps else "pending",
+                  "assignee": None, "attempts": 0, "result": None, "error": None, "creator": str(creator),
+                  "plan_id": plan_id, "deps": deps, "round": round_no, "created_at": time.time(),
+                  "deadline": deadline, "why": None, "tried": []}
+        if trace:
+            record["_trace"] = dict(trace)  # private (``public`` leaves it out); dispatches carry it
+        return record
 
     def _add_round(self, plan: dict[str, Any], items: list[PlanItem], round_no: int) -> list[dict[str, Any]]:
         store = self._store()
@@ -317,7 +327,8 @@ class TaskService:
         records = []
         for item in items:  # dependency order: every dep has its id already
             record = self._new_record(item, creator=plan["creator"], deadline=float(plan["deadline"]),
-                                      plan_id=plan["id"], deps=[ids[d] for d in item.deps], round_no=round_no)
+                                      plan_id=plan["id"], deps=[ids[d] for d in item.deps], round_no=round_no,
+                                      trace=plan.get("_trace"))
             ids[item.key] = record["id"]
             store.add_task(record)
             records.append(record)

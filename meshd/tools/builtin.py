@@ -179,7 +179,8 @@ def _may_message(ctx: ToolContext, agent: str, topic: str) -> None:
 
 
 def _headers(ctx: ToolContext) -> dict[str, Any]:
-    return {CALLER_HEADER: ctx.caller}
+    """A message a tool sends names its caller, and goes on in the caller's trace."""
+    return {CALLER_HEADER: ctx.caller, **ctx.trace}
 
 
 def _tasks(ctx: ToolContext, tool: str) -> Any:
@@ -340,7 +341,8 @@ async def create_task(args: CreateTaskArgs, ctx: ToolContext) -> dict[str, Any]:
     if quotas is not None:
         quotas.check_tasks(ctx.caller, 1, _is_open(tasks))
     record: dict[str, Any] = await tasks.create_task(creator=ctx.caller, title=args.title, input=args.input,
-                                                     capability=args.capability, deadline_s=args.deadline_s)
+                                                     capability=args.capability, deadline_s=args.deadline_s,
+                                                     trace=ctx.trace)
     if quotas is not None:
         quotas.add_tasks(ctx.caller, [str(record.get("id"))])
     return record
@@ -353,7 +355,7 @@ async def create_plan(args: CreatePlanArgs, ctx: ToolContext) -> dict[str, Any]:
         quotas.check_tasks(ctx.caller, len(args.tasks), _is_open(tasks))
     plan: dict[str, Any] = await tasks.create_plan(
         creator=ctx.caller, tasks=[t.model_dump() for t in args.tasks], rounds=args.rounds,
-        deadline_s=args.deadline_s)
+        deadline_s=args.deadline_s, trace=ctx.trace)
     if quotas is not None:
         ids = plan.get("task_ids") or [t.get("id") for t in plan.get("tasks") or [] if isinstance(t, dict)]
         quotas.add_tasks(ctx.caller, [str(i) for i in ids])

@@ -53,6 +53,9 @@ class ToolContext:
     spawner: Any = None
     services: dict[str, Any] = field(default_factory=dict)
     progress: Callable[[str], Awaitable[None]] | None = None
+    #: The call's W3C trace headers (``traceparent``/``tracestate``): what it starts (a task, a
+    #: request) goes on in the caller's trace.
+    trace: dict[str, str] = field(default_factory=dict)
 
     async def note(self, text: str) -> None:
         """Send ``text`` as a progress note to the caller, if it listens (never raises)."""

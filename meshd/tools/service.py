@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from meshd.client import DEFER, Agent, Message
+from meshd.client.tracing import trace_headers
 from meshd.errors import Forbidden, MeshError, NotWired, QuotaExceeded, StateFileError, ValidationFailed
 from meshd.plugins.host import PluginHost
 from meshd.plugins.policy import DENY, HOLD, Approvals, Authorizer, Quotas
@@ -278,13 +279,14 @@ class SystemAgent:
             caller = self._local_caller(msg)
             await self._wait_started(msg)
             result = await self.call(caller, name, body.get("args"), deadline=msg.deadline,
-                                     progress=msg.progress)
+                                     progress=msg.progress, trace=trace_headers(msg.headers))
         except MeshError as exc:
             return await self._fail(msg, exc)
         return result
 
     async def call(self, caller: str, name: Any, raw_args: Any, *, deadline: float | None = None,
-                   progress: Callable[[str], Awaitable[None]] | None = None) -> Any:
+                   progress: Callable[[str], Awaitable[None]] | None = None,
+                   trace: dict[str, str] | None = None) -> Any:
         """Run one tool call for ``caller`` through every check; raises typed errors.
         ``deadline`` is a ``time.monotonic()`` value of this host (``Message.deadline``), or None;
         ``progress(note)`` reaches the caller while the call takes long (a hold, the tool's notes)."""
@@ -304,7 +306,7 @@ class SystemAgent:
             await self._approve(tool.name, caller, args.model_dump(mode="json"), deadline, progress)
         ctx = ToolContext(caller=caller, agent=self._agent(), settings=self.settings, deadline=deadline,
                           tasks=self.tasks, spawner=self.spawner, services=self.services,
-                          progress=progress)
+                          progress=progress, trace=trace or {})
         started = time.monotonic()
         try:
             result = await tool.handler(args, ctx)

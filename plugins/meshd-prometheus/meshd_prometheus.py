@@ -81,6 +81,8 @@ QUANTILES = (0.5, 0.99)
 #: Distinct label values kept per counter; past it, new values are counted under "other" (a guard
 #: against a label explosion, which would hurt the Prometheus server more than this daemon).
 MAX_LABEL_VALUES = 500
+#: Destinations named in meshd_qos1_outbox_depth (the deepest outboxes; the rest under "other").
+MAX_DEST_LABELS = 50
 #: The node's own counters exported as meshd_node_events_total{event}.
 NODE_EVENTS = ("delivered", "forwarded", "published", "malformed", "qos1_delivered")
 STATES = ("online", "one-way", "stale", "offline")
@@ -169,6 +171,13 @@ def _number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _bounded(counts: Mapping[str, int], cap: int) -> list[tuple[str, int]]:
+    """The ``cap`` largest entries, the rest summed under "other" (a bounded label set)."""
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    kept, rest = ranked[:cap], sum(n for _, n in ranked[cap:])
+    return sorted(kept) + ([("other", rest)] if rest else [])
+
+
 def _by_state(counts: Mapping[str, int]) -> list[tuple[list[str], float]]:
     merged = dict.fromkeys(STATES, 0) | {str(k): int(v) for k, v in counts.items()}
     return [([state], n) for state, n in sorted(merged.items())]
@@ -190,11 +199,23 @@ def node_families(snap: MetricsSnapshot) -> Iterator[Metric]:
              "Context window use (percent) a local agent reported in its last heartbeat.")):
         values = [(agent, _number(t.get(key))) for agent, t in sorted(snap.agent_telemetry.items())]
         yield _gauge(name, help_text, ("agent",), (([agent], v) for agent, v in values if v is not None))
+    lag = sorted(getattr(snap, "agent_lag", {}).items())
+    yield _gauge("meshd_agent_waiting_messages",
+                 "Consumer lag in messages: written to a local agent and not read yet, plus those it "
+                 "holds for a handler slot.", ("agent",), (([a], w) for a, (w, _) in lag))
+    yield _gauge("meshd_agent_lag_seconds",
+                 "Consumer lag in time: the age of the oldest message a local agent has not handled "
+                 "(good to about a second).", ("agent",), (([a], age) for a, (_, age) in lag))
     yield GaugeMetricFamily("meshd_qos1_pending",
                             "qos-1 messages in the durable outbox, not yet acknowledged by their receiver.",
                             value=snap.qos1_pending)
     yield GaugeMetricFamily("meshd_qos1_in_flight", "qos-1 messages sent and awaiting their ack now.",
                             value=snap.qos1_in_flight)
+    by_dest = getattr(snap, "qos1_pending_by_dest", {})
+    yield _gauge("meshd_qos1_outbox_depth",
+                 "qos-1 units in the outbox awaiting their receiver's ack, by destination agent "
+                 f"(the {MAX_DEST_LABELS} deepest; the rest summed under \"other\").",
+                 ("dest",), (([d], n) for d, n in _bounded(by_dest, MAX_DEST_LABELS)))
     yield CounterMetricFamily("meshd_node_dead_letters_total",
                               "Dead letters recorded by the node since it started (all reasons).",
                               value=snap.dead_letters_total)
@@ -203,6 +224,20 @@ def node_families(snap: MetricsSnapshot) -> Iterator[Metric]:
     yield GaugeMetricFamily("meshd_plugin_queue_depth", "Observer events waiting for the plugin worker.",
                             value=snap.plugin_queue)
     yield from collaboration_families(snap)
+    messages = sorted(getattr(snap, "messages", {}).items())
+    yield _counter("meshd_messages_total",
+                   "Messages this daemon's agents sent, by kind and topic (topics past the daemon's "
+                   "metrics_topic_labels under \"other\"; a batch to one agent under \"(batch)\").",
+                   ("kind", "topic"), ((list(k), n) for k, n in messages))
+    hook_time = sorted(getattr(snap, "plugin_hook_time", {}).items())
+    yield _counter("meshd_plugin_hook_calls_total", "Calls of each thread-mode plugin's observer hooks.",
+                   ("plugin", "hook"), ((list(k), t[0]) for k, t in hook_time))
+    yield _counter("meshd_plugin_hook_seconds_total",
+                   "Wall time spent in each thread-mode plugin's observer hooks.",
+                   ("plugin", "hook"), ((list(k), t[1]) for k, t in hook_time))
+    yield _counter("meshd_plugin_hook_cpu_seconds_total",
+                   "CPU time each thread-mode plugin's observer hooks held (it slows routing, which "
+                   "shares the interpreter).", ("plugin", "hook"), ((list(k), t[2]) for k, t in hook_time))
     yield _counter("meshd_plugin_events_total",
                    "The plugin host's counters (called, dropped, failed:<plugin>, ...).", ("event",),
                    (([event], n) for event, n in sorted(snap.plugin_stats.items()) if _number(n) is not None))

@@ -48,12 +48,15 @@ def test_dashboard_shows_agents_live(meshd_factory: MeshdFactory, tmp_path: Path
     agent: subprocess.Popen[bytes] | None = None
     # an HTTP agent on a, heartbeating with telemetry from a thread
     painter = _post(gw, "v1/agents/register", {"name": "painter", "model": "model-x", "colour": "#e07b39"})
+    planner = _post(gw, "v1/agents/register", {"name": "planner"})
     stop = threading.Event()
 
     def beat() -> None:
         while not stop.is_set():
             _post(gw, f"v1/agents/{painter['session_id']}/heartbeat",
                   {"context_used_pct": 37, "queue_depth": 2, "tasks_summary": "2 open, 5 done"})
+            _post(gw, f"v1/agents/{planner['session_id']}/heartbeat",
+                  {"tasks_summary": {"total": 5, "completed": 2, "in_progress": 1}})
             stop.wait(0.2)
     beater = threading.Thread(target=beat, daemon=True)
     beater.start()
@@ -70,6 +73,10 @@ def test_dashboard_shows_agents_live(meshd_factory: MeshdFactory, tmp_path: Path
             sync_api.expect(painted).to_contain_text("model-x", timeout=5_000)
             sync_api.expect(painted).to_contain_text("37%")
             sync_api.expect(painted).to_contain_text("2 open, 5 done")
+            planned = page.locator("#agents tr", has_text="planner")  # a summary map: a progress bar
+            sync_api.expect(planned).to_contain_text("2/5 done · 1 running", timeout=5_000)
+            assert planned.locator("progress").get_attribute("value") == "2"
+            assert "{" not in planned.inner_text()  # never raw JSON
 
             agent = subprocess.Popen([meshctl, "--socket", str(b.socket), "agent", "browser-seen", "--echo"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -83,6 +90,12 @@ def test_dashboard_shows_agents_live(meshd_factory: MeshdFactory, tmp_path: Path
             outcome = page.locator("#outcomes tr", has_text="browser-seen")
             sync_api.expect(outcome).to_contain_text("painter", timeout=5_000)
             sync_api.expect(outcome).to_contain_text("ok")
+
+            # the charts: drawn from samples the gateway kept since its start (before the page opened)
+            legend = page.locator("#chart-legend").inner_text()
+            assert "messages/s" in legend and int(legend.rsplit("·", 1)[1].split()[0]) >= 1, legend
+            points = page.locator("#line-rate").get_attribute("points") or ""
+            assert len(points.split()) >= 1 and all("," in p for p in points.split()), points
 
             os.kill(agent.pid, signal.SIGSTOP)  # it stops heartbeating
             sync_api.expect(row.locator(".state")).to_have_text("stale", timeout=10_000)

@@ -348,7 +348,7 @@ def test_node_query_shows_the_documented_plugin_counters(meshd_factory: MeshdFac
     a = meshd_factory.spawn("a", "--config", str(conf), env={"PYTHONPATH": str(site)})
     plugins = a.query("node")["plugins"]
     # docs/plugins.md, "Counters: where to read them"
-    assert set(plugins) == {"stats", "queued", "queues", "loaded"}
+    assert set(plugins) == {"stats", "queued", "queues", "loaded", "hook_time"}
     assert plugins["loaded"] == ["recorder"] and set(plugins["queues"]) == {"recorder"}
     assert plugins["stats"]["called"] >= 1  # meshd_configure, in the constructor
 
@@ -359,3 +359,37 @@ def test_node_query_shows_the_documented_plugin_counters(meshd_factory: MeshdFac
         now = a.query("node")["plugins"]
         return bool(now["queues"] == {"recorder": 0} and now["stats"]["called"] >= 2)  # + meshd_startup
     wait_until(settled, what="meshd_startup called and an empty queue")
+
+
+def test_a_cpu_busy_thread_plugin_is_named_with_its_hook_time(meshd_factory: MeshdFactory) -> None:
+    """A third-party observer that holds the CPU in the default thread mode: the daemon warns,
+    naming it and the cure (isolation = "process"); `meshctl plugins` and the node's counters
+    show the time spent in its hook."""
+    import subprocess
+    import sys
+
+    work = meshd_factory.workdir
+    site = _site(work, cpu_hog=CPU_HOG)
+    conf = _config(work / "a.toml", ["cpu_hog"], {})
+    a = meshd_factory.spawn("a", "--config", str(conf), env={"PYTHONPATH": str(site)})
+    asyncio.run(_requests(a.socket, a.socket, 20))
+
+    def slow_counted() -> dict[str, Any] | None:
+        plugins = a.query("node")["plugins"]
+        calls = plugins["hook_time"].get("cpu_hog", {}).get("meshd_collaboration", {}).get("calls", 0)
+        return plugins if calls >= 20 and plugins["stats"].get("slow:cpu_hog") else None
+    plugins = wait_until(slow_counted, 30, what="the hog's calls timed and counted slow")
+    spent = plugins["hook_time"]["cpu_hog"]["meshd_collaboration"]
+    assert spent["cpu_seconds"] >= 20 * 0.005 and spent["seconds"] >= spent["cpu_seconds"] * 0.5
+    log = a.log_path.read_text()
+    assert "plugin cpu_hog held the CPU" in log and '[plugins.cpu_hog] isolation = "process"' in log
+    ctl = [sys.executable, "-c", "import sys; from meshd.cli import meshctl_main; sys.exit(meshctl_main())"]
+    done = subprocess.run([*ctl, "--socket", str(a.socket), "plugins", "--json"], capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    hog = next(r for r in rows if r["plugin"] == "cpu_hog" and r["hook"] == "meshd_collaboration")
+    assert hog["calls"] >= 20 and hog["cpu_ms"] >= 100 and hog["mean_ms"] > 0
+    text = subprocess.run([*ctl, "--socket", str(a.socket), "plugins"], capture_output=True, text=True,
+                          timeout=30).stdout
+    assert "cpu_hog" in text and "meshd_collaboration" in text

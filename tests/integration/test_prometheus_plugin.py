@@ -10,13 +10,14 @@ import re
 import socket
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from meshd import Agent, NoSuchAgent
 from meshd.plugins import AUTOLOAD_ENV  # on again: these tests are about entry-point plugins
-from meshd.testing import MeshdFactory, MeshdProcess, pip_install, wait_until
+from meshd.testing import MeshdFactory, MeshdProcess, pip_install, wait_listed, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 REQUESTS = 40  # well above the hook calls that are not per message (agents, peers, dead letters)
@@ -235,3 +236,81 @@ def test_exporter_serves_only_metrics_and_frees_its_port(monkeypatch: pytest.Mon
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
     sys.modules.pop("meshd_prometheus", None)
+
+
+def test_protocol_metrics_move_under_a_scripted_load(meshd_factory: MeshdFactory,
+                                                     installed_plugin: Path) -> None:
+    """Messages by kind and topic, consumer lag of a slow agent (it grows, then drains), and the
+    qos-1 outbox depth per destination (it rises while the receiving daemon is stopped, and falls
+    once it runs again)."""
+    import os
+    import signal
+
+    port_file = meshd_factory.workdir / "prometheus.port"
+    env = {"PYTHONPATH": str(installed_plugin), AUTOLOAD_ENV: "0", "MESHD_PROMETHEUS_PORT": "0",
+           "MESHD_PROMETHEUS_PORT_FILE": str(port_file)}
+    a = meshd_factory.spawn("a", env=env)
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    port = read_port(port_file)
+
+    def total(s: Samples, metric: str, **labels: str) -> float:
+        return sum(v for (name, pairs), v in s.items()
+                   if name == metric and set(labels.items()) <= set(pairs))
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        async with Agent("asker", socket=a.socket) as asker, \
+                Agent("slow", socket=a.socket, max_concurrent_handlers=1, heartbeat_interval=0.2) as slow, \
+                Agent("rx", socket=b.socket) as rx:
+            @slow.on("work")
+            async def work(msg: object) -> None:
+                await gate.wait()
+
+            rx.on("job")(lambda m: None)
+            await wait_listed(asker, "rx")
+            for i in range(5):
+                await asker.send("slow", "work", i)
+            for _ in range(3):
+                await asker.publish("findings", {"n": 1}, reach=True)
+
+            def lagging(least: float) -> Callable[[], Samples | None]:
+                def check() -> Samples | None:
+                    s = scrape(port)
+                    waiting = value(s, "meshd_agent_waiting_messages", agent="slow") or 0
+                    lag = value(s, "meshd_agent_lag_seconds", agent="slow") or 0
+                    return s if waiting == 4 and lag > least else None
+                return check
+            first = await asyncio.to_thread(wait_until, lagging(0.0), what="slow's lag in /metrics")
+            lag1 = value(first, "meshd_agent_lag_seconds", agent="slow") or 0
+            later = await asyncio.to_thread(wait_until, lagging(lag1), what="slow's lag to grow")
+            assert (value(later, "meshd_agent_lag_seconds", agent="slow") or 0) > lag1
+            assert total(later, "meshd_messages_total", kind="send") >= 5
+            assert value(later, "meshd_messages_total", kind="publish", topic="findings") == 3
+            gate.set()
+
+            def drained() -> bool:
+                s = scrape(port)
+                return value(s, "meshd_agent_waiting_messages", agent="slow") == 0 and \
+                    value(s, "meshd_agent_lag_seconds", agent="slow") == 0
+            await asyncio.to_thread(wait_until, drained, what="slow's lag to drain")
+
+            os.kill(b.pid, signal.SIGSTOP)  # the receiver's daemon takes nothing: acks stop
+            try:
+                for i in range(3):
+                    await asker.send("rx", "job", i, qos=1)  # returns once on a's disk
+                def stored() -> Samples | None:  # the node's snapshot is rebuilt every second
+                    s = scrape(port)
+                    return s if value(s, "meshd_qos1_outbox_depth", dest="rx") == 3 else None
+                s = await asyncio.to_thread(wait_until, stored, what="3 units for rx in a's outbox")
+                assert (value(s, "meshd_qos1_pending") or 0) >= 3
+            finally:
+                os.kill(b.pid, signal.SIGCONT)
+
+            def acked() -> bool:
+                s = scrape(port)
+                return value(s, "meshd_qos1_outbox_depth", dest="rx") is None and \
+                    value(s, "meshd_qos1_pending") == 0
+            await asyncio.to_thread(wait_until, acked, 30, what="the outbox for rx to empty")
+
+    asyncio.run(scenario())

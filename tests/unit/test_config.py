@@ -363,7 +363,7 @@ def test_example_values_are_the_defaults(tmp_path: Path) -> None:
     s = load(path, environ={"HOME": "/home/u"})
     defaults = load(environ={"HOME": "/home/u"})
     for key in Settings.model_fields:
-        if key in {"name", "state_dir", "socket", "authorized_keys_dir", "mesh_secret_file",
+        if key in {"name", "state_dir", "socket", "authorized_keys_dir", "mesh_secret_file", "otlp_endpoint",
                    "http_tls_cert", "http_tls_key", "a2a"}:  # examples (a2a: its default_agent, signing_key)
             continue
         assert getattr(s, key) == getattr(defaults, key), key

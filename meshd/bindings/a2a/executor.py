@@ -33,6 +33,7 @@ from a2a.types import Message, Part, Role, TaskState
 from meshd.bindings.a2a.cards import exposed
 from meshd.bindings.a2a.parts import error_parts, parts_from_payload, payload_from_parts, state_for_error
 from meshd.client import Agent
+from meshd.client.tracing import trace_headers
 from meshd.errors import Cancelled, MeshError, RequestTimeout, TaskFailed, ValidationFailed
 
 __all__ = ["NOTES_MAX", "TIMEOUT_HEADER", "ExposePolicy", "MeshExecutor", "budget_of"]
@@ -131,7 +132,9 @@ class MeshExecutor(AgentExecutor):
         else:
             call = asyncio.ensure_future(self.agent.request(
                 target, topic, payload, timeout=budget,
-                headers={"a2a-task": task_id, "a2a-context": context_id}, on_progress=on_progress))
+                headers={"a2a-task": task_id, "a2a-context": context_id,
+                         **trace_headers(context.call_context.state.get("headers") or {})},
+                on_progress=on_progress))
         try:
             while not call.done():
                 note = asyncio.ensure_future(notes.get())

@@ -43,6 +43,7 @@ from meshd.bindings.a2a.parts import INTERRUPTED, parts_from_payload, payload_fr
 from meshd.client import DEFER, Agent
 from meshd.client import Message as MeshMessage
 from meshd.client.handlers import ANY_TOPIC
+from meshd.client.tracing import current_headers, trace_headers
 from meshd.config.sections import RemoteA2aAgent
 from meshd.errors import ERRORS_BY_CODE, ConfigError, MeshError
 
@@ -249,7 +250,10 @@ class RemoteAgent:
                           task_id=str(msg.headers.get("a2a-task") or ""),
                           context_id=str(msg.headers.get("a2a-context") or ""))
         left = msg.time_left
-        context = ClientCallContext(timeout=left if left is not None and left > 0 else None)
+        # The trace goes on over HTTP: this handler's span if traced here, else the message's own.
+        carried = current_headers() or trace_headers(msg.headers)
+        context = ClientCallContext(timeout=left if left is not None and left > 0 else None,
+                                    service_parameters=carried or None)
         artifacts: list[Any] = []
         stream = self._client.send_message(SendMessageRequest(message=message), context=context)
         async for event in stream:
