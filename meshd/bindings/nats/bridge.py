@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ BRIDGE_META: Final = "bridge_site"
 NO_RESPONDERS: Final = "503"
 HOP_LIMIT: Final = 5
 DEFAULT_TIMEOUT: Final = 30.0
+ANSWERS_QUEUED: Final = 256  # progress notes held for one request awaiting its reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +86,17 @@ class Bridge:
         self.stats: dict[str, int] = {"crossed_out": 0, "crossed_in": 0, "answers": 0, "refused_input": 0,
                                       "no_responders": 0, "timeouts": 0, "busy": 0, "loops_dropped": 0,
                                       "published_out": 0, "published_in": 0, "js_acked": 0, "js_nacked": 0,
-                                      "js_terminated": 0, "proxies_refused": 0}
+                                      "js_terminated": 0, "proxies_refused": 0,
+                                      "answers_dropped": 0}
         self.nc: Any = None
         self.js: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Future[Any]] = set()
         self._closed = False
+        #: Requests this site sent to others and awaits answers for: token -> its answers. One
+        #: wildcard subscription serves them all (no SUB/UNSUB per request).
+        self._answers: dict[str, asyncio.Queue[Any]] = {}
+        self._inbox = ""
 
     # ------------------------------------------------------------------------------ lifetime
 
@@ -112,6 +119,8 @@ class Bridge:
         await self.nc.subscribe(self.subjects.agents_of(self.site), queue=f"bridge-{self.site}",
                                 cb=self._from_nats)
         await self.nc.subscribe(self.subjects.cancel(self.site), cb=self._cancel_from_nats)
+        self._inbox = self.nc.new_inbox()
+        await self.nc.subscribe(self._inbox + ".*", cb=self._answer_arrived)
         await self.nc.subscribe(self.subjects.directories(), cb=self._announcement)
         if self.opts.jetstream:
             self.js = self.nc.jetstream()
@@ -280,31 +289,39 @@ class Bridge:
                               crossing.payload, int(left * 1000), crossing.hops, 0, crossing.headers,
                               crossing.version)
         end = time.monotonic() + left
-        inbox = self.nc.new_inbox()
-        sub = await self.nc.subscribe(inbox)
+        token = os.urandom(12).hex()
+        answers: asyncio.Queue[Any] = asyncio.Queue(ANSWERS_QUEUED)
+        self._answers[token] = answers
         try:
             await self.nc.publish(self.subjects.agent(where.site, where.name), crossing.pack(),
-                                  reply=inbox, headers=headers)
+                                  reply=f"{self._inbox}.{token}", headers=headers)
             self.stats["crossed_out"] += 1
-            return await self._await_answer(agent, msg, where, sub, end)
+            return await self._await_answer(agent, msg, where, answers, end)
         except asyncio.CancelledError:  # the requester cancelled: so does the other site
             if self.nc.is_connected:
                 self._spawn(self.nc.publish(self.subjects.cancel(where.site), E.pack({"i": msg.id})))
             raise
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            self._answers.pop(token, None)
 
-    async def _await_answer(self, agent: Agent, msg: Message, where: ProxyName, sub: Any, end: float) -> Any:
-        import nats.errors
+    async def _answer_arrived(self, m: Any) -> None:
+        queue = self._answers.get(m.subject.rpartition(".")[2])
+        if queue is None:
+            return  # answered, timed out or cancelled already
+        try:
+            queue.put_nowait(m)
+        except asyncio.QueueFull:  # a flood of progress notes: the reply still comes after them
+            self.stats["answers_dropped"] += 1
 
+    async def _await_answer(self, agent: Agent, msg: Message, where: ProxyName, answers: asyncio.Queue[Any],
+                            end: float) -> Any:
         while True:
             remaining = end - time.monotonic()
             try:
                 if remaining <= 0:
-                    raise nats.errors.TimeoutError
-                m = await sub.next_msg(timeout=remaining)
-            except nats.errors.TimeoutError:
+                    raise TimeoutError
+                m = await asyncio.wait_for(answers.get(), remaining)
+            except TimeoutError:
                 self.stats["timeouts"] += 1
                 await self._fail(agent, msg, "TIMEOUT",
                                  f"no reply from {where.name!r} of site {where.site!r} in time")
