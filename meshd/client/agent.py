@@ -412,7 +412,7 @@ class Agent:
 
     async def send(self, to: str, topic: str, payload: Any = None, *, qos: int = 0,
                    headers: dict[str, Any] | None = None, version: str | None = None,
-                   check: bool = False) -> str:
+                   check: bool = False, msg_id: str | None = None) -> str:
         """Send without waiting for an answer.
 
         qos 0 (default): at most once; failures arrive later through ``on_error``.
@@ -426,10 +426,15 @@ class Agent:
         ``payload`` may be a model instance (sent as ``model_dump(mode="json")``); ``version``
         names the contract version it was written for (header ``sv``); ``check=True`` checks
         it against the receiver's advertised contract first (``request`` has both too).
+        ``msg_id``: an id chosen by the caller, for one that passes on a message identified
+        elsewhere (``meshd bridge``): sent again with the same id, it is the same qos-1 unit.
         """
         if qos not in (0, 1):
             raise ValidationFailed("qos must be 0 or 1")
-        msg_id = P.new_id()
+        if msg_id is None:
+            msg_id = P.new_id()
+        elif not 0 < len(msg_id) <= P.MAX_ID_LEN:
+            raise ValidationFailed(f"msg_id must be 1-{P.MAX_ID_LEN} characters")
         header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic, P.TIMESTAMP: P.timestamp()}
         if headers:
             header[P.HEADERS] = headers

@@ -78,7 +78,8 @@ class BridgeProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "meshd", "bridge", "--site", self.site, "--nats", self.url,
-             "--socket", str(self.daemon.socket), "--announce-interval", "0.2", "--hold", "4"],
+             "--socket", str(self.daemon.socket), "--announce-interval", "0.2", "--hold", "4",
+             "--ack-wait", "3"],
             stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"MESHD_REEXEC": "0"})
         log.close()
         return self
@@ -175,10 +176,8 @@ async def _test_an_agent_of_site_a_reaches_one_of_site_b_by_name(sites: Sites) -
         # errors keep their type
         with pytest.raises(HandlerError, match="no such claim"):
             await planner.request("researcher:b", "boom", None, timeout=10)
-        t0 = time.monotonic()
-        with pytest.raises(NoSuchAgent):
-            await planner.request("ghost:b", "echo", None, timeout=10)
-        assert time.monotonic() - t0 < 5  # fails fast, long before the timeout
+        with pytest.raises(NoSuchAgent):  # an error at once, not the timeout's
+            await planner.request("ghost:b", "echo", None, timeout=60)
         with pytest.raises(RequestTimeout):
             await planner.request("researcher:b", "slow", None, timeout=1.0)
 
@@ -216,10 +215,8 @@ async def _test_no_bridge_of_the_site_is_no_such_agent_at_once(sites: Sites) -> 
     async with researcher(sites.b, seen), Agent("planner", socket=sites.a.socket) as planner:
         await wait_listed(planner, "researcher:b", timeout=20)
         sites.bridges["b"].stop(signal.SIGKILL)  # site a still lists researcher:b for --hold
-        t0 = time.monotonic()
-        with pytest.raises(NoSuchAgent):
-            await planner.request("researcher:b", "echo", None, timeout=10)
-        assert time.monotonic() - t0 < 5
+        with pytest.raises(NoSuchAgent):  # NATS's "no responders", not the timeout
+            await planner.request("researcher:b", "echo", None, timeout=60)
 
 
 def test_qos1_sends_survive_a_restart_of_the_receiving_bridge(sites: Sites) -> None:

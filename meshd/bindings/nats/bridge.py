@@ -38,6 +38,7 @@ BRIDGE_META: Final = "bridge_site"
 NO_RESPONDERS: Final = "503"
 HOP_LIMIT: Final = 5
 DEFAULT_TIMEOUT: Final = 30.0
+CLOSE_STEP: Final = 3.0  # seconds one step of close may take
 ANSWERS_QUEUED: Final = 256  # progress notes held for one request awaiting its reader
 
 
@@ -131,21 +132,25 @@ class Bridge:
                  self.main.name)
 
     async def close(self) -> None:
+        """Stops serving, then closes the agents (their names leave the directory) and NATS."""
         self._closed = True
         for task in self._tasks + list(self.serving.values()):
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(BaseException):
-                await task
-        for agent in list(self.proxies.values()):
-            with contextlib.suppress(Exception):
-                await agent.close()
+                await asyncio.wait_for(task, CLOSE_STEP)
+        t0 = time.monotonic()
+        await asyncio.gather(*(self._quietly(a.close()) for a in self.proxies.values()))
         self.proxies.clear()
-        with contextlib.suppress(Exception):
-            await self.main.close()
+        await self._quietly(self.main.close())
         if self.nc is not None:
-            with contextlib.suppress(Exception):
-                await self.nc.drain()
+            await self._quietly(self.nc.close())
+        log.info("bridge of site %r closed in %.1f s", self.site, time.monotonic() - t0)
+
+    @staticmethod
+    async def _quietly(step: Any) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(step, CLOSE_STEP)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -516,8 +521,10 @@ class Bridge:
                 await m.term()
             return
         try:
+            # The id it had at its own site: a redelivery by JetStream (this bridge died before its
+            # ack) is the same unit to the daemon and the receiving agent, which handle it once.
             await self._agent_for(c.sender).send(c.to, c.topic, c.payload, qos=1, headers=c.headers or None,
-                                                 version=c.version)
+                                                 version=c.version, msg_id=c.id)
         except MeshError as exc:
             self.stats["js_nacked"] += 1
             log.info("qos-1 %s to %r not taken by the daemon (%s): JetStream delivers it again", c.id, c.to,

@@ -29,6 +29,8 @@ def add_parser(sub: Any) -> None:
                    help="requests from other sites served at once (past it: INBOX_FULL)")
     p.add_argument("--no-jetstream", action="store_true",
                    help="no qos 1 across sites (qos-1 sends cross as qos 0)")
+    p.add_argument("--ack-wait", type=float, default=30.0, metavar="SECONDS",
+                   help="JetStream redelivers a qos-1 send this bridge took and did not ack within this")
     p.add_argument("--max-deliver", type=int, default=10,
                    help="JetStream deliveries of one qos-1 send to this site before it gives up")
 
@@ -41,4 +43,5 @@ def run_from_args(args: argparse.Namespace) -> int:
         site=args.site, servers=list(args.servers), socket=args.socket, name=args.name, prefix=args.prefix,
         creds=args.creds, tls_ca=args.tls_ca, announce_interval=args.announce_interval, hold=args.hold,
         max_remote_agents=max(0, args.max_remote_agents), max_in_flight=max(1, args.max_in_flight),
-        jetstream=not args.no_jetstream, max_deliver=max(1, args.max_deliver)))
+        jetstream=not args.no_jetstream, ack_wait=max(1.0, args.ack_wait),
+        max_deliver=max(1, args.max_deliver)))

@@ -58,6 +58,7 @@ def run_bridge(opts: BridgeOptions) -> int:
     except ConfigError as exc:
         print(f"meshd bridge: {exc}", file=sys.stderr)
         return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
         try:
             asyncio.run(_main(opts))
