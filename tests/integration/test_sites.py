@@ -98,8 +98,12 @@ class BridgeProcess:
 
 
 class Sites:
-    def __init__(self, a: MeshdProcess, b: MeshdProcess, nats: NatsServer, bridges: dict[str, BridgeProcess]):
-        self.a, self.b, self.nats, self.bridges = a, b, nats, bridges
+    """Site a: daemon ``a`` and its bridge. Site b: a LAN of two daemons, the bridge on ``b_bridge``
+    and the agents on ``b``."""
+
+    def __init__(self, a: MeshdProcess, b: MeshdProcess, b_bridge: MeshdProcess, nats: NatsServer,
+                 bridges: dict[str, BridgeProcess]):
+        self.a, self.b, self.b_bridge, self.nats, self.bridges = a, b, b_bridge, nats, bridges
 
 
 @pytest.fixture
@@ -107,11 +111,13 @@ def sites(meshd_factory: MeshdFactory, tmp_path: Path) -> Iterator[Sites]:
     tag = uuid.uuid4().hex[:8]
     nats = NatsServer(tmp_path).start()
     a = meshd_factory.spawn("a1", mesh=f"sitea{tag}")
-    b = meshd_factory.spawn("b1", mesh=f"siteb{tag}")
+    b1 = meshd_factory.spawn("b1", mesh=f"siteb{tag}")
+    b2 = meshd_factory.spawn("b2", mesh=f"siteb{tag}")
+    meshd_factory.wait_mesh([b1, b2])
     bridges = {"a": BridgeProcess("a", a, nats.url, tmp_path / "bridge-a.log").start(),
-               "b": BridgeProcess("b", b, nats.url, tmp_path / "bridge-b.log").start()}
+               "b": BridgeProcess("b", b1, nats.url, tmp_path / "bridge-b.log").start()}
     try:
-        yield Sites(a, b, nats, bridges)
+        yield Sites(a, b2, b1, nats, bridges)
     finally:
         for br in bridges.values():
             br.stop()
@@ -215,7 +221,7 @@ async def _test_no_bridge_of_the_site_is_no_such_agent_at_once(sites: Sites) -> 
     async with researcher(sites.b, seen), Agent("planner", socket=sites.a.socket) as planner:
         await wait_listed(planner, "researcher:b", timeout=20)
         sites.bridges["b"].stop(signal.SIGKILL)  # site a still lists researcher:b for --hold
-        with pytest.raises(NoSuchAgent):  # NATS's "no responders", not the timeout
+        with pytest.raises(NoSuchAgent, match="no bridge of site 'b'"):  # NATS's "no responders"
             await planner.request("researcher:b", "echo", None, timeout=60)
 
 
@@ -253,7 +259,7 @@ def test_cross_site_request_latency(sites: Sites) -> None:
 async def _test_cross_site_request_latency(sites: Sites) -> None:
     seen: dict[str, Any] = {}
     async with researcher(sites.b, seen), Agent("planner", socket=sites.a.socket) as planner, \
-            Agent("neighbour", socket=sites.b.socket) as neighbour:
+            Agent("neighbour", socket=sites.b_bridge.socket) as neighbour:  # the other daemon of b
         await wait_listed(planner, "researcher:b", timeout=20)
 
         async def p50(agent: Agent, to: str) -> float:
@@ -266,5 +272,5 @@ async def _test_cross_site_request_latency(sites: Sites) -> None:
 
         inside = await p50(neighbour, "researcher")
         across = await p50(planner, "researcher:b")
-        print(f"\nrequest/reply p50: within one site {inside:.0f} us, across the bridge {across:.0f} us")
+        print(f"\nrequest/reply p50: within site b (two daemons) {inside:.0f} us, across the bridge {across:.0f} us")
         assert across > 0 and inside > 0
