@@ -272,5 +272,64 @@ async def _test_cross_site_request_latency(sites: Sites) -> None:
 
         inside = await p50(neighbour, "researcher")
         across = await p50(planner, "researcher:b")
-        print(f"\nrequest/reply p50: within site b (two daemons) {inside:.0f} us, across the bridge {across:.0f} us")
+        print(f"\nrequest/reply p50: within site b (two daemons) {inside:.0f} us, "
+              f"across the bridge {across:.0f} us")
         assert across > 0 and inside > 0
+
+
+def test_three_sites_every_publication_arrives_once(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    """A triangle: each site subscribes to what the two others publish; no publication comes back
+    to its own site through the others, none arrives twice."""
+    tag = uuid.uuid4().hex[:8]
+    nats = NatsServer(tmp_path).start()
+    names = ["a", "b", "c"]
+    daemons = {s: meshd_factory.spawn(f"{s}1", mesh=f"site{s}{tag}") for s in names}
+    bridges = {s: BridgeProcess(s, daemons[s], nats.url, tmp_path / f"bridge-{s}.log").start() for s in names}
+    try:
+        asyncio.run(_three_sites(daemons, names))
+    finally:
+        for br in bridges.values():
+            br.stop()
+        nats.stop()
+
+
+async def _three_sites(daemons: dict[str, MeshdProcess], names: list[str]) -> None:
+    got: dict[str, list[tuple[str, Any]]] = {s: [] for s in names}
+    agents = {}
+    for s in names:
+        agent = Agent(f"watch-{s}", socket=daemons[s].socket)
+
+        @agent.on("alerts")
+        async def alert(msg: Any, s: str = s) -> None:
+            got[s].append((msg.sender, msg.payload))
+        agents[s] = agent
+    async with contextlib.AsyncExitStack() as stack:
+        for agent in agents.values():
+            await stack.enter_async_context(agent)
+            await agent.subscribe("alerts")
+        for s in names:  # each site lists the watchers of the two others
+            await wait_listed(agents[s], *(f"watch-{o}:{o}" for o in names if o != s), timeout=20)
+
+        async def everywhere(probe: str) -> bool:  # until every bridge follows every site's topics
+            await agents["a"].publish("alerts", probe)
+            await asyncio.sleep(0.2)
+            return all(any(p == probe for _, p in got[s]) for s in names)
+        await async_wait_until(lambda: everywhere(f"probe-{time.monotonic()}"), 20, 0.05,
+                               what="alerts from a at every site")
+        for s in names:
+            got[s].clear()
+        for s in names:
+            for i in range(5):
+                await agents[s].publish("alerts", f"{s}-{i}", reach=True)
+
+        expected = sorted(f"{s}-{i}" for s in names for i in range(5))
+        await async_wait_until(lambda: all(len(got[s]) >= len(expected) for s in names), 20,
+                               what="15 alerts at each site")
+        # What is checked is an absence (no copy circling back): no event marks it, so a short
+        # bounded settle, far longer than one crossing (about 2 ms here).
+        await asyncio.sleep(1.0)
+        for s in names:
+            assert sorted(p for _, p in got[s]) == expected, f"site {s}: {sorted(p for _, p in got[s])}"
+            senders = {p: sender for sender, p in got[s]}
+            for o in names:  # the receiver sees the remote publisher by its qualified name
+                assert senders[f"{o}-0"] == (f"watch-{o}" if o == s else f"watch-{o}:{o}")
