@@ -38,6 +38,7 @@ BRIDGE_META: Final = "bridge_site"
 NO_RESPONDERS: Final = "503"
 HOP_LIMIT: Final = 5
 DEFAULT_TIMEOUT: Final = 30.0
+QOS1_LINK_WAIT: Final = 20.0  # seconds a qos-1 send waits for a lost NATS link before it is nacked
 CLOSE_STEP: Final = 3.0  # seconds one step of close may take
 ANSWERS_QUEUED: Final = 256  # progress notes held for one request awaiting its reader
 
@@ -88,7 +89,7 @@ class Bridge:
                                       "no_responders": 0, "timeouts": 0, "busy": 0, "loops_dropped": 0,
                                       "published_out": 0, "published_in": 0, "js_acked": 0, "js_nacked": 0,
                                       "js_terminated": 0, "proxies_refused": 0,
-                                      "answers_dropped": 0}
+                                      "answers_dropped": 0, "link_lost": 0}
         self.nc: Any = None
         self.js: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -98,6 +99,7 @@ class Bridge:
         #: wildcard subscription serves them all (no SUB/UNSUB per request).
         self._answers: dict[str, asyncio.Queue[Any]] = {}
         self._inbox = ""
+        self._link_up = asyncio.Event()  # the NATS connection is up (reconnects are nats-py's)
 
     # ------------------------------------------------------------------------------ lifetime
 
@@ -107,7 +109,8 @@ class Bridge:
         kwargs: dict[str, Any] = {"servers": self.opts.servers, "name": self.opts.agent_name,
                                   "no_echo": True,  # what this bridge publishes never comes back to it
                                   "max_reconnect_attempts": -1, "reconnect_time_wait": 0.5,
-                                  "allow_reconnect": True}
+                                  "allow_reconnect": True, "disconnected_cb": self._link_lost,
+                                  "reconnected_cb": self._link_back}
         if self.opts.creds is not None:
             kwargs["user_credentials"] = str(self.opts.creds)
         if self.opts.tls_ca is not None:
@@ -115,6 +118,7 @@ class Bridge:
 
             kwargs["tls"] = ssl.create_default_context(cafile=str(self.opts.tls_ca))
         self.nc = await nats.connect(**kwargs)
+        self._link_up.set()
         self.main.on(ANY_TOPIC)(self._local_publication)
         await self.main.connect()
         await self.nc.subscribe(self.subjects.agents_of(self.site), queue=f"bridge-{self.site}",
@@ -152,6 +156,20 @@ class Bridge:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(step, CLOSE_STEP)
 
+    async def _link_lost(self) -> None:
+        self._link_up.clear()
+        self.stats["link_lost"] += 1
+        log.warning("NATS link of site %r lost: requests fail PEER_UNREACHABLE, qos-1 sends wait", self.site)
+
+    async def _link_back(self) -> None:
+        # What this site did not hear while it was cut off says nothing about the other sites:
+        # each gets a full hold period to announce itself again.
+        now = time.monotonic()
+        for s in self.remote.sites.values():
+            s.heard = now
+        self._link_up.set()
+        log.info("NATS link of site %r back", self.site)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
@@ -184,7 +202,8 @@ class Bridge:
         if self.nc.is_connected:
             await self.nc.publish(self.subjects.directory(self.site), E.announcement(self.site, mine))
         await self._follow_local_topics({t for r in mine for t in r["topics"]})
-        self.remote.expire(time.monotonic())
+        if self._link_up.is_set():
+            self.remote.expire(time.monotonic())
         await self._reconcile_proxies({str(r["name"]) for r in local})
         await self._follow_remote_topics(self.remote.topics())
 
@@ -275,6 +294,8 @@ class Bridge:
         headers = {E.ORIGIN_HEADER: self.site}
         if not msg.is_request:
             if msg.qos == 1 and self.js is not None:
+                with contextlib.suppress(TimeoutError):  # a NATS restart: wait for it, bounded
+                    await asyncio.wait_for(self._link_up.wait(), QOS1_LINK_WAIT)
                 try:  # acked to the daemon (the handler returns) only once JetStream has it
                     await self.js.publish(self.subjects.qos1(where.site, where.name), crossing.pack(),
                                           headers=headers | {"Nats-Msg-Id": msg.id}, timeout=5.0)
@@ -286,6 +307,9 @@ class Bridge:
                                       headers=headers)
             self.stats["crossed_out"] += 1
             return None
+        if not self._link_up.is_set():
+            await self._fail(agent, msg, "PEER_UNREACHABLE", f"the NATS link of site {self.site!r} is down")
+            return DEFER
         left = msg.time_left if msg.time_left is not None else DEFAULT_TIMEOUT
         if left <= 0:
             await self._fail(agent, msg, "TIMEOUT", "the request's budget was spent before it left this site")
