@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, Field
 
 from meshd import Agent
-from meshd.errors import HandlerError, NoSuchAgent, PeerUnreachable, RequestTimeout
+from meshd.errors import HandlerError, NoSuchAgent, PeerUnreachable, RequestTimeout, ValidationFailed
 from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed, wait_until
 
 pytest.importorskip("nats", reason="the 'nats' extra is not installed")
@@ -126,8 +127,17 @@ def sites(meshd_factory: MeshdFactory, tmp_path: Path) -> Iterator[Sites]:
             sys.stderr.write(f"\n--- bridge {br.site} ---\n{br.log()}\n")
 
 
+class Claim(BaseModel):
+    claim: str
+    confidence: float = Field(ge=0, le=1)
+
+
 def researcher(b: MeshdProcess, seen: dict[str, Any]) -> Agent:
     agent = Agent("researcher", socket=b.socket)
+
+    @agent.on("verify", accepts=Claim, version="1.0")
+    async def verify(msg: Any) -> Any:
+        return {"claim": msg.payload.claim, "ok": True}
 
     @agent.on("echo")
     async def echo(msg: Any) -> Any:
@@ -178,6 +188,17 @@ async def _test_an_agent_of_site_a_reaches_one_of_site_b_by_name(sites: Sites) -
         assert reply["from"] == "planner:a"
         assert 0 < reply["budget_left"] <= 10  # the budget crossed as time left
         assert (await planner.request("researcher", "echo", "plain", timeout=10))["echo"] == "plain"
+
+        # a typed contract crosses: visible at site a, enforced (at a with check, at b anyway)
+        [contract] = [c for c in await planner.describe("researcher:b") if c.get("topic") == "verify"]
+        assert contract["version"] == "1.0"
+        assert (await planner.request("researcher:b", "verify", {"claim": "x", "confidence": 0.5},
+                                      timeout=10)) == {"claim": "x", "ok": True}
+        with pytest.raises(ValidationFailed, match="confidence"):
+            await planner.request("researcher:b", "verify", {"claim": "x", "confidence": 7}, timeout=10)
+        with pytest.raises(ValidationFailed, match="confidence"):
+            await planner.request("researcher:b", "verify", {"claim": "x", "confidence": 7}, timeout=10,
+                                  check=True)
 
         # errors keep their type
         with pytest.raises(HandlerError, match="no such claim"):

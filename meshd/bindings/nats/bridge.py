@@ -70,6 +70,18 @@ class BridgeOptions:
         return self.name or f"bridge-{self.site}"
 
 
+class ProxyAgent(Agent):
+    """A remote agent's name here: it advertises the remote agent's contracts (so ``describe``,
+    ``check=True``, the tools, MCP and A2A see what it accepts) and forwards every topic."""
+
+    def __init__(self, name: str, contracts: list[dict[str, Any]], **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
+        self._remote_contracts = contracts
+
+    def contracts(self) -> list[dict[str, Any]]:
+        return list(self._remote_contracts)
+
+
 class Bridge:
     """One site's bridge: :meth:`start`, then it runs until :meth:`close`."""
 
@@ -80,7 +92,7 @@ class Bridge:
         self.remote = RemoteDirectory(opts.site, hold=opts.hold, max_sites=opts.max_sites,
                                       max_agents=opts.max_remote_agents)
         self.main = Agent(opts.agent_name, socket=opts.socket, metadata={BRIDGE_META: opts.site})
-        self.proxies: dict[str, Agent] = {}  # name here -> its agent
+        self.proxies: dict[str, ProxyAgent] = {}  # name here -> its agent
         self.proxy_of: dict[str, ProxyName] = {}
         self.serving: dict[str, asyncio.Task[None]] = {}  # crossing id -> its task
         self.local_topics: dict[str, Any] = {}  # topics local agents subscribe to -> NATS subscription
@@ -198,7 +210,8 @@ class Bridge:
     async def _directory_round(self) -> None:
         local = await self._local_agents()
         mine = [{"name": r["name"], "capabilities": list(r.get("capabilities") or [])[:32],
-                 "topics": list(r.get("topics") or [])[:64]} for r in local]
+                 "topics": list(r.get("topics") or [])[:64],
+                 "contracts": list(r.get("contracts") or [])[:E.MAX_CONTRACTS]} for r in local]
         if self.nc.is_connected:
             await self.nc.publish(self.subjects.directory(self.site), E.announcement(self.site, mine))
         await self._follow_local_topics({t for r in mine for t in r["topics"]})
@@ -217,7 +230,8 @@ class Bridge:
 
     async def _reconcile_proxies(self, local: set[str]) -> None:
         wanted = self.remote.names(local)
-        for name in [n for n in self.proxies if n not in wanted]:
+        for name in [n for n in self.proxies if n not in wanted or self._contracts_of(wanted[n])
+                     != self.proxies[n].contracts()]:  # gone, or its contracts changed: register anew
             agent = self.proxies.pop(name)
             self.proxy_of.pop(name, None)
             with contextlib.suppress(Exception):
@@ -226,9 +240,10 @@ class Bridge:
             if name in self.proxies:
                 continue
             rec = self.remote.record(where.site, where.name) or {}
-            agent = Agent(name, socket=self.opts.socket, capabilities=list(rec.get("capabilities") or []),
-                          metadata={BRIDGE_META: where.site, "site": where.site, "remote_name": where.name,
-                                    "alias": where.alias})
+            agent = ProxyAgent(name, self._contracts_of(where), socket=self.opts.socket,
+                               capabilities=list(rec.get("capabilities") or []),
+                               metadata={BRIDGE_META: where.site, "site": where.site,
+                                         "remote_name": where.name, "alias": where.alias})
             agent.on(ANY_TOPIC)(self._forwarder(where, agent))
             try:
                 await agent.connect()
@@ -241,6 +256,10 @@ class Bridge:
                 continue
             self.proxies[name] = agent
             self.proxy_of[name] = where
+
+    def _contracts_of(self, where: ProxyName) -> list[dict[str, Any]]:
+        rec = self.remote.record(where.site, where.name) or {}
+        return list(rec.get("contracts") or [])
 
     async def _follow_local_topics(self, topics: set[str]) -> None:
         """NATS subscriptions for the topics local agents subscribe to, so publications of other

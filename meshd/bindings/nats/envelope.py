@@ -23,6 +23,7 @@ ANSWER_REPLY: Final = "r"
 ANSWER_ERROR: Final = "e"
 MAX_ANNOUNCED: Final = 1024  # agents in one site's announcement
 MAX_BUDGET_MS: Final = 24 * 3600 * 1000
+MAX_CONTRACTS: Final = 32  # contract records of one announced agent
 
 
 def pack(obj: Any) -> bytes:
@@ -117,7 +118,8 @@ def announcement(site: str, agents: list[dict[str, Any]]) -> bytes:
 
 
 def unpack_announcement(data: bytes, max_bytes: int) -> tuple[str, list[dict[str, Any]]]:
-    """A site's agents: each ``{"name", "capabilities", "topics"}``, checked; bad entries skipped."""
+    """A site's agents: each ``{"name", "capabilities", "topics", "contracts"}``, checked; bad
+    entries skipped. Contract records are checked again by the daemon the proxy registers with."""
     m = _unpack(data, max_bytes)
     site, agents = m.get("site"), m.get("agents")
     if not isinstance(site, str) or not isinstance(agents, list) or len(agents) > MAX_ANNOUNCED:
@@ -128,5 +130,6 @@ def unpack_announcement(data: bytes, max_bytes: int) -> tuple[str, list[dict[str
             continue
         caps = [c for c in rec.get("capabilities") or [] if isinstance(c, str)][:32]
         topics = [t for t in rec.get("topics") or [] if P.valid_topic(t)][:64]
-        out.append({"name": rec["name"], "capabilities": caps, "topics": topics})
+        contracts = [c for c in rec.get("contracts") or [] if isinstance(c, dict)][:MAX_CONTRACTS]
+        out.append({"name": rec["name"], "capabilities": caps, "topics": topics, "contracts": contracts})
     return site, out
