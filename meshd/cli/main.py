@@ -391,7 +391,9 @@ async def _ctl(args: argparse.Namespace) -> int:
                 for a in agents:
                     a["caps"] = ",".join(a.get("capabilities") or [])
                     a["skills"] = skills_cell(a.get("contracts"))
+                    a["site"] = str((a.get("metadata") or {}).get("site") or "")  # meshd bridge's proxies
                 table(agents, ["name", "node_name", "node", "state", "caps"] +
+                      (["site"] if any(a["site"] for a in agents) else []) +
                       (["skills"] if args.contracts else []))
         elif args.cmd == "describe":
             records = await me.describe(args.agent)

