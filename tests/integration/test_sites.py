@@ -42,17 +42,28 @@ def free_port() -> int:
 class NatsServer:
     """A nats-server on 127.0.0.1 with JetStream in a temp dir, started and stopped by PID."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, extra: list[str] | None = None, leaf_port: int | None = None) -> None:
         self.port = free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
         self.store = workdir / "js"
         self.log = workdir / "nats.log"
+        self.extra = list(extra or [])
+        self.conf: Path | None = None
+        if leaf_port is not None:  # a hub: leaf nodes connect to it on this port
+            self.conf = workdir / "hub.conf"
+            self.conf.write_text(f'leafnodes {{ listen: "127.0.0.1:{leaf_port}" }}\n'
+                                 f'jetstream {{ store_dir: "{self.store}", domain: hub }}\n')
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def command(self) -> list[str]:
+        if self.conf is not None:  # JetStream as its config says
+            return [str(NATS_BIN), "-a", "127.0.0.1", "-p", str(self.port), "-l", str(self.log), *self.extra,
+                    "-c", str(self.conf)]
+        return [str(NATS_BIN), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store),
+                "-l", str(self.log), *self.extra]
+
     def start(self) -> NatsServer:
-        self.proc = subprocess.Popen([str(NATS_BIN), "-a", "127.0.0.1", "-p", str(self.port), "-js",
-                                      "-sd", str(self.store), "-l", str(self.log)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
         def up() -> bool:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
@@ -72,8 +83,9 @@ class NatsServer:
 
 
 class BridgeProcess:
-    def __init__(self, site: str, daemon: MeshdProcess, url: str, log: Path) -> None:
+    def __init__(self, site: str, daemon: MeshdProcess, url: str, log: Path, *extra: str) -> None:
         self.site, self.daemon, self.url, self.log_path = site, daemon, url, log
+        self.extra = list(extra)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> BridgeProcess:
@@ -81,7 +93,7 @@ class BridgeProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "meshd", "bridge", "--site", self.site, "--nats", self.url,
              "--socket", str(self.daemon.socket), "--announce-interval", "0.2", "--hold", "4",
-             "--ack-wait", "3"],
+             "--ack-wait", "3", *self.extra],
             stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"MESHD_REEXEC": "0"})
         log.close()
         return self
@@ -403,3 +415,61 @@ async def _test_qos1_sends_survive_a_nats_restart(sites: Sites) -> None:
                 return bool(await sender.request("counter:b", "echo", 2, timeout=10) == 2)
             return False
         await async_wait_until(answers, 20, 0.1, what="a request across after the restart")
+
+
+class NatsLeafServer(NatsServer):
+    """A site's own nats-server, a leaf node of the hub (no JetStream of its own: the hub's
+    serves both sites through the leaf connection)."""
+
+    def __init__(self, workdir: Path, name: str, hub_leaf_port: int) -> None:
+        super().__init__(workdir / name)
+        (workdir / name).mkdir(parents=True, exist_ok=True)
+        self.conf = workdir / name / "leaf.conf"
+        hub = f"nats-leaf://127.0.0.1:{hub_leaf_port}"
+        self.conf.write_text(f'listen: "127.0.0.1:{self.port}"\nserver_name: "{name}"\n'
+                             f'leafnodes {{ remotes: [ {{ url: "{hub}" }} ] }}\n')
+
+    def command(self) -> list[str]:
+        return [str(NATS_BIN), "-c", str(self.conf), "-l", str(self.log)]
+
+
+def test_two_sites_through_leaf_nodes_of_a_hub(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
+    """The documented topology: each site's bridge on its own leaf node, the leaves joined to a
+    hub that holds JetStream; requests, errors and qos-1 sends cross it."""
+    leaf_port = free_port()
+    hub = NatsServer(tmp_path, extra=["--server_name", "hub"], leaf_port=leaf_port).start()
+    leaves = {s: NatsLeafServer(tmp_path, f"leaf-{s}", leaf_port).start() for s in ("a", "b")}
+    tag = uuid.uuid4().hex[:8]
+    daemons = {s: meshd_factory.spawn(f"{s}1", mesh=f"site{s}{tag}") for s in ("a", "b")}
+    bridges = {s: BridgeProcess(s, daemons[s], leaves[s].url, tmp_path / f"bridge-{s}.log",
+                                "--js-domain", "hub").start() for s in ("a", "b")}
+    try:
+        asyncio.run(_through_leaves(daemons))
+    finally:
+        for br in bridges.values():
+            br.stop()
+        for leaf in leaves.values():
+            leaf.stop()
+        hub.stop()
+        for br in bridges.values():
+            sys.stderr.write(f"\n--- bridge {br.site} ---\n{br.log()}\n")
+
+
+async def _through_leaves(daemons: dict[str, MeshdProcess]) -> None:
+    got: list[int] = []
+    seen: dict[str, Any] = {}
+    agent = researcher(daemons["b"], seen)
+
+    @agent.on("count")
+    async def count(msg: Any) -> None:
+        got.append(msg.payload)
+
+    async with agent, Agent("planner", socket=daemons["a"].socket) as planner:
+        await wait_listed(planner, "researcher:b", timeout=30)
+        assert (await planner.request("researcher:b", "echo", "leaf", timeout=10))["echo"] == "leaf"
+        with pytest.raises(HandlerError):
+            await planner.request("researcher:b", "boom", None, timeout=10)
+        for i in range(10):
+            await planner.send("researcher:b", "count", i, qos=1)
+        await async_wait_until(lambda: len(got) >= 10, 30, what="10 qos-1 sends through the hub")
+        assert sorted(got) == list(range(10))

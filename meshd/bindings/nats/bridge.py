@@ -65,6 +65,7 @@ class BridgeOptions:
     ack_wait: float = 30.0
     creds: Path | None = None
     tls_ca: Path | None = None
+    js_domain: str | None = None  # the hub's JetStream domain, for a bridge on a leaf node
 
     @property
     def agent_name(self) -> str:
@@ -142,8 +143,7 @@ class Bridge:
         await self.nc.subscribe(self._inbox + ".*", cb=self._answer_arrived)
         await self.nc.subscribe(self.subjects.directories(), cb=self._announcement)
         if self.opts.jetstream:
-            self.js = self.nc.jetstream()
-            await self._ensure_stream()
+            self.js = self.nc.jetstream(domain=self.opts.js_domain)
             self._tasks.append(asyncio.create_task(self._consume_qos1()))
         self._tasks.append(asyncio.create_task(self._directory_loop()))
         log.info("bridge of site %r on %s (agent %r)", self.site, ", ".join(self.opts.servers),
@@ -551,8 +551,9 @@ class Bridge:
                                 ack_wait=self.opts.ack_wait, max_deliver=self.opts.max_deliver,
                                 filter_subject=self.subjects.qos1_of(self.site))
         psub = None
-        while psub is None:
+        while psub is None:  # JetStream may come later than NATS (a hub still starting, a leaf cut off)
             try:
+                await self._ensure_stream()
                 psub = await self.js.pull_subscribe(self.subjects.qos1_of(self.site), durable=durable,
                                                     stream=self.subjects.stream_name(), config=config)
             except Exception as exc:

@@ -21,6 +21,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--prefix", default="meshd", help="subject prefix shared by the joined sites")
     p.add_argument("--creds", type=Path, default=None, help="NATS credentials file (.creds)")
     p.add_argument("--tls-ca", type=Path, default=None, help="CA certificate that signed the NATS server's")
+    p.add_argument("--js-domain", default=None, metavar="DOMAIN",
+                   help="the JetStream domain of the hub (a bridge on a leaf node without JetStream)")
     p.add_argument("--announce-interval", type=float, default=1.0, metavar="SECONDS")
     p.add_argument("--hold", type=float, default=10.0, metavar="SECONDS",
                    help="forget a site whose announcements stopped this long ago")
@@ -41,7 +43,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     return run_bridge(BridgeOptions(
         site=args.site, servers=list(args.servers), socket=args.socket, name=args.name, prefix=args.prefix,
-        creds=args.creds, tls_ca=args.tls_ca, announce_interval=args.announce_interval, hold=args.hold,
+        creds=args.creds, tls_ca=args.tls_ca, js_domain=args.js_domain,
+        announce_interval=args.announce_interval, hold=args.hold,
         max_remote_agents=max(0, args.max_remote_agents), max_in_flight=max(1, args.max_in_flight),
         jetstream=not args.no_jetstream, ack_wait=max(1.0, args.ack_wait),
         max_deliver=max(1, args.max_deliver)))
