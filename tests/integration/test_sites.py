@@ -188,7 +188,13 @@ def test_an_agent_of_site_a_reaches_one_of_site_b_by_name(sites: Sites) -> None:
 
 async def _test_an_agent_of_site_a_reaches_one_of_site_b_by_name(sites: Sites) -> None:
     seen: dict[str, Any] = {}
-    async with researcher(sites.b, seen) as r, Agent("planner", socket=sites.a.socket) as planner:
+    middle = Agent("middle", socket=sites.a.socket)
+
+    @middle.on("echo")
+    async def pass_on(msg: Any) -> None:
+        await middle.delegate(msg, "researcher:b")
+
+    async with researcher(sites.b, seen) as r, Agent("planner", socket=sites.a.socket) as planner, middle:
         await r.subscribe("news.today")
         await wait_listed(planner, "researcher:b", "researcher", timeout=20)
         rows = {x["name"]: x for x in await planner.agents()}
@@ -201,6 +207,10 @@ async def _test_an_agent_of_site_a_reaches_one_of_site_b_by_name(sites: Sites) -
         assert reply["from"] == "planner:a"
         assert 0 < reply["budget_left"] <= 10  # the budget crossed as time left
         assert (await planner.request("researcher", "echo", "plain", timeout=10))["echo"] == "plain"
+
+        # delegated across: the reply goes straight to the original requester
+        delegated = await planner.request("middle", "echo", "via middle", timeout=10)
+        assert delegated["echo"] == "via middle" and delegated["from"] == "planner:a"
 
         # a typed contract crosses: visible at site a, enforced (at a with check, at b anyway)
         [contract] = [c for c in await planner.describe("researcher:b") if c.get("topic") == "verify"]
