@@ -483,3 +483,41 @@ async def _through_leaves(daemons: dict[str, MeshdProcess]) -> None:
             await planner.send("researcher:b", "count", i, qos=1)
         await async_wait_until(lambda: len(got) >= 10, 30, what="10 qos-1 sends through the hub")
         assert sorted(got) == list(range(10))
+
+
+@pytest.mark.timeout(300)
+def test_2000_qos1_sends_through_a_bridge_kill_and_a_nats_outage(sites: Sites) -> None:
+    asyncio.run(_test_2000_qos1_sends(sites))
+
+
+async def _test_2000_qos1_sends(sites: Sites) -> None:
+    """The issue's fault test: 2,000 qos-1 sends from a to b while b's bridge is killed -9 and
+    restarted and while NATS is down for 10 s: none lost, none handled twice (counted by the
+    handler)."""
+    got: list[int] = []
+    agent = Agent("counter", socket=sites.b.socket)
+
+    @agent.on("count")
+    async def count(msg: Any) -> None:
+        got.append(msg.payload)
+
+    n = 2000
+    restarted: list[asyncio.Future[Any]] = []
+    async with agent, Agent("sender", socket=sites.a.socket) as sender:
+        await wait_listed(sender, "counter:b", timeout=20)
+        for i in range(n):
+            if i == 500:
+                sites.bridges["b"].stop(signal.SIGKILL)
+            elif i == 800:
+                sites.bridges["b"].start()
+            elif i == 1200:
+                sites.nats.stop()
+                back = asyncio.ensure_future(asyncio.sleep(10.0))  # NATS comes back 10 s later
+                back.add_done_callback(lambda _f: restarted.append(asyncio.ensure_future(
+                    asyncio.to_thread(sites.nats.start))))
+            await sender.send("counter:b", "count", i, qos=1)
+        await async_wait_until(lambda: restarted, 30, what="NATS restarted")
+        await restarted[0]
+        await async_wait_until(lambda: len(set(got)) == n, 200, 0.1, what=f"{n} qos-1 sends at site b")
+        assert sorted(set(got)) == list(range(n))
+        assert len(got) == n, f"handled twice: {sorted({i for i in got if got.count(i) > 1})}"
