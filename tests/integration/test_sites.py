@@ -328,6 +328,44 @@ async def _test_cross_site_request_latency(sites: Sites) -> None:
               f"across the bridge {across:.0f} us")
         assert across > 0 and inside > 0
 
+        # one-way qos-0 throughput across the bridge, and NATS's own in the same run (the ceiling)
+        n = 3000
+        seen["notes"] = []
+        t0 = time.perf_counter()
+        for i in range(n):
+            await planner.send("researcher:b", "note", i)
+        await async_wait_until(lambda: len(seen["notes"]) >= n * 0.99, 60, 0.01, what="sends across")
+        bridged = len(seen["notes"]) / (time.perf_counter() - t0)
+        ceiling = await nats_one_way(sites.nats.url, n)
+        print(f"one-way qos 0 across the bridge: {bridged:.0f} msgs/s "
+              f"({len(seen['notes'])}/{n} arrived), NATS alone: {ceiling:.0f} msgs/s")
+
+
+async def nats_one_way(url: str, n: int) -> float:
+    """nats-py publish -> nats-server -> nats-py subscriber, the same awaited loop, msgs/s."""
+    import nats
+
+    pub, sub = await nats.connect(url), await nats.connect(url)
+    got = 0
+    done = asyncio.Event()
+
+    async def on(_m: Any) -> None:
+        nonlocal got
+        got += 1
+        if got == n:
+            done.set()
+    await sub.subscribe("bench.one-way", cb=on)
+    await sub.flush()
+    t0 = time.perf_counter()
+    for i in range(n):
+        await pub.publish("bench.one-way", b"%d" % i)
+    await pub.flush()
+    await asyncio.wait_for(done.wait(), 30)
+    rate = n / (time.perf_counter() - t0)
+    await pub.close()
+    await sub.close()
+    return rate
+
 
 def test_three_sites_every_publication_arrives_once(meshd_factory: MeshdFactory, tmp_path: Path) -> None:
     """A triangle: each site subscribes to what the two others publish; no publication comes back
