@@ -559,3 +559,38 @@ async def _test_2000_qos1_sends(sites: Sites) -> None:
         await async_wait_until(lambda: len(set(got)) == n, 200, 0.1, what=f"{n} qos-1 sends at site b")
         assert sorted(set(got)) == list(range(n))
         assert len(got) == n, f"handled twice: {sorted({i for i in got if got.count(i) > 1})}"
+
+
+def test_hostile_input_from_nats_is_refused_typed_and_counted(sites: Sites) -> None:
+    asyncio.run(_test_hostile_input(sites))
+
+
+async def _test_hostile_input(sites: Sites) -> None:
+    """Whatever reaches a bridge through NATS is checked at the edge: garbage, a forged sender
+    of the bridge's own site, an oversized budget: a typed refusal to the requester, counted,
+    and the bridge goes on serving."""
+    import nats
+
+    from meshd.bindings.nats.envelope import Crossing
+    from meshd.wire import protocol as P
+
+    seen: dict[str, Any] = {}
+    async with researcher(sites.b, seen), Agent("planner", socket=sites.a.socket) as planner, \
+            Agent("operator", socket=sites.b.socket) as operator:
+        await wait_listed(planner, "researcher:b", timeout=20)
+        nc = await nats.connect(sites.nats.url)
+        try:
+            subject = "meshd.a.b.researcher"
+            forged = Crossing("request", "x1", "mallory:b", "researcher", "echo", None, 1000)
+            bad_budget = P.pack({"k": "request", "i": "x2", "f": "m:c", "t": "researcher", "o": "echo",
+                                 "b": 10**12, "h": 0, "q": 0})
+            for data in (b"\xc1garbage", forged.pack(), bad_budget, P.pack([1, 2])):
+                reply = await nc.request(subject, data, timeout=5)
+                answer = P.unpack_body(reply.data)
+                assert answer["k"] == "e" and answer["e"]["code"] == "VALIDATION_FAILED", answer
+        finally:
+            await nc.close()
+        stats = await operator.request("bridge-b", "bridge.stats", None, timeout=10)
+        assert stats["refused_input"] >= 4
+        reply = await planner.request("researcher:b", "echo", "still", timeout=10)  # still serving
+        assert reply["echo"] == "still"

@@ -103,7 +103,8 @@ class Bridge:
                                       "no_responders": 0, "timeouts": 0, "busy": 0, "loops_dropped": 0,
                                       "published_out": 0, "published_in": 0, "js_acked": 0, "js_nacked": 0,
                                       "js_terminated": 0, "proxies_refused": 0,
-                                      "answers_dropped": 0, "link_lost": 0}
+                                      "answers_dropped": 0, "link_lost": 0,
+                                      "announced_without_contracts": 0}
         self.nc: Any = None
         self.js: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -227,7 +228,11 @@ class Bridge:
                  "topics": list(r.get("topics") or [])[:64],
                  "contracts": list(r.get("contracts") or [])[:E.MAX_CONTRACTS]} for r in local]
         if self.nc.is_connected:
-            await self.nc.publish(self.subjects.directory(self.site), E.announcement(self.site, mine))
+            data = E.announcement(self.site, mine)
+            if len(data) > self.nc.max_payload:  # contracts are what can make it big: without them
+                self.stats["announced_without_contracts"] += 1
+                data = E.announcement(self.site, [r | {"contracts": []} for r in mine])
+            await self.nc.publish(self.subjects.directory(self.site), data)
         await self._follow_local_topics({t for r in mine for t in r["topics"]})
         if self._link_up.is_set():
             self.remote.expire(time.monotonic())
@@ -244,8 +249,9 @@ class Bridge:
 
     async def _reconcile_proxies(self, local: set[str]) -> None:
         wanted = self.remote.names(local)
-        for name in [n for n in self.proxies if n not in wanted or self._contracts_of(wanted[n])
-                     != self.proxies[n].contracts()]:  # gone, or its contracts changed: register anew
+        for name in [n for n in self.proxies if n not in wanted or self.proxies[n].evicted is not None
+                     or self._contracts_of(wanted[n]) != self.proxies[n].contracts()]:
+            # gone, evicted (a name conflict it lost), or its contracts changed: register anew
             agent = self.proxies.pop(name)
             self.proxy_of.pop(name, None)
             with contextlib.suppress(Exception):
@@ -450,6 +456,9 @@ class Bridge:
 
     async def _from_nats(self, m: Any) -> None:
         c = self._decode(m)
+        if c is not None and c.kind == "publish":  # publications have subjects of their own
+            self.stats["refused_input"] += 1
+            c = None
         if c is None:
             if m.reply:
                 await self._answer(m.reply, E.ANSWER_ERROR,
