@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -23,7 +24,14 @@ import pytest
 from pydantic import BaseModel, Field
 
 from meshd import Agent
-from meshd.errors import HandlerError, NoSuchAgent, PeerUnreachable, RequestTimeout, ValidationFailed
+from meshd.errors import (
+    Forbidden,
+    HandlerError,
+    NoSuchAgent,
+    PeerUnreachable,
+    RequestTimeout,
+    ValidationFailed,
+)
 from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, wait_listed, wait_until
 
 pytest.importorskip("nats", reason="the 'nats' extra is not installed")
@@ -594,3 +602,55 @@ async def _test_hostile_input(sites: Sites) -> None:
         assert stats["refused_input"] >= 4
         reply = await planner.request("researcher:b", "echo", "still", timeout=10)  # still serving
         assert reply["echo"] == "still"
+
+
+AUTHZ_PLUGIN = '''
+import json, os
+from meshd.hookspecs import hookimpl
+
+@hookimpl
+def meshd_authorize(action, subject, target, topic):
+    if action == "message":
+        with open(os.environ["AUTHZ_CALLS"], "a") as fh:
+            fh.write(json.dumps([subject, target, topic]) + "\\n")
+        if subject == "mallory:a":
+            return "site a's mallory may not write here"
+    return None
+'''
+
+
+def test_the_receiving_sites_authorize_hook_sees_qualified_senders(meshd_factory: MeshdFactory,
+                                                                    tmp_path: Path) -> None:
+    (tmp_path / "authz_sites.py").write_text(AUTHZ_PLUGIN)
+    (tmp_path / "meshd.toml").write_text('plugins = ["authz_sites"]\n')
+    calls = tmp_path / "calls.jsonl"
+    tag = uuid.uuid4().hex[:8]
+    nats = NatsServer(tmp_path).start()
+    a = meshd_factory.spawn("a1", mesh=f"sitea{tag}")
+    b = meshd_factory.spawn("b1", "--config", str(tmp_path / "meshd.toml"), mesh=f"siteb{tag}",
+                            env={"PYTHONPATH": str(tmp_path), "AUTHZ_CALLS": str(calls)})
+    bridges = [BridgeProcess(s, d, nats.url, tmp_path / f"bridge-{s}.log").start()
+               for s, d in (("a", a), ("b", b))]
+    try:
+        asyncio.run(_authorize_across(a, b))
+    finally:
+        for br in bridges:
+            br.stop()
+        nats.stop()
+    subjects = {json.loads(line)[0] for line in calls.read_text().splitlines()}
+    assert {"planner:a", "mallory:a"} <= subjects  # never the bridge's own name
+
+
+async def _authorize_across(a: MeshdProcess, b: MeshdProcess) -> None:
+    seen: dict[str, Any] = {}
+    async with researcher(b, seen), Agent("planner", socket=a.socket) as planner, \
+            Agent("mallory", socket=a.socket) as mallory:
+        await wait_listed(planner, "researcher:b", timeout=20)
+        await async_wait_until(lambda: _listed(b, "mallory:a"), 20, 0.1, what="mallory:a at site b")
+        assert (await planner.request("researcher:b", "echo", 1, timeout=10))["from"] == "planner:a"
+        with pytest.raises(Forbidden, match="may not write here"):
+            await mallory.request("researcher:b", "echo", 1, timeout=10)
+
+
+async def _listed(proc: MeshdProcess, name: str) -> bool:
+    return name in {r["name"] for r in await asyncio.to_thread(proc.query, "agents")}
