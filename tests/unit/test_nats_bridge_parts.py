@@ -56,6 +56,12 @@ def test_answers_round_trip_and_unknown_ones_are_refused() -> None:
         E.unpack_answer(P.pack({"k": "e", "e": "not a map"}), LIMIT)
 
 
+def test_cancels_name_one_request() -> None:
+    assert E.unpack_cancel(E.cancel("abc")) == "abc"
+    with pytest.raises(ValidationFailed):
+        E.unpack_cancel(P.pack({"i": 3}))
+
+
 def test_announcements_keep_only_well_formed_entries_within_bounds() -> None:
     data = E.announcement("b", [{"name": "ok", "capabilities": ["x", 3], "topics": ["t", ""],
                                  "contracts": [{"topic": "v"}, "junk"]},

@@ -367,7 +367,7 @@ class Bridge:
             return await self._await_answer(agent, msg, where, answers, end)
         except asyncio.CancelledError:  # the requester cancelled: so does the other site
             if self.nc.is_connected:
-                self._spawn(self.nc.publish(self.subjects.cancel(where.site), E.pack({"i": msg.id})))
+                self._spawn(self.nc.publish(self.subjects.cancel(where.site), E.cancel(msg.id)))
             raise
         finally:
             self._answers.pop(token, None)
@@ -514,11 +514,11 @@ class Bridge:
 
     async def _cancel_from_nats(self, m: Any) -> None:
         try:
-            body = E._unpack(m.data, 1024)
+            msg_id = E.unpack_cancel(m.data)
         except ValidationFailed:
             self.stats["refused_input"] += 1
             return
-        task = self.serving.get(str(body.get("i")))
+        task = self.serving.get(msg_id)
         if task is not None:
             task.cancel()  # the mesh request is cancelled: its handler hears it
 

@@ -113,6 +113,18 @@ def answer(kind: str, value: Any) -> bytes:
     return pack({"k": kind, key: value})
 
 
+def cancel(msg_id: str) -> bytes:
+    return pack({"i": msg_id})
+
+
+def unpack_cancel(data: bytes) -> str:
+    """The id of the request a cancel names."""
+    msg_id = _unpack(data, 1024).get("i")
+    if not isinstance(msg_id, str) or not 0 < len(msg_id) <= 128:
+        raise ValidationFailed("bad cancel")
+    return msg_id
+
+
 def announcement(site: str, agents: list[dict[str, Any]]) -> bytes:
     return pack({"site": site, "agents": agents[:MAX_ANNOUNCED]})
 
