@@ -654,3 +654,78 @@ async def _authorize_across(a: MeshdProcess, b: MeshdProcess) -> None:
 
 async def _listed(proc: MeshdProcess, name: str) -> bool:
     return name in {r["name"] for r in await asyncio.to_thread(proc.query, "agents")}
+
+
+def site_permissions(site: str) -> str:
+    """docs/sites.md's per-site permissions: publish to the other sites' subjects, subscribe only
+    to its own (and the shared directory and topics); JetStream only its own consumer's pulls."""
+    js, d = "$JS.API", f"MESHD_MESHD_QOS1.q1-{site}"
+    publish = {"allow": ["meshd.a.*.*", "meshd.q.*.*", "meshd.c.*", f"meshd.d.{site}", "meshd.t.>",
+                         "_INBOX.>",
+                         f"{js}.INFO", f"{js}.STREAM.INFO.MESHD_MESHD_QOS1",
+                         f"{js}.STREAM.CREATE.MESHD_MESHD_QOS1", f"{js}.STREAM.UPDATE.MESHD_MESHD_QOS1",
+                         f"{js}.CONSUMER.CREATE.{d}.>", f"{js}.CONSUMER.DURABLE.CREATE.{d}",
+                         f"{js}.CONSUMER.INFO.{d}", f"{js}.CONSUMER.MSG.NEXT.{d}", f"$JS.ACK.{d}.>"],
+               "deny": [f"meshd.a.{site}.*", f"meshd.q.{site}.*", f"meshd.c.{site}"]}
+    subscribe = {"allow": [f"meshd.a.{site}.*", f"meshd.c.{site}", "meshd.d.*", "meshd.t.>",
+                           f"_INBOX.{site}.>"]}
+    return json.dumps({"publish": publish, "subscribe": subscribe})
+
+
+def test_site_credentials_allow_the_bridge_and_nothing_else(meshd_factory: MeshdFactory,
+                                                            tmp_path: Path) -> None:
+    """Each site's NATS user has the permissions docs/sites.md gives: the bridges work through
+    them (request, qos 1), and site a's credentials cannot take site b's requests."""
+    conf = tmp_path / "auth.conf"
+    conf.write_text("authorization { users: [\n" + "\n".join(
+        f'  {{ user: "site-{s}", password: "pw-{s}", permissions: {site_permissions(s)} }}'
+        for s in ("a", "b")) + "\n] }\n")
+    nats = NatsServer(tmp_path)
+    nats.conf = conf
+    nats.extra = ["-js", "-sd", str(nats.store)]
+    nats.start()
+    tag = uuid.uuid4().hex[:8]
+    daemons = {s: meshd_factory.spawn(f"{s}1", mesh=f"site{s}{tag}") for s in ("a", "b")}
+    bridges = [BridgeProcess(s, daemons[s], f"nats://site-{s}:pw-{s}@127.0.0.1:{nats.port}",
+                             tmp_path / f"bridge-{s}.log").start() for s in ("a", "b")]
+    try:
+        asyncio.run(_with_permissions(daemons, nats.port))
+    finally:
+        for br in bridges:
+            br.stop()
+        nats.stop()
+        for br in bridges:
+            sys.stderr.write(f"\n--- bridge {br.site} ---\n{br.log()}\n")
+
+
+async def _with_permissions(daemons: dict[str, MeshdProcess], port: int) -> None:
+    import nats
+
+    got: list[int] = []
+    seen: dict[str, Any] = {}
+    agent = researcher(daemons["b"], seen)
+
+    @agent.on("count")
+    async def count(msg: Any) -> None:
+        got.append(msg.payload)
+
+    async with agent, Agent("planner", socket=daemons["a"].socket) as planner:
+        await wait_listed(planner, "researcher:b", timeout=20)
+        assert (await planner.request("researcher:b", "echo", "ok", timeout=10))["echo"] == "ok"
+        for i in range(5):
+            await planner.send("researcher:b", "count", i, qos=1)
+        await async_wait_until(lambda: len(got) >= 5, 20, what="qos-1 sends through the permissions")
+        assert sorted(got) == list(range(5))
+
+        errors: list[Exception] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(exc)
+        intruder = await nats.connect(f"nats://site-a:pw-a@127.0.0.1:{port}", error_cb=on_error)
+        try:
+            await intruder.subscribe("meshd.a.b.*")  # site a posing as site b's bridge
+            await intruder.flush()
+            await async_wait_until(lambda: errors, 10, what="the permissions violation")
+            assert "permissions violation" in str(errors[0]).lower()
+        finally:
+            await intruder.close()

@@ -123,6 +123,9 @@ class Bridge:
 
         kwargs: dict[str, Any] = {"servers": self.opts.servers, "name": self.opts.agent_name,
                                   "no_echo": True,  # what this bridge publishes never comes back to it
+                                  # answers to this site only: NATS permissions can give each site
+                                  # its own inboxes to subscribe to (docs/sites.md)
+                                  "inbox_prefix": f"_INBOX.{self.site}",
                                   "max_reconnect_attempts": -1, "reconnect_time_wait": 0.5,
                                   "allow_reconnect": True, "disconnected_cb": self._link_lost,
                                   "reconnected_cb": self._link_back}
