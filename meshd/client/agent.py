@@ -488,20 +488,26 @@ class Agent:
                       timeout: float = DEFAULT_REQUEST_TIMEOUT,
                       headers: dict[str, Any] | None = None,
                       on_progress: Callable[[str], Any] | None = None,
-                      version: str | None = None, check: bool = False) -> Any:
+                      version: str | None = None, check: bool = False, hops: int = 0) -> Any:
         """Send a request and return the reply's payload; never waits longer than ``timeout``.
 
         ``on_progress(note)`` is called when the handler reports progress. Cancelling the
-        awaiting task (or the timeout passing) tells the handler it may stop.
+        awaiting task (or the timeout passing) tells the handler it may stop. ``hops``: the
+        hops the request has made already, for one that passes on a request from elsewhere
+        (``meshd bridge``), so the daemons' hop limit holds across the whole way.
         """
         if not timeout or timeout <= 0:
             raise ValidationFailed("timeout must be a positive number of seconds")
+        if not 0 <= hops <= P.MAX_HOPS:
+            raise ValidationFailed(f"hops must be 0..{P.MAX_HOPS}")
         loop = self._require_loop()
         msg_id = P.new_request_id()
         header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic,
                                   P.TIMESTAMP: P.timestamp()}
         if headers:
             header[P.HEADERS] = headers
+        if hops:
+            header[P.HOPS] = hops
         if version is not None or check or type(payload) not in _PLAIN:
             payload = await self._typed(header, to, topic, payload, version, check)
         data = self._payload(payload)
@@ -509,8 +515,16 @@ class Agent:
             timeout -= await self._calls.wait(timeout, RequestTimeout(f"no reply from {to!r} on "
                                              f"{topic!r} within {timeout:g} s (not sent: no room)"))
         header[P.BUDGET] = P.budget_ms(timeout)  # a duration, never a clock reading
+        if hops:  # never batched, like a delegation: the daemon checks its hops
+            header |= {P.FROM: self.name, P.TO: to}
+            return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
+                                           lambda: self._push_alone(header, data))
         return await self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
                                        lambda: self._enqueue((P.TO, to, 0), header, data))
+
+    def _push_alone(self, header: dict[str, Any], data: bytes) -> None:
+        self._batcher.flush()
+        self._push(P.frames(header, data))
 
     async def _typed(self, header: dict[str, Any], to: str, topic: str, payload: Any,
                      version: str | None, check: bool) -> Any:

@@ -27,6 +27,7 @@ from meshd import Agent
 from meshd.errors import (
     Forbidden,
     HandlerError,
+    HopLimit,
     NoSuchAgent,
     PeerUnreachable,
     RequestTimeout,
@@ -270,6 +271,36 @@ async def _test_an_agent_of_site_a_reaches_one_of_site_b_by_name(sites: Sites) -
             return bool(seen.get("news"))
         await async_wait_until(published, 15, what="a publication at site b")
         assert seen["news"][0] == ("news.today", {"n": 1})
+
+
+def test_the_hop_limit_holds_across_sites(sites: Sites) -> None:
+    asyncio.run(_test_the_hop_limit_holds_across_sites(sites))
+
+
+async def _test_the_hop_limit_holds_across_sites(sites: Sites) -> None:
+    """Two agents on two sites that delegate a request to each other forever: the hops count on
+    across the crossings, and the requester gets HOP_LIMIT, not a timeout."""
+    ping = Agent("ping", socket=sites.a.socket)
+    pong = Agent("pong", socket=sites.b.socket)
+    passes: list[int] = []
+
+    @ping.on("ball")
+    async def ping_ball(msg: Any) -> None:
+        passes.append(msg.hops)
+        await ping.delegate(msg, "pong:b")
+
+    @pong.on("ball")
+    async def pong_ball(msg: Any) -> None:
+        passes.append(msg.hops)
+        await pong.delegate(msg, "ping:a")
+
+    async with ping, pong, Agent("planner", socket=sites.a.socket) as planner:
+        await wait_listed(planner, "pong:b", timeout=20)
+        await wait_listed(pong, "ping:a", timeout=20)
+        with pytest.raises(HopLimit):
+            await planner.request("ping", "ball", None, timeout=60)
+        assert passes == sorted(passes) and passes[-1] <= 5  # hops only grow, within the limit
+        assert len(passes) >= 2  # it did cross
 
 
 def test_no_bridge_of_the_site_is_no_such_agent_at_once(sites: Sites) -> None:
@@ -574,8 +605,8 @@ def test_hostile_input_from_nats_is_refused_typed_and_counted(sites: Sites) -> N
 
 
 async def _test_hostile_input(sites: Sites) -> None:
-    """Whatever reaches a bridge through NATS is checked at the edge: garbage, a forged sender
-    of the bridge's own site, an oversized budget: a typed refusal to the requester, counted,
+    """Whatever reaches a bridge through NATS is checked at the edge: garbage, a sender that
+    names no site, an oversized budget: a typed refusal to the requester, counted,
     and the bridge goes on serving."""
     import nats
 
@@ -589,7 +620,7 @@ async def _test_hostile_input(sites: Sites) -> None:
         nc = await nats.connect(sites.nats.url)
         try:
             subject = "meshd.a.b.researcher"
-            forged = Crossing("request", "x1", "mallory:b", "researcher", "echo", None, 1000)
+            forged = Crossing("request", "x1", "mallory", "researcher", "echo", None, 1000)  # no site
             bad_budget = P.pack({"k": "request", "i": "x2", "f": "m:c", "t": "researcher", "o": "echo",
                                  "b": 10**12, "h": 0, "q": 0})
             for data in (b"\xc1garbage", forged.pack(), bad_budget, P.pack([1, 2])):

@@ -451,9 +451,8 @@ class Bridge:
             self.stats["refused_input"] += 1
             log.info("refused a message from NATS on %s: %s", m.subject, exc.message)
             return None
-        parts = split_qualified(c.sender)
-        if parts is None or parts[1] == self.site:
-            self.stats["refused_input"] += 1
+        if split_qualified(c.sender) is None:  # a sender always names its site (it may be this
+            self.stats["refused_input"] += 1  # one: a request delegated back where it began)
             return None
         return c
 
@@ -500,9 +499,10 @@ class Bridge:
             self._spawn(self._answer(reply, E.ANSWER_PROGRESS, note))
 
         try:
+            # hops go on counting here: the daemon's hop limit holds across sites
             result = await self._agent_for(c.sender).request(c.to, c.topic, c.payload, timeout=timeout,
                                                              headers=c.headers or None, on_progress=progress,
-                                                             version=c.version)
+                                                             version=c.version, hops=c.hops)
         except MeshError as exc:
             await self._answer(reply, E.ANSWER_ERROR, P.error_body(
                 exc.code, exc.message, retry=exc.retryable, retry_after=exc.retry_after,
