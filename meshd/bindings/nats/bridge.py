@@ -216,7 +216,7 @@ class Bridge:
                 and BRIDGE_META not in (r.get("metadata") or {})]
 
     async def _directory_loop(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 await self._directory_round()
             except MeshError as exc:
