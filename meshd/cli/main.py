@@ -138,6 +138,9 @@ def meshd_main(argv: list[str] | None = None) -> int:
     a2a.add_argument("--tls-key", type=Path, default=None, help="TLS private key (PEM)")
     a2a.add_argument("--tls-client-ca", type=Path, default=None,
                      help="require TLS client certificates signed by this CA (the cards say so)")
+    from meshd.bindings.nats import cli as bridge_cli  # meshd bridge (docs/sites.md)
+
+    bridge_cli.add_parser(sub)
     for cmd, text in (("doctor", "check interfaces, multicast, peers and discovery; exit 1 on a problem"),
                       ("reset-identity", "delete this node's id and keypair (a cloned state dir); a "
                                          "new one is made at the next start")):
@@ -166,6 +169,8 @@ def meshd_main(argv: list[str] | None = None) -> int:
             skills_allow=tuple(args.skills_allow)))
     if args.command == "a2a":
         return _meshd_a2a(args)
+    if args.command == "bridge":
+        return bridge_cli.run_from_args(args)
     if args.command == "demo":
         if args.plan:  # the tasks scenario (meshd/cli/demo_plan.py)
             from meshd.cli.demo_plan import run_plan_demo
@@ -388,7 +393,9 @@ async def _ctl(args: argparse.Namespace) -> int:
                 for a in agents:
                     a["caps"] = ",".join(a.get("capabilities") or [])
                     a["skills"] = skills_cell(a.get("contracts"))
+                    a["site"] = str((a.get("metadata") or {}).get("site") or "")  # meshd bridge's proxies
                 table(agents, ["name", "node_name", "node", "state", "caps"] +
+                      (["site"] if any(a["site"] for a in agents) else []) +
                       (["skills"] if args.contracts else []))
         elif args.cmd == "describe":
             records = await me.describe(args.agent)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -419,7 +420,7 @@ class Agent:
 
     async def send(self, to: str, topic: str, payload: Any = None, *, qos: int = 0,
                    headers: dict[str, Any] | None = None, version: str | None = None,
-                   check: bool = False, priority: int = P.DEFAULT_PRIORITY) -> str:
+                   check: bool = False, priority: int = P.DEFAULT_PRIORITY, msg_id: str | None = None) -> str:
         """Send without waiting for an answer.
 
         qos 0 (default): at most once; failures arrive later through ``on_error``.
@@ -433,12 +434,17 @@ class Agent:
         ``payload`` may be a model instance (sent as ``model_dump(mode="json")``); ``version``
         names the contract version it was written for (header ``sv``); ``check=True`` checks
         it against the receiver's advertised contract first (``request`` has both too).
+        ``msg_id``: an id chosen by the caller, for one that passes on a message identified
+        elsewhere (``meshd bridge``): sent again with the same id, it is the same qos-1 unit.
         """
         if qos not in (0, 1):
             raise ValidationFailed("qos must be 0 or 1")
         if priority != P.DEFAULT_PRIORITY:
             _check_priority(priority)
-        msg_id = P.new_id()
+        if msg_id is None:
+            msg_id = P.new_id()
+        elif not 0 < len(msg_id) <= P.MAX_ID_LEN:
+            raise ValidationFailed(f"msg_id must be 1-{P.MAX_ID_LEN} characters")
         header: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: msg_id, P.TOPIC: topic, P.TIMESTAMP: P.timestamp()}
         if headers:
             header[P.HEADERS] = headers
@@ -506,23 +512,29 @@ class Agent:
                       headers: dict[str, Any] | None = None,
                       on_progress: Callable[[str], Any] | None = None,
                       version: str | None = None, check: bool = False,
-                      priority: int = P.DEFAULT_PRIORITY) -> Any:
+                      priority: int = P.DEFAULT_PRIORITY, hops: int = 0) -> Any:
         """Send a request and return the reply's payload; never waits longer than ``timeout``.
 
         ``on_progress(note)`` is called when the handler reports progress. Cancelling the
         awaiting task (or the timeout passing) tells the handler it may stop. ``priority`` 0
-        (urgent) .. 9, default 5: lower is served first wherever it waits.
+        (urgent) .. 9, default 5: lower is served first wherever it waits. ``hops``: the
+        hops the request has made already, for one that passes on a request from elsewhere
+        (``meshd bridge``), so the daemons' hop limit holds across the whole way.
         """
         if not timeout or timeout <= 0:
             raise ValidationFailed("timeout must be a positive number of seconds")
         if priority != P.DEFAULT_PRIORITY:
             _check_priority(priority)
+        if not 0 <= hops <= P.MAX_HOPS:
+            raise ValidationFailed(f"hops must be 0..{P.MAX_HOPS}")
         loop = self._require_loop()
         msg_id = P.new_request_id()
         header: dict[str, Any] = {P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: topic,
                                   P.TIMESTAMP: P.timestamp()}
         if headers:
             header[P.HEADERS] = headers
+        if hops:
+            header[P.HOPS] = hops
         if version is not None or check or type(payload) not in _PLAIN:
             payload = await self._typed(header, to, topic, payload, version, check)
         data = self._payload(payload)
@@ -530,13 +542,21 @@ class Agent:
             timeout -= await self._calls.wait(timeout, RequestTimeout(f"no reply from {to!r} on "
                                              f"{topic!r} within {timeout:g} s (not sent: no room)"))
         header[P.BUDGET] = P.budget_ms(timeout)  # a duration, never a clock reading
-        answer = self._await_reply(loop, msg_id, to, topic, timeout, on_progress,
-                                   lambda: self._enqueue((P.TO, to, 0, priority), header, data))
+        if hops:  # never batched, like a delegation: the daemon checks its hops
+            header |= {P.FROM: self.name, P.TO: to}
+            send = functools.partial(self._push_alone, header, data)
+        else:
+            send = functools.partial(self._enqueue, (P.TO, to, 0, priority), header, data)
+        answer = self._await_reply(loop, msg_id, to, topic, timeout, on_progress, send)
         if (t := tracing.tracer()) is not None:
             span = tracing.start_producer(t, "request", to, self.name, msg_id, header, P.HEADERS,
                                           conversation=msg_id)
             return await tracing.until_answered(span, answer)
         return await answer
+
+    def _push_alone(self, header: dict[str, Any], data: bytes) -> None:
+        self._batcher.flush()
+        self._push(P.frames(header, data))
 
     async def _typed(self, header: dict[str, Any], to: str, topic: str, payload: Any,
                      version: str | None, check: bool) -> Any:
