@@ -70,7 +70,8 @@ def test_pip_installed_plugin_sees_outcomes_and_dead_letters(meshd_factory: Mesh
     assert '"request"' in text and '"ok"' in text and '"NO_SUCH_AGENT"' in text and '"sent"' in text
     # the built-in JSONL sink wrote the same dead letter to the state dir
     sink = a.state_dir / "deadletters.jsonl"
-    assert sink.exists() and "NO_SUCH_AGENT" in sink.read_text()
+    wait_until(lambda: sink.exists() and "NO_SUCH_AGENT" in sink.read_text(),  # written by its worker
+               what="the dead letter in the built-in JSONL sink")
     assert a.stop() == 0
     assert any(e["hook"] == "meshd_shutdown" for e in read_events(out))
 

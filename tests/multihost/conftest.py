@@ -150,13 +150,15 @@ class MultiHost:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every netlab test in one xdist group (``--dist loadgroup``): they run one after another on
-    one worker, so two labs of several daemons each never load the machine at once and a module's
-    lab is built once, not once per worker."""
+    """The netlab tests in one xdist group (``--dist loadgroup``), the sixteen-daemon test in
+    another: each group runs one test after another on one worker, so few labs of several daemons
+    load the machine at once, and a module's lab is built once, not once per worker."""
     here = str(Path(__file__).parent)
     for item in items:
         if str(item.path).startswith(here):
-            item.add_marker(pytest.mark.xdist_group("netlab"))
+            # The sixteen-daemon test (a minute and a half) is a group of its own, beside the rest.
+            group = "netlab-scale" if item.path.name == "test_scale_netlab.py" else "netlab"
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _prefix() -> str:
