@@ -175,8 +175,10 @@ class HandlerSlots:
 
     # ------------------------------------------------------------------------ refusals
 
-    def cancel_parked(self, header: dict[str, Any]) -> None:
-        """A requester cancelled: a request of its that still waits for a slot never runs."""
+    def cancel_parked(self, header: dict[str, Any]) -> bool:
+        """A requester cancelled: a request of its that still waits for a slot never runs.
+        Returns whether it was found (a request inside a parked batch is not: the caller
+        remembers the cancel for when it starts)."""
         corr, sender = header.get(P.CORR), header.get(P.FROM)
         for item in self.parked:
             h, _, unit = item
@@ -186,7 +188,8 @@ class HandlerSlots:
                 self._parked_at.pop(id(item), None)
                 self.refuse(h, P.ErrorCode.CANCELLED, "cancelled by the requester")
                 self.check_reading()
-                return
+                return True
+        return False
 
     def refuse(self, header: dict[str, Any], code: str, message: str) -> None:
         """Tell whoever sent this work message that it will not run: a request's requester gets

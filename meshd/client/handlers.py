@@ -57,6 +57,10 @@ TRACE_BYTES = 3000
 (``Agent(debug=True)``); without it none does."""
 
 
+
+EARLY_CANCELS_MAX = 1024
+"""Cancels remembered for requests that have not started yet (per agent)."""
+
 class _Deferred:
     def __repr__(self) -> str:
         return "meshd.DEFER"
@@ -200,6 +204,9 @@ class Dispatcher:
         self.tasks: set[asyncio.Task[Any]] = set()
         self._running: dict[str, tuple[asyncio.Task[Any], Message]] = {}
         self._delegated: dict[str, tuple[str, str]] = {}  # corr -> (delegate, who asked us)
+        #: Cancels that came before their request started (it waited inside a parked batch, or the
+        #: cancel overtook it): corr -> requester. The request is refused CANCELLED when it comes.
+        self._early_cancels: dict[str, str] = {}
         self._unit_left: dict[str, int] = {}
         #: qos-1 units a handler refused (``Nack``), with its error map: nacked, not acked, when done.
         self._unit_nack: dict[str, dict[str, Any]] = {}
@@ -253,18 +260,31 @@ class Dispatcher:
         handler raises) the handler runner itself, one call less per message."""
         return self._run_handler if unit is None else self.dispatch
 
-    def cancel(self, header: dict[str, Any]) -> None:
-        """A cancel from a requester: stop its running handler, pass it on to a delegate."""
+    def cancel(self, header: dict[str, Any]) -> bool:
+        """A cancel from a requester: stop its running handler, pass it on to a delegate.
+        Returns whether it found the request (running or delegated)."""
         corr = str(header.get(P.CORR))
+        found = False
         running = self._running.get(corr)
         if running is not None and running[1].sender == header.get(P.FROM):
             task, msg = running
             msg.cancelled.set()
             task.cancel()
+            found = True
         delegated = self._delegated.get(corr)
         if delegated is not None and delegated[1] == header.get(P.FROM):
             del self._delegated[corr]
             self.send_cancel(delegated[0], corr)  # pass it on to whoever has the work now
+            found = True
+        return found
+
+    def remember_cancel(self, header: dict[str, Any]) -> None:
+        """A cancel for a request not started yet: it is refused CANCELLED when it comes (bounded:
+        the oldest remembered cancel is forgotten first)."""
+        early = self._early_cancels
+        if len(early) >= EARLY_CANCELS_MAX:
+            del early[next(iter(early))]
+        early[str(header.get(P.CORR))] = str(header.get(P.FROM, ""))
 
     def _run_handler(self, header: dict[str, Any], payload: bytes, unit: str | None) -> None:
         # The receive path of every message (its cost caps one-way msgs/s): header fields read once, the
@@ -300,6 +320,11 @@ class Dispatcher:
         ts = get(P.TIMESTAMP)
         if type(ts) is str:
             msg.timestamp = ts
+        if is_request and self._early_cancels and self._early_cancels.get(str(msg.correlation_id)) == sender:
+            del self._early_cancels[str(msg.correlation_id)]
+            self.reply_error(msg, P.ErrorCode.CANCELLED, "cancelled by the requester")
+            self.unit_done(unit)
+            return
         if bad_budget:
             if is_request:
                 self.reply_error(msg, P.ErrorCode.VALIDATION_FAILED, bad_budget)

@@ -153,9 +153,11 @@ class Incoming:
                 except Exception:
                     log.exception("agent %s: on_progress callback raised", self.name)
         elif kind == Kind.CANCEL:
-            self._dispatcher.cancel(header)
-            if self._slots.parked:
-                self._slots.cancel_parked(header)
+            found = self._dispatcher.cancel(header)
+            if not found and self._slots.parked:
+                found = self._slots.cancel_parked(header)
+            if not found:  # not started yet: inside a parked batch, or the cancel came first
+                self._dispatcher.remember_cancel(header)
 
     def resolve(self, corr: Any, header: dict[str, Any], payload: bytes) -> None:
         members = self._batch_members.pop(str(corr), None)

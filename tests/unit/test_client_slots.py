@@ -13,7 +13,7 @@ import pytest
 from meshd.client.batching import BatchKey
 from meshd.client.call_slots import CallSlots
 from meshd.client.handler_slots import HandlerSlots
-from meshd.client.handlers import Dispatcher
+from meshd.client.handlers import EARLY_CANCELS_MAX, Dispatcher
 from meshd.errors import DaemonUnreachable, ValidationFailed
 from meshd.transport import AGENT_RCVHWM
 from meshd.wire import protocol as P
@@ -262,5 +262,31 @@ def test_read_ahead_parks_more_before_pausing_and_serves_it_by_priority() -> Non
         for _ in range(30):
             await asyncio.sleep(0)
         assert order == ["first", "urgent", 0, 1, 2, 3]
+
+    asyncio.run(scenario())
+
+
+def test_a_cancel_that_comes_before_its_request_refuses_it_when_it_comes() -> None:
+    """A cancel for a request not started yet (inside a parked batch, or overtaking it) is kept,
+    bounded, and the request is answered CANCELLED without its handler running."""
+    async def scenario() -> None:
+        h = Harness(limit=2)
+        ran: list[Any] = []
+        h.d.handlers["t"] = lambda msg: ran.append(msg.payload)
+        cancel = {P.KIND: Kind.CANCEL, P.ID: P.new_id(), P.CORR: "r1", P.FROM: "asker"}
+        assert h.d.cancel(cancel) is False and h.slots.cancel_parked(cancel) is False
+        h.d.remember_cancel(cancel)
+        other = {P.KIND: Kind.CANCEL, P.ID: P.new_id(), P.CORR: "r2", P.FROM: "mallory"}
+        h.d.remember_cancel(other)  # another agent's cancel does not refuse asker's r2
+        for msg_id in ("r1", "r2"):
+            h.slots.offer({P.KIND: Kind.REQUEST, P.ID: msg_id, P.TOPIC: "t", P.FROM: "asker", P.TO: "me"},
+                          encode_payload(msg_id), None)
+        await asyncio.sleep(0)
+        assert ran == ["r2"], "r1 was cancelled before it came; r2's cancel came from someone else"
+        errors = [hdr for _, hdr, _ in h.out if hdr.get(P.KIND) == Kind.ERROR]
+        assert [(e.get(P.CORR), e[P.ERROR]["code"]) for e in errors] == [("r1", "CANCELLED")]
+        for i in range(EARLY_CANCELS_MAX + 10):  # bounded
+            h.d.remember_cancel({P.KIND: Kind.CANCEL, P.CORR: f"x{i}", P.FROM: "asker"})
+        assert len(h.d._early_cancels) == EARLY_CANCELS_MAX
 
     asyncio.run(scenario())
