@@ -122,6 +122,8 @@ def test_requests_and_delegations_across_an_hour_of_skew(meshd_factory: MeshdFac
                     return DEFER
 
                 await wait_listed(echo_a, "router-a")
+                async with Agent("probe-b", socket=b.socket) as probe_b:  # echo-b's daemon knows it
+                    await wait_listed(probe_b, "router-a")  # (else echo-b's ask fails: NO_SUCH_AGENT)
                 answer = await echo_a.request("echo-b", "ask", {"to": "router-a", "topic": "delegate",
                                                                  "timeout": 3}, timeout=10)
                 assert "error" not in answer and 0 < answer["reply"]["left"] <= 3.0, answer
