@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from meshd.bindings.attached import run_attached
 from meshd.bindings.mcp_skills import SkillTools
 from meshd.client import DEFER, Agent, Message
 from meshd.client.handlers import ANY_TOPIC
@@ -282,16 +283,4 @@ def run_mcp_server(opts: McpOptions) -> int:
     except ImportError:
         print(f"meshd: {MCP_EXTRA_HINT}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="meshd mcp: %(message)s")
-    logging.getLogger("meshd.mcp").setLevel(logging.INFO)
-    try:
-        asyncio.run(_serve(opts, opts.name or f"mcp-{os.getpid()}"))
-    except ConfigError as exc:
-        print(f"meshd mcp: {exc}", file=sys.stderr)
-        return 2
-    except MeshError as exc:
-        print(f"meshd mcp: {exc.code}: {exc.message}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        pass
-    return 0
+    return run_attached("meshd mcp", "meshd.mcp", _serve(opts, opts.name or f"mcp-{os.getpid()}"))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from meshd.bindings.attached import run_attached
 from meshd.config.sections import A2aSettings
 from meshd.errors import ConfigError, MeshError
 from meshd.util.paths import find_agent_socket
@@ -228,16 +229,4 @@ def run_a2a(opts: A2aOptions) -> int:
     except ImportError:
         print(f"meshd: {A2A_EXTRA_HINT}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="meshd a2a: %(message)s")
-    logging.getLogger("meshd.a2a").setLevel(logging.INFO)
-    try:
-        asyncio.run(_serve(opts, opts.name or f"a2a-{os.getpid()}"))
-    except ConfigError as exc:
-        print(f"meshd a2a: {exc}", file=sys.stderr)
-        return 2
-    except MeshError as exc:
-        print(f"meshd a2a: {exc.code}: {exc.message}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        pass
-    return 0
+    return run_attached("meshd a2a", "meshd.a2a", _serve(opts, opts.name or f"a2a-{os.getpid()}"))
