@@ -511,8 +511,10 @@ class Dispatcher:
         log.warning("agent %s: handler for %r raised %s: %s", self.agent_name, msg.topic,
                     type(exc).__name__, exc)
         if msg.is_request:
-            err = P.error_body(P.ErrorCode.HANDLER_ERROR, str(exc) or type(exc).__name__,
-                               remote_type=type(exc).__name__)
+            # Bounded: an exception's text can be any size, and an answer past the header cap
+            # would be refused, leaving the requester to time out instead of hearing the error.
+            err = P.error_body(P.ErrorCode.HANDLER_ERROR, (str(exc) or type(exc).__name__)[:500],
+                               remote_type=type(exc).__name__[:100])
             if self.debug:  # the agent opted in: its stack trace travels (bounded)
                 trace = "".join(traceback.format_exception(exc)).encode()[-TRACE_BYTES:]
                 err["trace"] = trace.decode(errors="ignore")  # within the 8 KiB header
@@ -520,7 +522,7 @@ class Dispatcher:
         else:
             self._report_send_failure(msg, P.error_body(P.ErrorCode.HANDLER_ERROR,
                                                         (str(exc) or type(exc).__name__)[:500],
-                                                        remote_type=type(exc).__name__))
+                                                        remote_type=type(exc).__name__[:100]))
 
     def _refuse(self, msg: Message, err: MeshError, unit: str | None = None) -> None:
         """A contract's refusal or a ``Nack``: to the requester, or reported for a send (the

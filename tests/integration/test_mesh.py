@@ -106,6 +106,10 @@ def test_unknown_agent_fails_fast_and_handler_errors_come_back(meshd_factory: Me
             def fine(msg: Any) -> Any:
                 return "still serving"
 
+            @worker.on("verbose")
+            def verbose(msg: Any) -> Any:  # a message larger than the 8 KiB header cap
+                raise ValueError("x" * 50_000)
+
             t0 = time.monotonic()
             with pytest.raises(NoSuchAgent):
                 await asker.request("nobody", "x", {}, timeout=30)
@@ -115,6 +119,9 @@ def test_unknown_agent_fails_fast_and_handler_errors_come_back(meshd_factory: Me
                 await asker.request("worker", "boom", {}, timeout=5)
             assert info.value.remote_type == "KeyError" and "no such key" in info.value.message
             assert await asker.request("worker", "fine", {}, timeout=5) == "still serving"
+            with pytest.raises(HandlerError) as info:  # bounded, not lost to the header cap
+                await asker.request("worker", "verbose", {}, timeout=5)
+            assert info.value.remote_type == "ValueError" and 100 < len(info.value.message) <= 500
             with pytest.raises(HandlerError, match="no handler"):
                 await asker.request("worker", "unhandled-topic", {}, timeout=5)
             # a send to an unknown agent is reported through on_error
