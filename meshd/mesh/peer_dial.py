@@ -62,7 +62,7 @@ class PeerDialer:
     pending_static: dict[str, zmq.Socket[Any]]
     static_keys: dict[str, str]
     router_endpoints: list[str]
-    zmtp_beats: transport.ZmtpHeartbeat
+    zmtp_beats: transport.ZmtpBeats
     pub_endpoints: list[str]
 
     if TYPE_CHECKING:  # defined by PeerTable
