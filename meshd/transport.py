@@ -133,38 +133,58 @@ def _common(sock: zmq.Socket[Any]) -> None:
 
 
 class ZmtpHeartbeat(NamedTuple):
-    """ZMTP heartbeats of a mesh socket, in milliseconds: a PING every ``ivl_ms``; the connection
-    is cut when nothing arrives within ``timeout_ms`` of a PING; ``ttl_ms`` is what the other end
-    waits for our traffic before cutting it."""
+    """ZMTP heartbeats of a mesh socket, in milliseconds: a PING every ``ivl_ms`` (0: this end
+    sends none); the connection is cut when nothing arrives within ``timeout_ms`` of a PING;
+    ``ttl_ms`` is what the other end waits for our traffic, after our PING, before cutting it."""
 
     ivl_ms: int
     timeout_ms: int
     ttl_ms: int
 
 
-def zmtp_heartbeat_for(heartbeat_interval: float, stale_after: float) -> ZmtpHeartbeat:
-    """ZMTP heartbeats that follow the liveness settings. TCP alone notices a dead or cut peer only
-    after minutes (RELIABILITY.md), so each connection pings; but the mesh heartbeat decides when a
-    peer is stale, so no connection is cut before ``stale_after`` of silence: a stall shorter than
-    that (a GC pause, a busy CPU, a VM steal) costs no connection. One PING per
-    ``heartbeat_interval`` (at least 250 ms): a quarter of the packets of the former 250 ms."""
-    ivl = max(int(heartbeat_interval * 1000), 250)
-    timeout = max(int(stale_after * 1000), ivl)
-    return ZmtpHeartbeat(ivl_ms=ivl, timeout_ms=timeout, ttl_ms=min(2 * timeout, 6_553_500))
+class ZmtpBeats(NamedTuple):
+    """Both ends of a mesh connection: the connecting side (DEALER, SUB) pings, the bound side
+    (ROUTER, XPUB) only answers, and cuts the connection when the TTL of the last PING passes
+    without traffic."""
+
+    connecting: ZmtpHeartbeat
+    bound: ZmtpHeartbeat
 
 
-DEFAULT_ZMTP_HEARTBEAT = zmtp_heartbeat_for(1.0, 3.0)
-"""What the default settings give (heartbeat_interval 1 s, stale_after 3 s)."""
+def zmtp_heartbeat_for(heartbeat_interval: float, stale_after: float,
+                       offline_after: float | None = None) -> ZmtpBeats:
+    """ZMTP heartbeats that follow the liveness settings and cost almost nothing at idle.
+
+    The mesh heartbeat decides when a peer is stale or offline (every ``heartbeat_interval``, on
+    the DEALER connections). The ZMTP heartbeats only clear a connection that died without a FIN
+    (a host that lost power, a cut cable), which TCP alone notices after minutes (RELIABILITY.md),
+    so that the DEALER reconnects and the ROUTER forgets it: one PING per ``offline_after``, sent
+    by the connecting side only, is enough for that, where a PING per second from both ends of
+    all four connections of a pair was ~16 of the ~32 packets a peer cost per second at idle. No
+    connection is cut before ``offline_after`` of silence, so a stall shorter than ``stale_after``
+    (a GC pause, a busy CPU, a VM steal) costs no connection."""
+    offline = offline_after if offline_after is not None else max(stale_after * 10 / 3, stale_after)
+    ivl = max(int(offline * 1000), int(heartbeat_interval * 1000), 250)
+    timeout = max(int(offline * 1000), int(stale_after * 1000), ivl)
+    ttl = min(2 * ivl + timeout, 6_553_500)  # the PING's TTL field counts tenths of a second
+    ttl -= ttl % 100
+    return ZmtpBeats(connecting=ZmtpHeartbeat(ivl_ms=ivl, timeout_ms=timeout, ttl_ms=ttl),
+                     bound=ZmtpHeartbeat(ivl_ms=0, timeout_ms=timeout, ttl_ms=0))
+
+
+DEFAULT_ZMTP_HEARTBEAT = zmtp_heartbeat_for(1.0, 3.0, 10.0)
+"""What the default settings give (heartbeat_interval 1 s, stale_after 3 s, offline_after 10 s)."""
 
 
 def _zmtp_heartbeats(sock: zmq.Socket[Any], beats: ZmtpHeartbeat) -> None:
     sock.setsockopt(zmq.HEARTBEAT_IVL, beats.ivl_ms)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, beats.timeout_ms)
-    sock.setsockopt(zmq.HEARTBEAT_TTL, beats.ttl_ms)
+    if beats.ivl_ms:
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, beats.timeout_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, beats.ttl_ms)
 
 
 def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = None,
-                beats: ZmtpHeartbeat = DEFAULT_ZMTP_HEARTBEAT) -> zmq.Socket[Any]:
+                beats: ZmtpBeats = DEFAULT_ZMTP_HEARTBEAT) -> zmq.Socket[Any]:
     """The mesh inbound ROUTER: peers' DEALERs connect here."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
     _common(sock)
@@ -178,19 +198,19 @@ def mesh_router(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.RCVHWM, MESH_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-    _zmtp_heartbeats(sock, beats)
+    _zmtp_heartbeats(sock, beats.bound)
     curve_server(sock, curve)
     return sock
 
 
 def mesh_xpub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = None,
-              beats: ZmtpHeartbeat = DEFAULT_ZMTP_HEARTBEAT) -> zmq.Socket[Any]:
+              beats: ZmtpBeats = DEFAULT_ZMTP_HEARTBEAT) -> zmq.Socket[Any]:
     """The topic publisher; XPUB so subscriptions arrive as messages the node can read."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.XPUB)
     _common(sock)
     sock.setsockopt(zmq.SNDHWM, MESH_HWM)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-    _zmtp_heartbeats(sock, beats)
+    _zmtp_heartbeats(sock, beats.bound)
     curve_server(sock, curve)
     return sock
 
@@ -203,7 +223,7 @@ def peer_routing_id(own_node_id: str) -> bytes:
 
 def peer_dealer(ctx: zmq.Context[Any], own_node_id: str, curve: Curve | None = None,
                 server_key: str | None = None,
-                beats: ZmtpHeartbeat = DEFAULT_ZMTP_HEARTBEAT) -> zmq.Socket[Any]:
+                beats: ZmtpBeats = DEFAULT_ZMTP_HEARTBEAT) -> zmq.Socket[Any]:
     """One DEALER per peer; its routing id is ``peer_routing_id`` (our node id and a random part);
     the peer maps it to us from our HELLO."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.DEALER)
@@ -212,14 +232,14 @@ def peer_dealer(ctx: zmq.Context[Any], own_node_id: str, curve: Curve | None = N
     sock.setsockopt(zmq.SNDHWM, MESH_HWM)
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-    _zmtp_heartbeats(sock, beats)
+    _zmtp_heartbeats(sock, beats.connecting)
     curve_client(sock, curve, server_key)
     return sock
 
 
 def peer_sub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = None,
              server_key: str | None = None,
-             beats: ZmtpHeartbeat = DEFAULT_ZMTP_HEARTBEAT) -> zmq.Socket[Any]:
+             beats: ZmtpBeats = DEFAULT_ZMTP_HEARTBEAT) -> zmq.Socket[Any]:
     """One SUB per peer, connected to the peer's XPUB."""
     sock: zmq.Socket[Any] = ctx.socket(zmq.SUB)
     _common(sock)
@@ -227,7 +247,7 @@ def peer_sub(ctx: zmq.Context[Any], max_frame_bytes: int, curve: Curve | None = 
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-    _zmtp_heartbeats(sock, beats)
+    _zmtp_heartbeats(sock, beats.connecting)
     curve_client(sock, curve, server_key)
     return sock
 

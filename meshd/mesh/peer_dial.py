@@ -62,7 +62,7 @@ class PeerDialer:
     pending_static: dict[str, zmq.Socket[Any]]
     static_keys: dict[str, str]
     router_endpoints: list[str]
-    zmtp_beats: transport.ZmtpHeartbeat
+    zmtp_beats: transport.ZmtpBeats
     pub_endpoints: list[str]
 
     if TYPE_CHECKING:  # defined by PeerTable
@@ -133,6 +133,16 @@ class PeerDialer:
                 peer.dealer.connect(router)
             peer.connected_router = router
             peer.link_up = False
+            peer.hello_queued = False
+            if adopted is None:
+                # The peer drops what a routing id sends before its HELLO. A fresh DEALER queues
+                # in order, so greet first: a heartbeat or a request a caller sends next (say the
+                # beat that answers a HELLO reply advertising another endpoint) would otherwise
+                # reach the peer before the HELLO sent once the handshake is seen, and be dropped.
+                with contextlib.suppress(zmq.ZMQError):
+                    peer.dealer.send_multipart(P.frames(self._seq_header(Kind.HELLO, peer),
+                                                        self.hello_body(reply=False)), zmq.NOBLOCK)
+                    peer.hello_queued = True
         pub = prefer_endpoint(peer.pubs, self.interfaces) if peer.pubs else ""
         if pub and self._plaintext_refused(pub):
             pub = ""
@@ -202,7 +212,10 @@ class PeerDialer:
             # (Re)connected: a restart, a healed partition, or a peer that just started trusting
             # us. Greet so it (re-)admits us and resyncs; what we queued before may be gone.
             peer.redial_attempts = 0
-            self.send_hello(peer, reply=False)
+            if peer.hello_queued:
+                peer.hello_queued = False  # the first handshake carries the HELLO queued at dial
+            else:
+                self.send_hello(peer, reply=False)
         elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH and not peer.redial_pending:
             # The peer does not trust our key (yet). libzmq gives up on that connection; dial
             # again with backoff, so a later `meshctl keys trust` on its side lets us in.

@@ -50,6 +50,8 @@ class Peer:
     confirmed_at: float = 0.0
     congested_at: float = 0.0
     link_up: bool = False
+    #: A HELLO was queued on a fresh DEALER before anything else: its first handshake needs none.
+    hello_queued: bool = False
     echoes: bool = False
     #: The routing ids its DEALERs greeted us from (newest last, at most MAX_RIDS_PER_PEER).
     rids: list[bytes] = field(default_factory=list)

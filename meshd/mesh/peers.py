@@ -57,7 +57,8 @@ class PeerTable(PeerDialer):
         self.settings = settings
         self.shutdown = shutdown if shutdown is not None else Shutdown()
         #: ZMTP heartbeats of every mesh socket: they follow heartbeat_interval and stale_after.
-        self.zmtp_beats = transport.zmtp_heartbeat_for(settings.heartbeat_interval, settings.stale_after)
+        self.zmtp_beats = transport.zmtp_heartbeat_for(settings.heartbeat_interval, settings.stale_after,
+                                                       settings.offline_after)
         self.node_id = node_id
         self.name = name
         self.incarnation = incarnation
