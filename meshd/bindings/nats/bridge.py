@@ -15,6 +15,7 @@ import functools
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, Final
 
 from meshd.bindings.nats import envelope as E
 from meshd.bindings.nats.directory import ProxyName, RemoteDirectory
-from meshd.bindings.nats.subjects import Subjects, qualified, split_qualified
+from meshd.bindings.nats.subjects import Subjects, cover, qualified, split_qualified
 from meshd.client import DEFER, Agent
 from meshd.client.handlers import ANY_TOPIC, Message
 from meshd.errors import ERRORS_BY_CODE, MeshError, Nack, ValidationFailed, error_from_wire
@@ -42,6 +43,7 @@ QOS1_LINK_WAIT: Final = 20.0  # seconds a qos-1 send waits for a lost NATS link 
 STATS_TOPIC: Final = "bridge.stats"
 CLOSE_STEP: Final = 3.0  # seconds one step of close may take
 ANSWERS_QUEUED: Final = 256  # progress notes held for one request awaiting its reader
+RECENT_PUBLICATIONS: Final = 4096  # ids of publications from NATS remembered to drop second copies
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,8 @@ class Bridge:
                                       "published_out": 0, "published_in": 0, "js_acked": 0, "js_nacked": 0,
                                       "js_terminated": 0, "proxies_refused": 0,
                                       "answers_dropped": 0, "link_lost": 0,
-                                      "announced_without_contracts": 0}
+                                      "announced_without_contracts": 0, "published_twice_dropped": 0}
+        self._recent_pubs: OrderedDict[str, None] = OrderedDict()
         self.nc: Any = None
         self.js: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -287,7 +290,9 @@ class Bridge:
     async def _follow_local_topics(self, topics: set[str]) -> None:
         """NATS subscriptions for the topics local agents subscribe to, so publications of other
         sites on them reach this site (filtered by NATS, at the publisher's server)."""
-        topics = set(sorted(topics)[:self.opts.max_topics])
+        # Patterns covered by another (``news.today`` beside ``news.*``) would bring each of their
+        # publications twice: only the widest are subscribed to.
+        topics = set(sorted(cover(topics))[:self.opts.max_topics])
         for topic in [t for t in self.local_topics if t not in topics]:
             sub = self.local_topics.pop(topic)
             with contextlib.suppress(Exception):
@@ -297,8 +302,9 @@ class Bridge:
                                                                cb=self._publication_from_nats)
 
     async def _follow_remote_topics(self, topics: set[str]) -> None:
-        """Local subscriptions (of ``main``) to the topics other sites' agents want."""
-        topics = set(sorted(topics)[:self.opts.max_topics])
+        """Local subscriptions (of ``main``) to the topics other sites' agents want (the daemon
+        hands ``main`` each publication once, however many of them match it)."""
+        topics = set(sorted(cover(topics))[:self.opts.max_topics])
         for topic in self.exported - topics:
             with contextlib.suppress(MeshError):
                 await self.main.unsubscribe(topic)
@@ -532,10 +538,25 @@ class Bridge:
         if c.hops > HOP_LIMIT:
             self.stats["loops_dropped"] += 1
             return
+        if not self._first_copy(c.id):  # two of this bridge's NATS subscriptions matched it
+            self.stats["published_twice_dropped"] += 1
+            return
         self.stats["published_in"] += 1
         with contextlib.suppress(MeshError):
             await self._agent_for(c.sender).publish(c.topic, c.payload, headers=c.headers or None,
                                                     version=c.version)
+
+    def _first_copy(self, pub_id: str) -> bool:
+        """False for a publication seen already: NATS gives a connection one copy per matching
+        subscription, and overlapping patterns (``a.*.c``, ``a.b.*``) both match ``a.b.c``. The
+        ids remembered are bounded (``RECENT_PUBLICATIONS``, oldest forgotten first): the copies
+        of one publication come back to back, within a few messages of each other."""
+        if pub_id in self._recent_pubs:
+            return False
+        self._recent_pubs[pub_id] = None
+        if len(self._recent_pubs) > RECENT_PUBLICATIONS:
+            self._recent_pubs.popitem(last=False)
+        return True
 
     # ------------------------------------------------------------------------------ qos 1
 
