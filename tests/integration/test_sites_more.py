@@ -23,6 +23,7 @@ pytest.importorskip("nats", reason="the 'nats' extra is not installed")
 
 from test_sites import (  # noqa: E402  (the harness: nats-server and bridge processes by PID)
     NATS_BIN,
+    _listed,
     BridgeProcess,
     NatsServer,
     Sites,
@@ -89,3 +90,59 @@ async def _wildcards(sites: Sites) -> None:
         stats = await pub_b.request("bridge-b", "bridge.stats", None, timeout=10)
         # sensors.*.temp and sensors.a.> (and sensors.b.*) overlap: NATS brought some twice
         assert stats["published_twice_dropped"] >= 2, stats
+
+
+def test_gather_across_sites(sites: Sites) -> None:
+    asyncio.run(_gather(sites))
+
+
+async def _gather(sites: Sites) -> None:
+    """A Python agent of site a gathers from agents of site b (and one of its own): by names
+    (qualified, plain, unknown) and by capability, each remote agent asked once (its plain alias
+    is no second target); ``want`` ends it early and the outstanding remote request hears the
+    cancel at site b."""
+    cancelled: list[str] = []
+
+    def searcher(name: str, daemon: Any, delay: float = 0.0) -> Agent:
+        agent = Agent(name, socket=daemon.socket, capabilities=["search"])
+
+        @agent.on("verify")
+        async def verify(msg: Any) -> Any:
+            if delay:
+                await msg.progress("looking")
+                try:
+                    await asyncio.sleep(delay)
+                except asyncio.CancelledError:
+                    cancelled.append(name)
+                    raise
+            return {"by": name, "from": msg.sender, "claim": msg.payload}
+        return agent
+
+    async with searcher("r1", sites.b), searcher("r2", sites.b), searcher("slow", sites.b, 30), \
+            searcher("local", sites.a), Agent("other", socket=sites.b.socket), \
+            Agent("planner", socket=sites.a.socket) as planner:
+        await wait_listed(planner, "r1:b", "r2:b", "slow:b", "other:b", "r1", "r2", timeout=20)
+        await async_wait_until(lambda: _listed(sites.b, "planner:a"), 20, 0.1, what="planner:a at site b")
+
+        replies, summary = await planner.gather("verify", "c1", to=["r1:b", "r2", "ghost:b"], timeout=10).collect()
+        assert sorted(r.sender for r in replies) == ["r1:b", "r2"]
+        assert {r.payload["by"] for r in replies} == {"r1", "r2"}
+        assert all(r.payload["from"] == "planner:a" for r in replies), replies
+        assert summary.unreachable == ["ghost:b"] and summary.ended == "all"
+
+        # by capability: every agent with it, here and at site b, each once
+        g = planner.gather("verify", "c2", capability="search", want=3, timeout=20)
+        replies, summary = await g.collect()
+        assert sorted(summary.targets) == ["local", "r1:b", "r2:b", "slow:b"], summary.targets
+        assert sorted(r.sender for r in replies) == ["local", "r1:b", "r2:b"]
+        assert summary.ended == "want" and summary.cancelled == ["slow:b"]
+        await async_wait_until(lambda: cancelled == ["slow"], 10, what="the cancel at site b")
+
+        # progress crosses into the gather; its timeout cancels the remote request too
+        notes: list[tuple[str, str]] = []
+        replies, summary = await planner.gather("verify", "c3", to=["slow:b"], timeout=2.0,
+                                                on_progress=lambda who, note: notes.append((who, note))
+                                                ).collect()
+        assert replies == [] and summary.timed_out == ["slow:b"] and summary.ended == "timeout"
+        assert notes == [("slow:b", "looking")]
+        await async_wait_until(lambda: cancelled == ["slow", "slow"], 10, what="the second cancel at site b")

@@ -266,8 +266,10 @@ class Bridge:
             if name in self.proxies:
                 continue
             rec = self.remote.record(where.site, where.name) or {}
-            agent = ProxyAgent(name, self._contracts_of(where), socket=self.opts.socket,
-                               capabilities=list(rec.get("capabilities") or []),
+            # Capabilities on the qualified name only: a gather or a task by capability asks
+            # each remote agent once, never again under its plain alias.
+            caps = [] if where.alias else list(rec.get("capabilities") or [])
+            agent = ProxyAgent(name, self._contracts_of(where), socket=self.opts.socket, capabilities=caps,
                                metadata={BRIDGE_META: where.site, "site": where.site,
                                          "remote_name": where.name, "alias": where.alias})
             agent.on(ANY_TOPIC)(self._forwarder(where, agent))
