@@ -8,8 +8,7 @@ permissions as leaf-node permissions of the hub. Real nats-server and real daemo
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,12 +20,12 @@ from meshd.testing import MeshdFactory, async_wait_until, wait_listed
 
 pytest.importorskip("nats", reason="the 'nats' extra is not installed")
 
-from test_sites import (  # noqa: E402  (the harness: nats-server and bridge processes by PID)
+from test_sites import (  # the harness: nats-server and bridge processes, by PID
     NATS_BIN,
-    _listed,
     BridgeProcess,
     NatsServer,
     Sites,
+    _listed,
     sites,
 )
 
@@ -124,7 +123,8 @@ async def _gather(sites: Sites) -> None:
         await wait_listed(planner, "r1:b", "r2:b", "slow:b", "other:b", "r1", "r2", timeout=20)
         await async_wait_until(lambda: _listed(sites.b, "planner:a"), 20, 0.1, what="planner:a at site b")
 
-        replies, summary = await planner.gather("verify", "c1", to=["r1:b", "r2", "ghost:b"], timeout=10).collect()
+        g = planner.gather("verify", "c1", to=["r1:b", "r2", "ghost:b"], timeout=10)
+        replies, summary = await g.collect()
         assert sorted(r.sender for r in replies) == ["r1:b", "r2"]
         assert {r.payload["by"] for r in replies} == {"r1", "r2"}
         assert all(r.payload["from"] == "planner:a" for r in replies), replies
@@ -146,3 +146,90 @@ async def _gather(sites: Sites) -> None:
         assert replies == [] and summary.timed_out == ["slow:b"] and summary.ended == "timeout"
         assert notes == [("slow:b", "looking")]
         await async_wait_until(lambda: cancelled == ["slow", "slow"], 10, what="the second cancel at site b")
+
+
+def test_jetstream_max_deliver_ends_in_the_daemons_dead_letters(meshd_factory: MeshdFactory,
+                                                                tmp_path: Path) -> None:
+    """Site b's daemon refuses qos-1 sends (OUTBOX_FULL: its outbox holds 2 for ``counter``,
+    whose handler is held): after --max-deliver 3 deliveries each becomes a dead letter of site
+    b's daemon, reason JETSTREAM_MAX_DELIVER, from ``sender:a``; replayed, each is handled once."""
+    (tmp_path / "b.toml").write_text("qos1_outbox_per_dest_max = 2\n")
+    tag = uuid.uuid4().hex[:8]
+    nats = NatsServer(tmp_path).start()
+    a = meshd_factory.spawn("a1", mesh=f"sitea{tag}")
+    b = meshd_factory.spawn("b1", "--config", str(tmp_path / "b.toml"), mesh=f"siteb{tag}")
+    bridges = [BridgeProcess(s, d, nats.url, tmp_path / f"bridge-{s}.log", "--max-deliver", "3").start()
+               for s, d in (("a", a), ("b", b))]
+    try:
+        asyncio.run(_max_deliver(a, b))
+    finally:
+        for br in bridges:
+            br.stop()
+        nats.stop()
+        for br in bridges:
+            sys.stderr.write(f"\n--- bridge {br.site} ---\n{br.log()}\n")
+
+
+async def _max_deliver(a: Any, b: Any) -> None:
+    got: list[tuple[int, str]] = []
+    release = asyncio.Event()
+    counter = Agent("counter", socket=b.socket)
+
+    @counter.on("count")
+    async def count(msg: Any) -> None:
+        await release.wait()
+        got.append((msg.payload, msg.sender))
+
+    async with counter, Agent("sender", socket=a.socket) as sender, Agent("operator", socket=b.socket) as op:
+        await wait_listed(sender, "counter:b", timeout=20)
+        await async_wait_until(lambda: _listed(b, "sender:a"), 20, 0.1, what="sender:a at site b")
+        n = 5
+        for i in range(n):
+            await sender.send("counter:b", "count", i, qos=1)  # each taken by JetStream
+
+        async def letters() -> list[dict[str, Any]]:
+            return [d for d in await op.admin("deadletters.list") if d["reason"] == "JETSTREAM_MAX_DELIVER"]
+        filed = await async_wait_until(lambda: _at_least(letters, n - 2), 60, 0.2,
+                                       what="qos-1 sends refused three times as dead letters")
+        assert len(filed) == n - 2, filed
+        for d in filed:
+            assert d["from"] == "sender:a" and d["to"] == "counter" and d["topic"] == "count", d
+            assert d["attempts"] == 3 and "OUTBOX_FULL" in d["detail"], d
+        stats = await op.request("bridge-b", "bridge.stats", None, timeout=10)
+        assert stats["js_dead_lettered"] == n - 2 and stats["js_nacked"] >= 3 * (n - 2), stats
+
+        release.set()  # counter handles what its daemon took; the rest is replayed from the letters
+        await async_wait_until(lambda: len(got) == 2, 20, what="the two sends site b's daemon took")
+        assert (await op.admin("deadletters.replay", reason="JETSTREAM_MAX_DELIVER"))["replayed"] == n - 2
+        await async_wait_until(lambda: len(got) >= n, 30, what="the replayed dead letters")
+        await asyncio.sleep(0.5)  # an absence (a second copy): bounded settle
+        assert sorted(p for p, _ in got) == list(range(n)), got
+        assert {s for _, s in got} == {"sender:a"}
+
+
+async def _at_least(letters: Any, n: int) -> list[dict[str, Any]] | None:
+    found = await letters()
+    return found if len(found) >= n else None
+
+
+def test_an_agent_files_a_dead_letter_only_as_itself(meshd_factory: MeshdFactory) -> None:
+    """``deadletters.file`` (what the bridge files a qos-1 send with): kept as a send from the
+    filing agent whatever it names, its arguments range-checked."""
+    from meshd.errors import ValidationFailed
+
+    d = meshd_factory.spawn("d1")
+
+    async def run() -> None:
+        async with Agent("filer", socket=d.socket) as filer:
+            seq = (await filer.admin("deadletters.file", reason="X_Y", detail="why", to="dest", topic="t",
+                                     payload=b"\x01", qos=1, attempts=2, **{"from": "mallory"}))["seq"]
+            [letter] = [x for x in await filer.admin("deadletters.list") if x["seq"] == seq]
+            assert (letter["from"], letter["to"], letter["reason"], letter["attempts"]) == ("filer", "dest",
+                                                                                          "X_Y", 2)
+            for bad in ({"reason": "lower case"}, {"reason": "R", "to": ""}, {"reason": "R", "qos": 7},
+                        {"reason": "R", "detail": "x" * 5000}, {"reason": "R", "payload": "not bytes"}):
+                args = {"to": "dest", "topic": "t"} | bad
+                with pytest.raises(ValidationFailed):
+                    await filer.admin("deadletters.file", **args)
+            assert len([a for a in await filer.admin("deadletters.list") if a["reason"] == "X_Y"]) == 1
+    asyncio.run(run())

@@ -106,7 +106,8 @@ _pattern = st.lists(st.sampled_from(["a", "b", "*"]), min_size=1, max_size=3).fl
 
 
 @given(_pattern, _pattern, st.lists(_tok, min_size=1, max_size=5))
-def test_a_pattern_that_covers_another_matches_all_it_matches(wide: str, narrow: str, topic: list[str]) -> None:
+def test_a_pattern_that_covers_another_matches_what_it_matches(wide: str, narrow: str,
+                                                               topic: list[str]) -> None:
     from meshd.bindings.nats.subjects import covers
     from meshd.wire import topics as T
 
