@@ -1,13 +1,15 @@
 """meshctl's view of a daemon: queries (agents, peers) and dead-letter operations.
 
 Owns: the answers to ``query`` (``agents``, ``peers``; ``node`` comes from node.py, which sees
-every part) and to ``admin`` calls (``deadletters.list``, ``.show``, ``.replay``, ``.purge``).
+every part) and to ``admin`` calls (``deadletters.list``, ``.show``, ``.replay``, ``.purge``,
+and ``.file``: an agent's own letter).
 It reads the directory, the peer table and the dead letters; a replay hands the message back to
 routing (qos 0) or to the qos-1 outbox. It must not change peers or agents.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -27,6 +29,11 @@ if TYPE_CHECKING:
 __all__ = ["Admin", "letter_summary"]
 
 _REPLAYABLE = frozenset({Kind.SEND, Kind.REQUEST, Kind.BATCH})
+FILED_REASON = re.compile(r"[A-Z0-9_:-]{1,64}")
+"""The reason of a letter an agent files (``deadletters.file``)."""
+FILED_DETAIL_MAX = 1000
+FILED_MAX_BYTES = P.DEFAULT_MAX_PAYLOAD_BYTES + 64 * 1024
+"""The arguments of ``deadletters.file`` (a payload and its header): at most this many bytes."""
 
 
 def letter_summary(letter: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +75,8 @@ class Admin:
         """meshctl's operations on this daemon (dead letters)."""
         op = header.get(P.OP)
         try:
-            args = P.unpack_body(frames[3], 64 * 1024) if frames[3] else {}
+            limit = FILED_MAX_BYTES if op == "deadletters.file" else 64 * 1024  # a letter holds a payload
+            args = P.unpack_body(frames[3], limit) if frames[3] else {}
         except FrameError as exc:
             self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, str(exc))
             return
@@ -89,6 +97,12 @@ class Admin:
             result = self.replay(args)
         elif op == "deadletters.purge":
             result = {"purged": self.dead_letters.purge()}
+        elif op == "deadletters.file":
+            filed = self.file_letter(rid, args)
+            if isinstance(filed, str):
+                self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED, filed)
+                return
+            result = filed
         elif op == "peers.discovered":
             result = self.discovered_list()
         elif op == "doctor":
@@ -141,6 +155,44 @@ class Admin:
                 self.route(dest, header, frames)
             replayed += 1
         return {"replayed": replayed}
+
+    def file_letter(self, rid: bytes, args: dict[str, Any]) -> dict[str, Any] | str:
+        """An agent's own dead letter: a message it took and could not pass on (``meshd bridge``:
+        a qos-1 send JetStream gave up redelivering). Kept as a ``send`` from that agent (the
+        name it registered on this connection, never one it names), so a replay sends it again
+        as that agent; bounded as every dead letter. A reason to refuse it, or ``{seq}``."""
+        agent = self.directory.local_by_rid.get(rid)
+        if agent is None:
+            return "deadletters.file: register first (a letter is filed as the agent that files it)"
+        reason, detail = args.get("reason"), args.get("detail", "")
+        to, topic = args.get("to"), args.get("topic")
+        payload, qos, attempts = args.get("payload", b""), args.get("qos", 0), args.get("attempts", 0)
+        headers, letter_id = args.get("headers"), args.get("id")
+        if not isinstance(reason, str) or FILED_REASON.fullmatch(reason) is None:
+            return "deadletters.file: reason must be 1-64 of A-Z 0-9 _ : -"
+        if not isinstance(detail, str) or len(detail) > FILED_DETAIL_MAX:
+            return f"deadletters.file: detail must be text of at most {FILED_DETAIL_MAX} characters"
+        if not isinstance(payload, bytes) or qos not in (0, 1) or type(attempts) is not int \
+                or not 0 <= attempts <= 1_000_000:
+            return "deadletters.file: payload (bin), qos (0 or 1) or attempts out of range"
+        if not isinstance(to, str) or not P.valid_name(to.partition("@")[0]) or not P.valid_topic(topic):
+            return "deadletters.file: to must be an agent name and topic a topic"
+        if letter_id is None:
+            letter_id = P.new_id()
+        if (headers is not None and not isinstance(headers, dict)) or not isinstance(letter_id, str) \
+                or not 0 < len(letter_id) <= P.MAX_ID_LEN:
+            return f"deadletters.file: headers must be a map and id 1-{P.MAX_ID_LEN} characters"
+        fields: dict[str, Any] = {P.KIND: Kind.SEND, P.ID: letter_id, P.FROM: agent.name, P.TO: to,
+                                  P.TOPIC: topic, P.QOS: qos}
+        if headers:
+            fields[P.HEADERS] = headers
+        try:
+            P.header_from_map(fields)  # to, topic, id and headers as any send's
+        except FrameError as exc:
+            return f"deadletters.file: {exc}"
+        frames = P.frames(fields, payload)
+        letter = self.dead_letters.record(reason, detail, frames, fields, attempts)
+        return {"seq": letter["seq"]}
 
     def agent_list(self) -> list[dict[str, Any]]:
         # System agents (meshd.sys.<node>, the daemons' tool servers) are not listed.

@@ -86,3 +86,31 @@ def test_sites_and_prefixes_are_checked() -> None:
         Subjects("bad prefix")
     with pytest.raises(ValidationFailed):
         Subjects("a..b")
+
+
+def test_covers_compares_patterns_token_by_token() -> None:
+    from meshd.bindings.nats.subjects import cover, covers
+
+    assert covers("a.>", "a.b") and covers("a.>", "a.*.c") and covers("a.>", "a.>")
+    assert covers("a.*", "a.b") and not covers("a.*", "a.>") and not covers("a.*", "a.b.c")
+    assert not covers("a.*.c", "a.b.*") and not covers("a.b.*", "a.*.c")
+    assert not covers("a.b", "a.*") and covers("a.b", "a.b") and not covers("a.>", "a")
+    assert covers(">", "x") and covers("*.*", "a.*") and not covers("*", ">")
+    assert cover({"news.today", "news.*", "a.*.c", "a.b.*", "a.>", "z"}) == {"news.*", "a.>", "z"}
+    assert cover({"a.*.c", "a.b.*"}) == {"a.*.c", "a.b.*"}  # overlapping: the bridge dedups those
+
+
+_tok = st.sampled_from(["a", "b", "c"])
+_pattern = st.lists(st.sampled_from(["a", "b", "*"]), min_size=1, max_size=3).flatmap(
+    lambda head: st.sampled_from([".".join(head), ".".join([*head, ">"])]))
+
+
+@given(_pattern, _pattern, st.lists(_tok, min_size=1, max_size=5))
+def test_a_pattern_that_covers_another_matches_what_it_matches(wide: str, narrow: str,
+                                                               topic: list[str]) -> None:
+    from meshd.bindings.nats.subjects import covers
+    from meshd.wire import topics as T
+
+    t = ".".join(topic)
+    if covers(wide, narrow) and T.matches(T.split(narrow), t):
+        assert T.matches(T.split(wide), t)

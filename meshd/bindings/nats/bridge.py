@@ -15,6 +15,7 @@ import functools
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +23,11 @@ from typing import Any, Final
 
 from meshd.bindings.nats import envelope as E
 from meshd.bindings.nats.directory import ProxyName, RemoteDirectory
-from meshd.bindings.nats.subjects import Subjects, qualified, split_qualified
+from meshd.bindings.nats.subjects import Subjects, cover, qualified, split_qualified
 from meshd.client import DEFER, Agent
 from meshd.client.handlers import ANY_TOPIC, Message
 from meshd.errors import ERRORS_BY_CODE, MeshError, Nack, ValidationFailed, error_from_wire
+from meshd.util.backoff import backoff_delay
 from meshd.wire import protocol as P
 from meshd.wire.system_names import SYSTEM_PREFIX
 
@@ -42,6 +44,13 @@ QOS1_LINK_WAIT: Final = 20.0  # seconds a qos-1 send waits for a lost NATS link 
 STATS_TOPIC: Final = "bridge.stats"
 CLOSE_STEP: Final = 3.0  # seconds one step of close may take
 ANSWERS_QUEUED: Final = 256  # progress notes held for one request awaiting its reader
+RECENT_PUBLICATIONS: Final = 4096  # ids of publications from NATS remembered to drop second copies
+DEAD_LETTER_REASON: Final = "JETSTREAM_MAX_DELIVER"
+"""The reason of a qos-1 send from another site this site's daemon could not take in time."""
+QOS1_BACKOFF_BASE: Final = 1.0  # a refused qos-1 delivery waits backoff_delay(n, 1 s, 30 s)...
+QOS1_BACKOFF_CAP: Final = 30.0  # ...before JetStream delivers it again, unless the daemon said how long
+FINAL_REFUSALS: Final = frozenset({"VALIDATION_FAILED", "TOO_LARGE", "FORBIDDEN"})
+"""Refusals that no redelivery changes: dead letters at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +113,10 @@ class Bridge:
                                       "published_out": 0, "published_in": 0, "js_acked": 0, "js_nacked": 0,
                                       "js_terminated": 0, "proxies_refused": 0,
                                       "answers_dropped": 0, "link_lost": 0,
-                                      "announced_without_contracts": 0}
+                                      "announced_without_contracts": 0, "published_twice_dropped": 0,
+                                      "js_dead_lettered": 0}
+        self._last_refusal: dict[str, str] = {}  # qos-1 id -> the daemon's last refusal of it
+        self._recent_pubs: OrderedDict[str, None] = OrderedDict()
         self.nc: Any = None
         self.js: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -263,8 +275,10 @@ class Bridge:
             if name in self.proxies:
                 continue
             rec = self.remote.record(where.site, where.name) or {}
-            agent = ProxyAgent(name, self._contracts_of(where), socket=self.opts.socket,
-                               capabilities=list(rec.get("capabilities") or []),
+            # Capabilities on the qualified name only: a gather or a task by capability asks
+            # each remote agent once, never again under its plain alias.
+            caps = [] if where.alias else list(rec.get("capabilities") or [])
+            agent = ProxyAgent(name, self._contracts_of(where), socket=self.opts.socket, capabilities=caps,
                                metadata={BRIDGE_META: where.site, "site": where.site,
                                          "remote_name": where.name, "alias": where.alias})
             agent.on(ANY_TOPIC)(self._forwarder(where, agent))
@@ -287,7 +301,9 @@ class Bridge:
     async def _follow_local_topics(self, topics: set[str]) -> None:
         """NATS subscriptions for the topics local agents subscribe to, so publications of other
         sites on them reach this site (filtered by NATS, at the publisher's server)."""
-        topics = set(sorted(topics)[:self.opts.max_topics])
+        # Patterns covered by another (``news.today`` beside ``news.*``) would bring each of their
+        # publications twice: only the widest are subscribed to.
+        topics = set(sorted(cover(topics))[:self.opts.max_topics])
         for topic in [t for t in self.local_topics if t not in topics]:
             sub = self.local_topics.pop(topic)
             with contextlib.suppress(Exception):
@@ -297,8 +313,9 @@ class Bridge:
                                                                cb=self._publication_from_nats)
 
     async def _follow_remote_topics(self, topics: set[str]) -> None:
-        """Local subscriptions (of ``main``) to the topics other sites' agents want."""
-        topics = set(sorted(topics)[:self.opts.max_topics])
+        """Local subscriptions (of ``main``) to the topics other sites' agents want (the daemon
+        hands ``main`` each publication once, however many of them match it)."""
+        topics = set(sorted(cover(topics))[:self.opts.max_topics])
         for topic in self.exported - topics:
             with contextlib.suppress(MeshError):
                 await self.main.unsubscribe(topic)
@@ -532,10 +549,25 @@ class Bridge:
         if c.hops > HOP_LIMIT:
             self.stats["loops_dropped"] += 1
             return
+        if not self._first_copy(c.id):  # two of this bridge's NATS subscriptions matched it
+            self.stats["published_twice_dropped"] += 1
+            return
         self.stats["published_in"] += 1
         with contextlib.suppress(MeshError):
             await self._agent_for(c.sender).publish(c.topic, c.payload, headers=c.headers or None,
                                                     version=c.version)
+
+    def _first_copy(self, pub_id: str) -> bool:
+        """False for a publication seen already: NATS gives a connection one copy per matching
+        subscription, and overlapping patterns (``a.*.c``, ``a.b.*``) both match ``a.b.c``. The
+        ids remembered are bounded (``RECENT_PUBLICATIONS``, oldest forgotten first): the copies
+        of one publication come back to back, within a few messages of each other."""
+        if pub_id in self._recent_pubs:
+            return False
+        self._recent_pubs[pub_id] = None
+        if len(self._recent_pubs) > RECENT_PUBLICATIONS:
+            self._recent_pubs.popitem(last=False)
+        return True
 
     # ------------------------------------------------------------------------------ qos 1
 
@@ -559,8 +591,10 @@ class Bridge:
         from nats.js.api import AckPolicy, ConsumerConfig
 
         durable = f"q1-{self.site}"
+        # One delivery more than --max-deliver: the extra one files as a dead letter what the
+        # last try left unanswered (this bridge died holding it), never tried again.
         config = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT,
-                                ack_wait=self.opts.ack_wait, max_deliver=self.opts.max_deliver,
+                                ack_wait=self.opts.ack_wait, max_deliver=self.opts.max_deliver + 1,
                                 filter_subject=self.subjects.qos1_of(self.site))
         psub = None
         while psub is None:  # JetStream may come later than NATS (a hub still starting, a leaf cut off)
@@ -590,19 +624,67 @@ class Bridge:
             with contextlib.suppress(Exception):
                 await m.term()
             return
+        delivered = _delivery_count(m)
+        if delivered > self.opts.max_deliver:
+            # The delivery JetStream allows past --max-deliver: the last try ended without an
+            # answer (this bridge died, or its ack was lost), so it is not tried again.
+            await self._dead_letter(m, c, delivered - 1, self._last_refusal.pop(c.id, "no answer"))
+            return
+        agent = self._agent_for(c.sender)
         try:
             # The id it had at its own site: a redelivery by JetStream (this bridge died before its
             # ack) is the same unit to the daemon and the receiving agent, which handle it once.
-            await self._agent_for(c.sender).send(c.to, c.topic, c.payload, qos=1, headers=c.headers or None,
-                                                 version=c.version, msg_id=c.id)
+            await agent.send(c.to, c.topic, c.payload, qos=1, headers=c.headers or None,
+                             version=c.version, msg_id=c.id)
         except MeshError as exc:
             self.stats["js_nacked"] += 1
-            log.info("qos-1 %s to %r not taken by the daemon (%s): JetStream delivers it again", c.id, c.to,
-                     exc.code)
+            if delivered >= self.opts.max_deliver or (not exc.retryable and exc.code in FINAL_REFUSALS):
+                await self._dead_letter(m, c, delivered, exc.code)
+                return
+            self._remember_refusal(c.id, exc.code)
+            delay = exc.retry_after or backoff_delay(delivered, QOS1_BACKOFF_BASE, QOS1_BACKOFF_CAP)
+            log.info("qos-1 %s to %r not taken by the daemon (%s, delivery %d of %d): again in %.1f s", c.id,
+                     c.to, exc.code, delivered, self.opts.max_deliver, delay)
             with contextlib.suppress(Exception):
-                await m.nak(delay=exc.retry_after or 1.0)
+                await m.nak(delay=delay)
             return
+        self._last_refusal.pop(c.id, None)
         self.stats["crossed_in"] += 1
         self.stats["js_acked"] += 1
         with contextlib.suppress(Exception):
             await m.ack_sync()
+
+    def _remember_refusal(self, msg_id: str, code: str) -> None:
+        self._last_refusal[msg_id] = code
+        if len(self._last_refusal) > RECENT_PUBLICATIONS:  # bounded: the oldest forgotten
+            self._last_refusal.pop(next(iter(self._last_refusal)))
+
+    async def _dead_letter(self, m: Any, c: E.Crossing, attempts: int, last: str) -> None:
+        """A qos-1 send this site could not take in ``attempts`` deliveries: into the daemon's
+        dead letters (reason ``JETSTREAM_MAX_DELIVER``, listable and replayable with meshctl,
+        the sender its proxy ``name:site``), then out of the stream. If the daemon cannot file
+        it either, it stays in the stream unacked (JetStream delivers it once more, at most)."""
+        from meshd.wire.payloads import encode_payload
+
+        detail = (f"qos-1 send from {c.sender} to {c.to!r} on {c.topic!r}: site {self.site!r} could not "
+                  f"hand it to its daemon in {attempts} JetStream deliveries (last: {last})")
+        try:
+            await self._agent_for(c.sender).admin(
+                "deadletters.file", reason=DEAD_LETTER_REASON, detail=detail[:1000], to=c.to, topic=c.topic,
+                payload=encode_payload(c.payload), qos=1, attempts=attempts, id=c.id,
+                headers=c.headers or None)
+        except MeshError as exc:
+            log.warning("qos-1 %s not filed as a dead letter (%s): left in JetStream", c.id, exc.message)
+            return
+        self._last_refusal.pop(c.id, None)
+        self.stats["js_dead_lettered"] += 1
+        log.warning("dead letter: %s", detail)
+        with contextlib.suppress(Exception):
+            await m.term()
+
+
+def _delivery_count(m: Any) -> int:
+    """Which delivery of its message ``m`` is (1 the first), from its JetStream metadata."""
+    with contextlib.suppress(Exception):
+        return max(1, int(m.metadata.num_delivered))
+    return 1

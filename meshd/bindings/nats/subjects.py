@@ -20,8 +20,8 @@ from typing import Final
 from meshd.errors import ValidationFailed
 from meshd.wire import protocol as P
 
-__all__ = ["DEFAULT_PREFIX", "SITE_SEP", "Subjects", "decode_token", "encode_token", "qualified",
-           "split_qualified", "topic_of_subject", "valid_site"]
+__all__ = ["DEFAULT_PREFIX", "SITE_SEP", "Subjects", "cover", "covers", "decode_token", "encode_token",
+           "qualified", "split_qualified", "topic_of_subject", "valid_site"]
 
 SITE_SEP: Final = ":"
 """``name:site`` names an agent of another site (``@`` stays ``name@node``, within one mesh)."""
@@ -98,6 +98,37 @@ def _tokens(topic: str, *, pattern: bool) -> str:
         else:
             out.append(encode_token(part))
     return ".".join(out)
+
+
+def covers(wide: str, narrow: str) -> bool:
+    """Does subscription ``wide`` match every topic that subscription ``narrow`` matches? Both are
+    exact topics or meshd patterns (``*`` one token, a last ``>`` one or more), compared token by
+    token: ``a.>`` covers ``a.b``, ``a.*.c`` and ``a.>``; ``a.*`` covers ``a.b`` but not ``a.>``;
+    ``a.*.c`` and ``a.b.*`` overlap and neither covers the other."""
+    w, n = wide.split("."), narrow.split(".")
+    if w[-1] == ">":
+        if len(n) < len(w):
+            return False
+        head = len(w) - 1
+    else:
+        if len(n) != len(w) or n[-1] == ">":
+            return False
+        head = len(w)
+    for i in range(head):
+        if w[i] == "*":
+            if n[i] == ">":
+                return False
+        elif w[i] != n[i] or n[i] in ("*", ">"):
+            return False
+    return True
+
+
+def cover(topics: set[str]) -> set[str]:
+    """The subscriptions of ``topics`` that no other one of them covers: subscribed to in NATS,
+    they reach every topic ``topics`` reach, with fewer overlaps (what overlaps still, such as
+    ``a.*.c`` beside ``a.b.*``, the bridge drops by publication id). Quadratic: for the bounded
+    set (``max_topics``) the bridge follows."""
+    return {t for t in topics if not any(o != t and covers(o, t) for o in topics)}
 
 
 def topic_of_subject(tokens: str) -> str:
