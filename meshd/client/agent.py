@@ -251,6 +251,8 @@ class Agent:
                                node=lambda: self.node, evicted=lambda: self.evicted,
                                evict=self._evict, forged=self._count_forged, report=self._report,
                                reregister=self._session.reregister))
+        self._incoming.grant = self._grant
+        self._session.credit = self._incoming.credit_opened
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -960,7 +962,7 @@ class Agent:
     def _hello(self) -> dict[str, Any]:
         """The register body (``Session.register``), with the contract records of typed topics."""
         body: dict[str, Any] = {"name": self.name, "capabilities": self.capabilities,
-                                "metadata": self.metadata}
+                                "metadata": self.metadata, "credit": CREDIT_WINDOW}
         contracts = self.contracts()
         if contracts:
             body["contracts"] = contracts
@@ -973,6 +975,11 @@ class Agent:
         self.node_name = node_name
         if beat is not None and beat < self.heartbeat_interval:
             self.heartbeat_interval = beat
+
+    def _grant(self, read: int) -> None:
+        """Credit mode: tell the daemon how many work messages this agent has read in all."""
+        if not self._closed and self._sock is not None and self._sendq is not None:
+            self._push(P.frames({P.KIND: Kind.CREDIT, P.READ: read}))
 
     def _beat(self) -> None:  # heartbeat_loop's, every heartbeat_interval
         if self.auto_heartbeat:
@@ -990,6 +997,10 @@ class Agent:
                      "read": self._incoming.work_read} | self.telemetry
         self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
 
+
+CREDIT_WINDOW = 32
+"""The credit window this client asks for at register: the daemon keeps the rest of its inbox in
+its own memory, by priority (docs/PROTOCOL.md §8.11)."""
 
 MAX_READ_AHEAD = 100_000
 """The most work an agent may read ahead into its own memory while its handlers are busy."""

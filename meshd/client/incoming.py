@@ -89,6 +89,12 @@ class Incoming:
         #: Work messages read from the daemon (sends, requests, publications; a batch's each):
         #: the heartbeat reports it, and the daemon, which counts what it wrote, knows the lag.
         self.work_read = 0
+        #: Credit mode (the register answer's ``credit``, docs/PROTOCOL.md §8.11): the daemon
+        #: writes at most this many work messages ahead of what we said we read; 0: off.
+        self.credit_window = 0
+        self._credit_told = 0
+        #: sends a ``credit`` message with the read count (the Agent's)
+        self.grant: Callable[[int], None] | None = None
         self._dispatcher = dispatcher
         self._slots = slots
         self._pending = pending
@@ -98,6 +104,13 @@ class Incoming:
         self._send_pauses = send_pauses
         self._resend = resend
         self._events = events
+
+    def credit_opened(self, window: object) -> None:
+        """The register answer's ``credit`` (absent: a daemon without credit mode, or it is off)."""
+        self.credit_window = window if type(window) is int and window > 0 else 0
+        self._credit_told = self.work_read
+        if self.credit_window and self.grant is not None:
+            self.grant(self.work_read)  # a register again: the daemon may have counted differently
 
     def on_frames(self, frames: list[bytes]) -> None:
         """One frame set from the daemon (called by the reactor): answers, errors, or work."""
@@ -116,6 +129,10 @@ class Incoming:
         dispatch = dispatcher.runner(unit)
         if messages and messages[0][0].get(P.KIND) in _WORK_KINDS:
             self.work_read += len(messages)
+            window = self.credit_window
+            if window and self.work_read - self._credit_told >= (window + 1) // 2 and self.grant is not None:
+                self._credit_told = self.work_read
+                self.grant(self.work_read)
         for header, payload in messages:
             try:
                 if header[P.KIND] in _WORK_KINDS and slots.running < slots.limit and not slots.parked:

@@ -39,6 +39,7 @@ from meshd.plugins.host import PluginHost
 from meshd.plugins.policy import Authorizer
 from meshd.util.logonce import LogOnce
 from meshd.util.shutdown import Shutdown
+from meshd.util.priority import priority_of
 from meshd.wire import protocol as P
 from meshd.wire import topics as T
 from meshd.wire.protocol import FrameError, Kind
@@ -82,6 +83,24 @@ def _declare_kinds(header: P.Header, frames: list[bytes]) -> tuple[P.Header, lis
     if len(packed) > P.MAX_HEADER_BYTES:
         raise FrameError("bad_field", f"the batch header with 'kinds' would pass {P.MAX_HEADER_BYTES} bytes")
     return P.header_from_map(fields), [frames[0], frames[1], packed, frames[3]]
+
+
+_CREDIT_WORK_KINDS = frozenset({Kind.SEND, Kind.REQUEST, Kind.PUBLISH})
+
+
+def _work_count(header: P.Header) -> int:
+    """The work messages a receiving client counts as read in this frame set (its ``read``):
+    a send or request 1, a batch of work its ``count``; cancels and progress 0 (and a batch that
+    mixes them: counting less only deepens the pipe, counting more would stall the credit)."""
+    kind = header.kind
+    if kind != Kind.BATCH:
+        return 1 if kind in _CREDIT_WORK_KINDS else 0
+    declared = header.get(P.KINDS)
+    count = header.get(P.COUNT)
+    if isinstance(declared, list) and declared and all(k in _CREDIT_WORK_KINDS for k in declared) \
+            and type(count) is int and count > 0:
+        return count
+    return 0
 
 
 def _split_checking_requests(frames: list[bytes]) -> list[tuple[dict[str, Any], bytes]]:
@@ -632,6 +651,16 @@ class Router:
             return self.bounce(header, msg, P.ErrorCode.INBOX_FULL,
                                f"{self.link.backlog_max} answers wait for {agent.name!r} already",
                                origin=origin)
+        if self.link.in_credit_mode(agent.rid):  # the inbox waits in the daemon, by priority
+            count = _work_count(header)
+            if self.link.send_data([agent.rid, *msg], priority_of(header.fields.get(P.PRIO)), count):
+                agent.work_sent += count
+                self.stats["delivered"] += 1
+                return None
+            if unit_id is not None:
+                self.qos.not_delivered(str(unit_id))
+            return self.bounce(header, msg, P.ErrorCode.INBOX_FULL, f"inbox of {agent.name!r} is full",
+                               retry=True, retry_after=0.1, origin=origin)
         try:
             if self.link.has_backlog(agent.rid):
                 raise zmq.Again  # answers wait for this agent: they go first

@@ -57,6 +57,9 @@ WHAT: Final = "what"
 NODE: Final = "node"
 VER: Final = "ver"  # directory version, on daemon heartbeats and directory messages
 ORIGIN: Final = "origin"  # a delegated request's original requester (the reply goes there)
+READ: Final = "read"  # credit: work messages the agent has read in all (docs/PROTOCOL.md, credit)
+MAX_CREDIT: Final = 10_000
+"""The largest credit window a client may ask for at register."""
 IDS: Final = "ids"  # acked qos-1 unit ids (ack), or the message ids one error envelope covers
 STATUS: Final = "status"  # a handoff reply's verdict: "accepted" or "rejected"
 NOTE: Final = "note"  # a progress report's short text
@@ -84,6 +87,7 @@ class Kind:
     ACK: Final = "ack"
     NACK: Final = "nack"  # a qos-1 unit refused by its handler (with retry hints), agent and mesh
     ADMIN: Final = "admin"
+    CREDIT: Final = "credit"  # agent -> daemon in credit mode: how many work messages it has read
     # routed between agents
     SEND: Final = "send"
     REQUEST: Final = "request"
@@ -106,7 +110,7 @@ ROUTED_KINDS: Final = frozenset(
 )
 AGENT_CONTROL_KINDS: Final = frozenset(
     {Kind.REGISTER, Kind.UNREGISTER, Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.QUERY, Kind.AGENT_HEARTBEAT,
-     Kind.ACK, Kind.NACK, Kind.ADMIN}
+     Kind.ACK, Kind.NACK, Kind.ADMIN, Kind.CREDIT}
 )
 PEER_CONTROL_KINDS: Final = frozenset(
     {Kind.HELLO, Kind.HEARTBEAT, Kind.DIRECTORY, Kind.SYNC, Kind.BYE, Kind.ACK, Kind.NACK}
