@@ -71,7 +71,8 @@ from meshd.errors import (
     SchemaVersionUnsupported,
     ValidationFailed,
 )
-from meshd.transport import Reactor, SendQueue, agent_dealer
+from meshd.client.send_queue import PrioritySendQueue
+from meshd.transport import Reactor, agent_dealer
 from meshd.util.paths import find_agent_socket
 from meshd.wire import protocol as P
 from meshd.wire import topics as T
@@ -211,7 +212,7 @@ class Agent:
         self._sock: zmq.Socket[Any] | None = None
         self._link: InProcessLink | None = None  # the same object as _sock, when embedded
         self._reactor: Reactor | None = None
-        self._sendq: SendQueue | None = None
+        self._sendq: PrioritySendQueue | None = None
         self._hb_task: asyncio.Task[None] | None = None
         self._closed = False
         self._advertising = False  # a registration with new contracts is scheduled
@@ -220,7 +221,7 @@ class Agent:
         self.send_pauses = SendPauses()
         self._encode = payload_encoder()  # one reused msgpack Packer (meshd/wire/payloads.py)
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
-                                push=self._push, schedule=self._call_soon, busy=self._busy,
+                                push=self._push, push_data=self._push_data, schedule=self._call_soon, busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
         # qos-0 sends a restarted daemon refused, sent again once registered (meshd/client/resend.py)
         self._resend = ResendHold(name, enqueue=self._enqueue, report=self._report_held)
@@ -287,7 +288,7 @@ class Agent:
             sock.connect(f"ipc://{self.socket_path}")
         self._sock = sock
         self._reactor = Reactor(self._loop)
-        self._sendq = SendQueue(sock, self._reactor, self._loop, SEND_QUEUE_LIMIT // self.batch_max)
+        self._sendq = PrioritySendQueue(sock, self._reactor, self._loop, SEND_QUEUE_LIMIT // self.batch_max)
         if self.embedded is None:
             self._reactor.add(sock, self._incoming.on_frames)
         await self._session.register()  # the session with the daemon: meshd/client/session.py
@@ -929,6 +930,11 @@ class Agent:
     def _push(self, frames: list[bytes]) -> None:
         assert self._sendq is not None, "the agent is not connected"
         self._sendq.push(frames)
+
+    def _push_data(self, frames: list[bytes], priority: int) -> None:
+        """Data from the batcher: what waits for the socket goes lowest priority first."""
+        assert self._sendq is not None, "the agent is not connected"
+        self._sendq.push_data(frames, priority)
 
     async def _backpressure(self) -> None:
         sendq = self._sendq

@@ -66,7 +66,8 @@ class AgentLink:
     Credit mode (a connection that asked for it at register, ``open_credit``): data is written
     into the connection's pipe only while fewer than its window are written and not yet read
     (the agent's ``credit`` messages and heartbeats say how many it has read). The rest waits
-    here, ``inbox_cap`` per connection (``send_data`` is False past it: INBOX_FULL), lowest
+    here, ``inbox_cap`` per connection (``send_data`` is False past it: INBOX_FULL; urgent data,
+    priority 0-4, has ``priority_hold_max`` more room, as without credit), lowest
     priority number first, FIFO within one, and goes out as the agent grants credit, after any
     answers waiting for it.
     """
@@ -125,7 +126,8 @@ class AgentLink:
     def send_data(self, frames: list[bytes], priority: int, count: int = 1) -> bool:
         """Data (``[rid, signature, header, payload]``, ``count`` work messages) for a connection
         in credit mode: written now if its window has room and nothing waits, else kept in
-        priority order; False past ``held_max`` (``inbox_cap``) waiting."""
+        priority order; False past ``held_max`` (``inbox_cap``) waiting, or for urgent data
+        (priority 0-4) past ``held_max + urgent_max`` (``priority_hold_max``), as without credit."""
         rid = frames[0]
         state = self._credit[rid]
         held = self._held.get(rid)
@@ -140,7 +142,7 @@ class AgentLink:
                 self.reactor.kick(self.sock)
         if held is None:
             held = self._held[rid] = PriorityFifo(_first)
-        elif len(held) >= self.held_max:
+        elif len(held) >= self.held_max + (self.urgent_max if priority < P.DEFAULT_PRIORITY else 0):
             self.stats["credit_refused"] += 1
             return False
         held.append((priority, frames, count))

@@ -98,11 +98,15 @@ def test_the_inbox_bound_and_the_credit_range(meshd_factory: MeshdFactory) -> No
                 await bulk.send("full", "job", i, priority=9)
             await async_wait_until(lambda: d.query("node")["stats"].get("credit_held", 0) == 10)
             with pytest.raises(InboxFull):
-                await bulk.request("full", "job", "one too many", priority=0, timeout=10)
-            await bulk.send("full", "job", "refused too", priority=0)
+                await bulk.request("full", "job", "one too many", priority=9, timeout=10)
+            await bulk.send("full", "job", "refused too", priority=9)
             await async_wait_until(lambda: refused == [P.ErrorCode.INBOX_FULL])
-        got = await asyncio.to_thread(_read_sends, sock, 12, 1)
-        assert [p for _, p in got] == list(range(12))
+            # urgent data has priority_hold_max more room, as without credit: it waits, first
+            await bulk.send("full", "job", "urgent", priority=0)
+            await async_wait_until(lambda: d.query("node")["stats"].get("credit_held", 0) == 11)
+            assert refused == [P.ErrorCode.INBOX_FULL]
+        got = await asyncio.to_thread(_read_sends, sock, 13, 1)
+        assert [p for _, p in got] == [0, 1, "urgent", *range(2, 12)]
 
     try:
         asyncio.run(scenario())
