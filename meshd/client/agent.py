@@ -60,6 +60,7 @@ from meshd.client.resend import REREGISTER_ATTEMPTS as REREGISTER_ATTEMPTS
 from meshd.client.resend import RESEND_WINDOW as RESEND_WINDOW
 from meshd.client.resend import ResendHold
 from meshd.client.send_pause import SendPauses
+from meshd.client.send_queue import PrioritySendQueue
 from meshd.client.session import Session, heartbeat_loop
 from meshd.client.system_calls import system_request
 from meshd.errors import (
@@ -71,7 +72,6 @@ from meshd.errors import (
     SchemaVersionUnsupported,
     ValidationFailed,
 )
-from meshd.client.send_queue import PrioritySendQueue
 from meshd.transport import Reactor, agent_dealer
 from meshd.util.paths import find_agent_socket
 from meshd.wire import protocol as P
@@ -221,7 +221,8 @@ class Agent:
         self.send_pauses = SendPauses()
         self._encode = payload_encoder()  # one reused msgpack Packer (meshd/wire/payloads.py)
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
-                                push=self._push, push_data=self._push_data, schedule=self._call_soon, busy=self._busy,
+                                push=self._push, push_data=self._push_data, schedule=self._call_soon,
+                                busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
         # qos-0 sends a restarted daemon refused, sent again once registered (meshd/client/resend.py)
         self._resend = ResendHold(name, enqueue=self._enqueue, report=self._report_held)

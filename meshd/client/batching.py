@@ -72,7 +72,8 @@ class Batcher:
         self.batch_max = batch_max
         self.max_payload_bytes = max_payload_bytes
         self._push: Callable[[list[bytes]], None] = push
-        self._push_data: Callable[[list[bytes], int], None] = push_data or (lambda frames, _prio: push(frames))
+        self._push_data: Callable[[list[bytes], int], None] = \
+            push_data or (lambda frames, _prio: push(frames))
         self._schedule = schedule
         self._busy = busy
         self._on_batch = on_batch

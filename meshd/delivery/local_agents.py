@@ -141,7 +141,7 @@ class AgentLink:
             finally:
                 self.reactor.kick(self.sock)
         if held is None:
-            held = self._held[rid] = PriorityFifo(_first)
+            held = self._held[rid] = PriorityFifo(_first_of)
         elif len(held) >= self.held_max + (self.urgent_max if priority < P.DEFAULT_PRIORITY else 0):
             self.stats["credit_refused"] += 1
             return False
@@ -168,7 +168,7 @@ class AgentLink:
             return
         except zmq.ZMQError:
             self.stats["credit_dropped"] += len(held)  # the connection is gone
-            held = PriorityFifo(_first)
+            held = PriorityFifo(_first_of)
         finally:
             self.reactor.kick(self.sock)
         if not held:
@@ -309,6 +309,10 @@ class AgentLink:
 
 
 def _first(item: tuple[int, list[bytes]]) -> int:
+    return item[0]
+
+
+def _first_of(item: tuple[int, list[bytes], int]) -> int:
     return item[0]
 
 

@@ -38,8 +38,8 @@ from meshd.mesh.security import Security
 from meshd.plugins.host import PluginHost
 from meshd.plugins.policy import Authorizer
 from meshd.util.logonce import LogOnce
-from meshd.util.shutdown import Shutdown
 from meshd.util.priority import priority_of
+from meshd.util.shutdown import Shutdown
 from meshd.wire import protocol as P
 from meshd.wire import topics as T
 from meshd.wire.protocol import FrameError, Kind
