@@ -186,13 +186,22 @@ def split_incoming(frames: list[bytes]) -> Incoming:
     A batch's inner headers inherit ``from``, ``to`` and ``topic`` from the batch header
     (docs/PROTOCOL.md, batches); this is the one place the client does that.
     """
+    messages, unit, _ = split_incoming_counted(frames)
+    return messages, unit
+
+
+def split_incoming_counted(frames: list[bytes]) -> tuple[list[Item], str | None, int]:
+    """``split_incoming``, and the credit the frame set took (``P.credit_count`` of its top-level
+    header, docs/PROTOCOL.md §8.11: what the daemon counted it as, whatever is inside)."""
     if len(frames) < 3:
         raise FrameError("too_few_frames", str(len(frames)))
     P.check_signature(frames[0])
     header = P.unpack_header(frames[1])
     unit = str(header[P.ID]) if header.get(P.QOS) == 1 and header.get(P.ID) else None
-    if header[P.KIND] != Kind.BATCH:
-        return [(header, frames[2])], unit
+    kind = header[P.KIND]
+    if kind != Kind.BATCH:
+        return [(header, frames[2])], unit, 1 if kind in P.CREDIT_WORK_KINDS else 0
+    credit = P.credit_count(kind, header.get(P.KINDS), header.get(P.COUNT))
     sender = header.get(P.FROM)
     to = header.get(P.TO)
     topic = header.get(P.TOPIC)
@@ -217,4 +226,4 @@ def split_incoming(frames: list[bytes]) -> Incoming:
         pairs = [(h, p) for h, p in pairs if h[P.KIND] not in _CHECKED_KINDS or h[P.KIND] in declared]
         if not pairs:
             raise FrameError("batch_undeclared", "inner answers not declared in the batch header's 'kinds'")
-    return pairs, unit
+    return pairs, unit, credit

@@ -108,15 +108,8 @@ class AgentLink:
     def in_credit_mode(self, rid: bytes) -> bool:
         return rid in self._credit
 
-    def wrote(self, rid: bytes, count: int) -> None:
-        """``count`` work messages (publications) went into this connection's pipe outside
-        ``send_data``: counted, so the agent's read count matches what was written."""
-        state = self._credit.get(rid)
-        if state is not None:
-            state[1] += count
-
     def granted(self, rid: bytes, read: object) -> None:
-        """The agent says it has read ``read`` work messages in all (``credit``, ``agent_hb``)."""
+        """The agent says its reads took ``read`` credit in all (``credit``, docs/PROTOCOL.md §8.11)."""
         state = self._credit.get(rid)
         if state is None or type(read) is not int or read <= state[2]:
             return
@@ -371,7 +364,6 @@ class LocalAgents:
                     telemetry = P.unpack_body(frames[3], 16 * 1024)
                     if isinstance(telemetry, dict):
                         agent.telemetry = telemetry
-                        self.link.granted(rid, telemetry.get("read"))
                 if agent.state is not PeerState.ONLINE:
                     self.agent_event(agent, str(agent.state), "online")
                     agent.state = PeerState.ONLINE

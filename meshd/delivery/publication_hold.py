@@ -121,7 +121,6 @@ class PublicationHold:
                 frames, publications, size, publisher, _ = items.peek()
                 send(frames)
                 items.popleft()
-                self.link.wrote(rid, publications)
                 waiting.count -= publications
                 waiting.publishers[publisher] -= publications
                 self.bytes -= size

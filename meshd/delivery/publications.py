@@ -135,7 +135,6 @@ class Publications:
             try:
                 self.link.send_now([rid, *msg])
                 sub.work_sent += 1
-                self.link.wrote(rid, 1)
                 return True
             except zmq.Again:
                 pass  # the inbox is full: hold it

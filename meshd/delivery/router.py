@@ -85,24 +85,6 @@ def _declare_kinds(header: P.Header, frames: list[bytes]) -> tuple[P.Header, lis
     return P.header_from_map(fields), [frames[0], frames[1], packed, frames[3]]
 
 
-_CREDIT_WORK_KINDS = frozenset({Kind.SEND, Kind.REQUEST, Kind.PUBLISH})
-
-
-def _work_count(header: P.Header) -> int:
-    """The work messages a receiving client counts as read in this frame set (its ``read``):
-    a send or request 1, a batch of work its ``count``; cancels and progress 0 (and a batch that
-    mixes them: counting less only deepens the pipe, counting more would stall the credit)."""
-    kind = header.kind
-    if kind != Kind.BATCH:
-        return 1 if kind in _CREDIT_WORK_KINDS else 0
-    declared = header.get(P.KINDS)
-    count = header.get(P.COUNT)
-    if isinstance(declared, list) and declared and all(k in _CREDIT_WORK_KINDS for k in declared) \
-            and type(count) is int and count > 0:
-        return count
-    return 0
-
-
 def _split_checking_requests(frames: list[bytes]) -> list[tuple[dict[str, Any], bytes]]:
     """Split a batch that declares requests, holding each request inside it to the header ranges
     of a single request (``hops``, ``qos``, ``budget``...). Raises FrameError. Only batches
@@ -652,7 +634,7 @@ class Router:
                                f"{self.link.backlog_max} answers wait for {agent.name!r} already",
                                origin=origin)
         if self.link.in_credit_mode(agent.rid):  # the inbox waits in the daemon, by priority
-            count = _work_count(header)
+            count = P.credit_count(header.kind, header.get(P.KINDS), header.get(P.COUNT))
             if self.link.send_data([agent.rid, *msg], priority_of(header.fields.get(P.PRIO)), count):
                 agent.work_sent += count
                 self.stats["delivered"] += 1

@@ -499,6 +499,25 @@ _id_prefix = os.urandom(6).hex()
 _id_counter = count(1)
 
 
+CREDIT_WORK_KINDS: Final = frozenset({Kind.SEND, Kind.REQUEST})
+"""Kinds that take credit (docs/PROTOCOL.md §8.11): sends and requests (publications keep their
+own hold at the subscriber's daemon, §8.4, and take none)."""
+
+
+def credit_count(kind: Any, kinds: Any, count: Any) -> int:
+    """The credit one frame set to an agent takes, from its top-level header's ``kind``, ``kinds``
+    and ``count`` (§8.11): a send or request 1; a batch whose declared kinds are all sends or
+    requests its ``count``; anything else 0. The daemon and the client both count with this, so they
+    agree whatever a hostile sender put inside a batch."""
+    if kind != Kind.BATCH:
+        return 1 if kind in CREDIT_WORK_KINDS else 0
+    if isinstance(kinds, list) and kinds and type(count) is int and 0 < count <= MAX_BATCH and \
+            all(k in CREDIT_WORK_KINDS for k in kinds if isinstance(k, str)) and \
+            all(isinstance(k, str) for k in kinds):
+        return count
+    return 0
+
+
 def is_notice(header: Mapping[str, Any] | Header) -> bool:
     """An error envelope that answers nothing the client awaits (``error_header(notice=True)``)."""
     err = header.get(ERROR)
