@@ -1001,7 +1001,8 @@ class Agent:
         depth = len(self._dispatch.tasks) + len(slots.parked)
         # waiting/lag_s: the consumer lag, messages waiting for a handler slot and the oldest's age
         telemetry = {"queue_depth": depth, "waiting": len(slots.parked), "lag_s": round(slots.lag(), 3),
-                     "read": self._incoming.work_read} | self.telemetry
+                     "read": self._incoming.work_read,
+                     "credit_read": self._incoming.credit_read} | self.telemetry
         self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
 
 

@@ -364,6 +364,7 @@ class LocalAgents:
                     telemetry = P.unpack_body(frames[3], 16 * 1024)
                     if isinstance(telemetry, dict):
                         agent.telemetry = telemetry
+                        self.link.granted(rid, telemetry.get("credit_read"))  # credit mode: a resync
                 if agent.state is not PeerState.ONLINE:
                     self.agent_event(agent, str(agent.state), "online")
                     agent.state = PeerState.ONLINE
