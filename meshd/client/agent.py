@@ -60,6 +60,7 @@ from meshd.client.resend import REREGISTER_ATTEMPTS as REREGISTER_ATTEMPTS
 from meshd.client.resend import RESEND_WINDOW as RESEND_WINDOW
 from meshd.client.resend import ResendHold
 from meshd.client.send_pause import SendPauses
+from meshd.client.send_queue import PrioritySendQueue
 from meshd.client.session import Session, heartbeat_loop
 from meshd.client.system_calls import system_request
 from meshd.errors import (
@@ -71,7 +72,7 @@ from meshd.errors import (
     SchemaVersionUnsupported,
     ValidationFailed,
 )
-from meshd.transport import Reactor, SendQueue, agent_dealer
+from meshd.transport import Reactor, agent_dealer
 from meshd.util.paths import find_agent_socket
 from meshd.wire import protocol as P
 from meshd.wire import topics as T
@@ -211,7 +212,7 @@ class Agent:
         self._sock: zmq.Socket[Any] | None = None
         self._link: InProcessLink | None = None  # the same object as _sock, when embedded
         self._reactor: Reactor | None = None
-        self._sendq: SendQueue | None = None
+        self._sendq: PrioritySendQueue | None = None
         self._hb_task: asyncio.Task[None] | None = None
         self._closed = False
         self._advertising = False  # a registration with new contracts is scheduled
@@ -220,7 +221,8 @@ class Agent:
         self.send_pauses = SendPauses()
         self._encode = payload_encoder()  # one reused msgpack Packer (meshd/wire/payloads.py)
         self._batcher = Batcher(name, batch_max=batch_max, max_payload_bytes=max_payload_bytes,
-                                push=self._push, schedule=self._call_soon, busy=self._busy,
+                                push=self._push, push_data=self._push_data, schedule=self._call_soon,
+                                busy=self._busy,
                                 on_batch=self._batch_members.__setitem__)
         # qos-0 sends a restarted daemon refused, sent again once registered (meshd/client/resend.py)
         self._resend = ResendHold(name, enqueue=self._enqueue, report=self._report_held)
@@ -251,6 +253,8 @@ class Agent:
                                node=lambda: self.node, evicted=lambda: self.evicted,
                                evict=self._evict, forged=self._count_forged, report=self._report,
                                reregister=self._session.reregister))
+        self._incoming.grant = self._grant
+        self._session.credit = self._incoming.credit_opened
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -285,7 +289,7 @@ class Agent:
             sock.connect(f"ipc://{self.socket_path}")
         self._sock = sock
         self._reactor = Reactor(self._loop)
-        self._sendq = SendQueue(sock, self._reactor, self._loop, SEND_QUEUE_LIMIT // self.batch_max)
+        self._sendq = PrioritySendQueue(sock, self._reactor, self._loop, SEND_QUEUE_LIMIT // self.batch_max)
         if self.embedded is None:
             self._reactor.add(sock, self._incoming.on_frames)
         await self._session.register()  # the session with the daemon: meshd/client/session.py
@@ -928,6 +932,11 @@ class Agent:
         assert self._sendq is not None, "the agent is not connected"
         self._sendq.push(frames)
 
+    def _push_data(self, frames: list[bytes], priority: int) -> None:
+        """Data from the batcher: what waits for the socket goes lowest priority first."""
+        assert self._sendq is not None, "the agent is not connected"
+        self._sendq.push_data(frames, priority)
+
     async def _backpressure(self) -> None:
         sendq = self._sendq
         if sendq is not None and len(sendq) > sendq.limit:
@@ -960,7 +969,7 @@ class Agent:
     def _hello(self) -> dict[str, Any]:
         """The register body (``Session.register``), with the contract records of typed topics."""
         body: dict[str, Any] = {"name": self.name, "capabilities": self.capabilities,
-                                "metadata": self.metadata}
+                                "metadata": self.metadata, "credit": CREDIT_WINDOW}
         contracts = self.contracts()
         if contracts:
             body["contracts"] = contracts
@@ -973,6 +982,11 @@ class Agent:
         self.node_name = node_name
         if beat is not None and beat < self.heartbeat_interval:
             self.heartbeat_interval = beat
+
+    def _grant(self, read: int) -> None:
+        """Credit mode: tell the daemon how many work messages this agent has read in all."""
+        if not self._closed and self._sock is not None and self._sendq is not None:
+            self._push(P.frames({P.KIND: Kind.CREDIT, P.READ: read}))
 
     def _beat(self) -> None:  # heartbeat_loop's, every heartbeat_interval
         if self.auto_heartbeat:
@@ -987,9 +1001,14 @@ class Agent:
         depth = len(self._dispatch.tasks) + len(slots.parked)
         # waiting/lag_s: the consumer lag, messages waiting for a handler slot and the oldest's age
         telemetry = {"queue_depth": depth, "waiting": len(slots.parked), "lag_s": round(slots.lag(), 3),
-                     "read": self._incoming.work_read} | self.telemetry
+                     "read": self._incoming.work_read,
+                     "credit_read": self._incoming.credit_read} | self.telemetry
         self._push(P.frames({P.KIND: Kind.AGENT_HEARTBEAT}, P.pack(telemetry)))
 
+
+CREDIT_WINDOW = 32
+"""The credit window this client asks for at register: the daemon keeps the rest of its inbox in
+its own memory, by priority (docs/PROTOCOL.md §8.11)."""
 
 MAX_READ_AHEAD = 100_000
 """The most work an agent may read ahead into its own memory while its handlers are busy."""

@@ -62,13 +62,18 @@ class Batcher:
     def __init__(self, sender: str, *, batch_max: int, max_payload_bytes: int,
                  push: Callable[[list[bytes]], None], schedule: Callable[[Callable[[], None]], None],
                  busy: Callable[[], bool], on_batch: Callable[[str, list[str]], None],
-                 new_id: Callable[[], str] = P.new_id) -> None:
+                 new_id: Callable[[], str] = P.new_id,
+                 push_data: Callable[[list[bytes], int], None] | None = None) -> None:
+        """``push_data(frames, priority)``, if given, takes the messages instead of ``push`` (the
+        agent's send queue serves what waits lowest priority first, meshd/client/send_queue.py)."""
         if not 1 <= batch_max <= P.MAX_BATCH:
             raise ValueError(f"batch_max must be 1..{P.MAX_BATCH}")
         self.sender = sender
         self.batch_max = batch_max
         self.max_payload_bytes = max_payload_bytes
-        self._push = push
+        self._push: Callable[[list[bytes]], None] = push
+        self._push_data: Callable[[list[bytes], int], None] = \
+            push_data or (lambda frames, _prio: push(frames))
         self._schedule = schedule
         self._busy = busy
         self._on_batch = on_batch
@@ -145,7 +150,7 @@ class Batcher:
                 header[P.QOS] = 1
             if prio != P.DEFAULT_PRIORITY:
                 header[P.PRIO] = prio
-            self._push(P.frames(header, payload))
+            self._push_data(P.frames(header, payload), prio)
             return
         batch_id = self._new_id()
         kinds = {h[P.KIND] for h, _ in chunk}
@@ -158,7 +163,7 @@ class Batcher:
         if qos or Kind.PUBLISH in kinds:  # (a plain qos-0 send batch skips this pass)
             awaited = [h[P.ID] for h, _ in chunk if qos or h[P.KIND] == Kind.PUBLISH]
             self._on_batch(batch_id, awaited)  # resolved by the daemon's one answer for the batch
-        self._push(P.frames(batch_header, P.pack_batch(chunk)))
+        self._push_data(P.frames(batch_header, P.pack_batch(chunk)), prio)
 
 
 def _priority(key: BatchKey) -> int:
@@ -181,13 +186,22 @@ def split_incoming(frames: list[bytes]) -> Incoming:
     A batch's inner headers inherit ``from``, ``to`` and ``topic`` from the batch header
     (docs/PROTOCOL.md, batches); this is the one place the client does that.
     """
+    messages, unit, _ = split_incoming_counted(frames)
+    return messages, unit
+
+
+def split_incoming_counted(frames: list[bytes]) -> tuple[list[Item], str | None, int]:
+    """``split_incoming``, and the credit the frame set took (``P.credit_count`` of its top-level
+    header, docs/PROTOCOL.md §8.11: what the daemon counted it as, whatever is inside)."""
     if len(frames) < 3:
         raise FrameError("too_few_frames", str(len(frames)))
     P.check_signature(frames[0])
     header = P.unpack_header(frames[1])
     unit = str(header[P.ID]) if header.get(P.QOS) == 1 and header.get(P.ID) else None
-    if header[P.KIND] != Kind.BATCH:
-        return [(header, frames[2])], unit
+    kind = header[P.KIND]
+    if kind != Kind.BATCH:
+        return [(header, frames[2])], unit, 1 if kind in P.CREDIT_WORK_KINDS else 0
+    credit = P.credit_count(kind, header.get(P.KINDS), header.get(P.COUNT))
     sender = header.get(P.FROM)
     to = header.get(P.TO)
     topic = header.get(P.TOPIC)
@@ -212,4 +226,4 @@ def split_incoming(frames: list[bytes]) -> Incoming:
         pairs = [(h, p) for h, p in pairs if h[P.KIND] not in _CHECKED_KINDS or h[P.KIND] in declared]
         if not pairs:
             raise FrameError("batch_undeclared", "inner answers not declared in the batch header's 'kinds'")
-    return pairs, unit
+    return pairs, unit, credit

@@ -58,6 +58,9 @@ def _work_priority(work: Work) -> int:
 class HandlerSlots:
     """Running handlers against their bound; parked work; the socket's reading paused or not."""
 
+    DISPATCH_BUDGET = 0.001
+    """Seconds of one loop turn spent starting parked work before the rest waits a turn."""
+
     def __init__(self, agent_name: str, limit: int, *,
                  dispatch: Callable[[dict[str, Any], bytes, str | None], None],
                  push: Callable[[list[bytes]], None],
@@ -88,6 +91,10 @@ class HandlerSlots:
         self._parked_at: dict[int, float] = {}
         self.paused = False
         self.refused = 0
+        #: when this loop turn began starting parked work (None: not yet), and whether some was
+        #: left for the next turn (``_start_parked``)
+        self._turn_start: float | None = None
+        self._deferred = False
         self._dispatch = dispatch
         self._enqueue = enqueue
         self._push = push
@@ -139,8 +146,25 @@ class HandlerSlots:
 
     def _handler_done(self, _task: asyncio.Task[Any]) -> None:
         self.running -= 1
+        if self._turn_start is None or not self._deferred:
+            self._start_parked()
+        self.check_reading()
+
+    def _start_parked(self) -> None:
+        """Start parked work in the free slots, lowest priority first, for at most
+        ``DISPATCH_BUDGET`` seconds of this loop turn (an ``async def`` handler's first step runs
+        inside the dispatch); the rest starts on the next turn, after the loop has read the
+        socket, so urgent work that arrives behind a backlog waits for one short turn, not for
+        every slot's next step (bench/routing_rows.py, priority rows)."""
         parked = self.parked
         while parked and self.running < self.limit:
+            now = time.perf_counter()
+            if self._turn_start is None:
+                self._turn_start = now
+                asyncio.get_running_loop().call_soon(self._new_turn)
+            elif now - self._turn_start > self.DISPATCH_BUDGET:
+                self._deferred = True
+                return
             work = parked.popleft()
             self._parked_at.pop(id(work), None)
             header, payload, unit = work
@@ -148,7 +172,13 @@ class HandlerSlots:
                 self._dispatch(header, payload, unit)
             except Exception:
                 log.exception("agent %s: dropped a message that could not be handled", self.agent_name)
-        self.check_reading()
+
+    def _new_turn(self) -> None:
+        self._turn_start = None
+        if self._deferred:
+            self._deferred = False
+            self._start_parked()
+            self.check_reading()
 
     def lag(self) -> float:
         """Seconds the oldest message waiting for a handler slot has waited (0 when none waits):

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from meshd.client.batching import split_incoming
+from meshd.client.batching import split_incoming_counted
 from meshd.client.handler_slots import HandlerSlots
 from meshd.client.handlers import Dispatcher
 from meshd.client.publish_window import PublishWindow
@@ -89,6 +89,14 @@ class Incoming:
         #: Work messages read from the daemon (sends, requests, publications; a batch's each):
         #: the heartbeat reports it, and the daemon, which counts what it wrote, knows the lag.
         self.work_read = 0
+        #: Credit mode (the register answer's ``credit``, docs/PROTOCOL.md §8.11): the daemon
+        #: writes at most this many work messages ahead of what we said we read; 0: off.
+        self.credit_window = 0
+        #: the credit taken by what was read (``P.credit_count``, docs/PROTOCOL.md §8.11)
+        self.credit_read = 0
+        self._credit_told = 0
+        #: sends a ``credit`` message with the read count (the Agent's)
+        self.grant: Callable[[int], None] | None = None
         self._dispatcher = dispatcher
         self._slots = slots
         self._pending = pending
@@ -99,14 +107,30 @@ class Incoming:
         self._resend = resend
         self._events = events
 
+    def credit_opened(self, window: object) -> None:
+        """The register answer's ``credit`` (absent: a daemon without credit mode, or it is off)."""
+        self.credit_window = window if type(window) is int and window > 0 else 0
+        self._credit_told = self.credit_read
+        if self.credit_window and self.grant is not None:
+            self.grant(self.credit_read)  # a register again: tell what was read so far
+
     def on_frames(self, frames: list[bytes]) -> None:
         """One frame set from the daemon (called by the reactor): answers, errors, or work."""
         try:
-            messages, unit = split_incoming(frames)
+            messages, unit, credit = split_incoming_counted(frames)
         except FrameError as exc:
             self.log_once.log(f"frame:{exc.reason}", "agent %s: dropped a frame set it cannot parse: %s",
                               self.name, exc)
             return
+        if messages and messages[0][0].get(P.KIND) in _WORK_KINDS:
+            self.work_read += len(messages)
+        if credit and self.credit_window:
+            # counted before anything may drop it (a duplicate unit), as the daemon counted it
+            self.credit_read += credit
+            if self.grant is not None and \
+                    self.credit_read - self._credit_told >= (self.credit_window + 1) // 2:
+                self._credit_told = self.credit_read
+                self.grant(self.credit_read)
         dispatcher = self._dispatcher
         if unit is not None:
             if dispatcher.seen_unit(unit):
@@ -114,8 +138,6 @@ class Incoming:
             dispatcher.begin_unit(unit, len(messages))
         slots = self._slots
         dispatch = dispatcher.runner(unit)
-        if messages and messages[0][0].get(P.KIND) in _WORK_KINDS:
-            self.work_read += len(messages)
         for header, payload in messages:
             try:
                 if header[P.KIND] in _WORK_KINDS and slots.running < slots.limit and not slots.parked:

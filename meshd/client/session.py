@@ -39,7 +39,8 @@ class Session:
     def __init__(self, *, control: Control, hello: Callable[[], dict[str, Any]],
                  registered: Callable[[str | None, str | None, float | None], None],
                  window: PublishWindow, slots: HandlerSlots, calls: CallSlots,
-                 topics: Mapping[str, bool]) -> None:
+                 topics: Mapping[str, bool],
+                 credit: Callable[[object], None] | None = None) -> None:
         """``hello()``: the register body (name, capabilities, metadata); ``registered(node,
         node_name, beat)``: what the answer said, ``beat`` the daemon's ``heartbeat_interval``
         (None if it named none); ``topics``: the agent's subscriptions, topic -> durable."""
@@ -50,6 +51,8 @@ class Session:
         self._slots = slots
         self._calls = calls
         self._topics = topics
+        #: what the register answer's ``credit`` is handed to (the Agent's Incoming)
+        self.credit = credit
 
     async def register(self) -> None:
         """Register the agent's name and fit its bounds to what the daemon's answer says."""
@@ -63,6 +66,8 @@ class Session:
             self._window.fit_daemon(info.get("in_flight_max"))
             self._slots.fit_daemon(info.get("inbox_cap"))
             self._calls.fit_daemon(info.get("in_flight_max"), self._window.size)
+            if self.credit is not None:
+                self.credit(info.get("credit"))
 
     async def reregister(self) -> None:
         """Register again and restore the subscriptions (``ResendHold.reregister`` retries it)."""

@@ -220,6 +220,13 @@ class Settings(BaseModel):
         "is full, sent ahead of other data as it reads (lowest priority number first); past it they "
         "are refused with INBOX_FULL like any other. 0: none kept.",
     )
+    agent_credit_max: int = Field(
+        default=32, ge=0, le=10_000,
+        description="Credit mode on the agent link (docs/PROTOCOL.md, credit): the most data messages "
+        "the daemon writes into a crediting agent's pipe beyond what it said it has read; the rest "
+        "waits in the daemon's memory (inbox_cap per connection, then INBOX_FULL) in priority order, "
+        "so an urgent message is at most this many behind. 0: credit mode off (today's pipe).",
+    )
     route_memory: int = Field(
         default=10_000, ge=16, le=1_000_000,
         description="Requests sent to a route: address (content routing) whose chosen agent is "

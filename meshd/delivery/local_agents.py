@@ -62,6 +62,14 @@ class AgentLink:
     Urgent data (qos 0, priority 0-4) that a full inbox refuses waits here too, per connection
     (``urgent_max``, ``priority_hold_max``), lowest priority number first and FIFO within one, and
     goes out right after the answers, ahead of any other data (``hold_urgent``).
+
+    Credit mode (a connection that asked for it at register, ``open_credit``): data is written
+    into the connection's pipe only while fewer than its window are written and not yet read
+    (the agent's ``credit`` messages and heartbeats say how many it has read). The rest waits
+    here, ``inbox_cap`` per connection (``send_data`` is False past it: INBOX_FULL; urgent data,
+    priority 0-4, has ``priority_hold_max`` more room, as without credit), lowest
+    priority number first, FIFO within one, and goes out as the agent grants credit, after any
+    answers waiting for it.
     """
 
     FLUSH_INTERVAL = 0.005
@@ -83,6 +91,81 @@ class AgentLink:
         # rid -> urgent data waiting (frames with their priority), served by priority
         self._urgent: dict[bytes, PriorityFifo[tuple[int, list[bytes]]]] = {}
         self._flush_timer: asyncio.TimerHandle | None = None
+        # credit mode: rid -> [window, written, read]; rid -> data waiting for credit
+        self._credit: dict[bytes, list[int]] = {}
+        self._held: dict[bytes, PriorityFifo[tuple[int, list[bytes], int]]] = {}
+        self.held_max = 100
+
+    def open_credit(self, rid: bytes, window: int) -> None:
+        """Credit mode for this connection with ``window`` data messages in its pipe at most
+        (a register again keeps what was counted, with the new window)."""
+        state = self._credit.get(rid)
+        if state is None:
+            self._credit[rid] = [window, 0, 0]
+        else:
+            state[0] = window
+
+    def in_credit_mode(self, rid: bytes) -> bool:
+        return rid in self._credit
+
+    def granted(self, rid: bytes, read: object) -> None:
+        """The agent says its reads took ``read`` credit in all (``credit``, docs/PROTOCOL.md §8.11)."""
+        state = self._credit.get(rid)
+        if state is None or type(read) is not int or read <= state[2]:
+            return
+        state[2] = min(read, state[1])  # never credit for more than was written
+        self._send_held(rid)
+
+    def send_data(self, frames: list[bytes], priority: int, count: int = 1) -> bool:
+        """Data (``[rid, signature, header, payload]``, ``count`` work messages) for a connection
+        in credit mode: written now if its window has room and nothing waits, else kept in
+        priority order; False past ``held_max`` (``inbox_cap``) waiting, or for urgent data
+        (priority 0-4) past ``held_max + urgent_max`` (``priority_hold_max``), as without credit."""
+        rid = frames[0]
+        state = self._credit[rid]
+        held = self._held.get(rid)
+        if held is None and rid not in self._backlog and (not count or state[1] - state[2] < state[0]):
+            try:
+                self.send_now(frames)
+                state[1] += count
+                return True
+            except zmq.Again:
+                pass
+            finally:
+                self.reactor.kick(self.sock)
+        if held is None:
+            held = self._held[rid] = PriorityFifo(_first_of)
+        elif len(held) >= self.held_max + (self.urgent_max if priority < P.DEFAULT_PRIORITY else 0):
+            self.stats["credit_refused"] += 1
+            return False
+        held.append((priority, frames, count))
+        self.stats["credit_held"] += 1
+        return True
+
+    def _send_held(self, rid: bytes) -> None:
+        held = self._held.get(rid)
+        if held is None or rid in self._backlog:
+            return
+        state = self._credit[rid]
+        try:
+            while held:
+                _prio, frames, count = held.peek()
+                if count and state[1] - state[2] >= state[0]:
+                    break
+                self.send_now(frames)
+                held.popleft()
+                state[1] += count
+                self.stats["credit_delivered"] += 1
+        except zmq.Again:
+            self._schedule_flush()
+            return
+        except zmq.ZMQError:
+            self.stats["credit_dropped"] += len(held)  # the connection is gone
+            held = PriorityFifo(_first_of)
+        finally:
+            self.reactor.kick(self.sock)
+        if not held:
+            del self._held[rid]
 
     def kick(self) -> None:
         """Re-check the socket after sends (its FD is edge-triggered)."""
@@ -93,7 +176,7 @@ class AgentLink:
 
     def has_backlog(self, rid: bytes) -> bool:
         """Answers or urgent data wait for this connection: other data must not overtake them."""
-        return rid in self._backlog or rid in self._urgent
+        return rid in self._backlog or rid in self._urgent or rid in self._held
 
     def hold_urgent(self, frames: list[bytes], priority: int) -> bool:
         """Keep urgent data (``[rid, signature, header, payload]``, priority below the default) that
@@ -185,6 +268,8 @@ class AgentLink:
             except zmq.ZMQError:
                 self.stats["urgent_dropped"] += len(urgent)  # the connection is gone
             del self._urgent[rid]
+        for rid in list(self._held):
+            self._send_held(rid)
         self.reactor.kick(self.sock)
         if self._backlog or self._urgent:
             self._schedule_flush()
@@ -201,6 +286,10 @@ class AgentLink:
         dropped = self._urgent.pop(rid, None)
         if dropped:
             self.stats["urgent_dropped"] += len(dropped)
+        self._credit.pop(rid, None)
+        held = self._held.pop(rid, None)
+        if held:
+            self.stats["credit_dropped"] += len(held)
 
     def send_error(self, rid: bytes, corr: Any, code: str, message: str, *,
                    retry_after: float | None = None) -> None:
@@ -213,6 +302,10 @@ class AgentLink:
 
 
 def _first(item: tuple[int, list[bytes]]) -> int:
+    return item[0]
+
+
+def _first_of(item: tuple[int, list[bytes], int]) -> int:
     return item[0]
 
 
@@ -271,6 +364,7 @@ class LocalAgents:
                     telemetry = P.unpack_body(frames[3], 16 * 1024)
                     if isinstance(telemetry, dict):
                         agent.telemetry = telemetry
+                        self.link.granted(rid, telemetry.get("credit_read"))  # credit mode: a resync
                 if agent.state is not PeerState.ONLINE:
                     self.agent_event(agent, str(agent.state), "online")
                     agent.state = PeerState.ONLINE
@@ -283,6 +377,10 @@ class LocalAgents:
             if self.handover.defer(rid, msg_id, frames):  # starting: answered at READY
                 return
             self.register(rid, agent, msg_id, frames)
+            return
+        if kind == Kind.CREDIT:
+            if agent is not None:
+                self.link.granted(rid, header.get(P.READ))
             return
         if kind == Kind.ACK:
             ids = header.get(P.IDS)
@@ -374,6 +472,12 @@ class LocalAgents:
             self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
                                    "capabilities must be a list of strings, metadata a map")
             return
+        credit = body.get("credit")
+        if credit is not None and (type(credit) is not int or not 1 <= credit <= P.MAX_CREDIT):
+            self.stats["refused_control"] += 1
+            self.link.send_error(rid, msg_id, P.ErrorCode.VALIDATION_FAILED,
+                                 f"credit must be an integer 1..{P.MAX_CREDIT}, not {P.safe_repr(credit)}")
+            return
         contracts = body.get("contracts") or []
         bad_contracts = check_records(contracts)
         if bad_contracts is not None:
@@ -435,7 +539,12 @@ class LocalAgents:
         if holder is None or holder.rid != rid:
             self.agent_event(self.directory.local[name], "absent", "online")
         s = self.settings
-        self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack({
+        extra: dict[str, Any] = {}
+        if credit is not None and s.agent_credit_max > 0:
+            window = min(credit, s.agent_credit_max)
+            self.link.open_credit(rid, window)
+            extra["credit"] = window  # the client is in credit mode only if the answer says so
+        self.link.send(rid, {P.KIND: Kind.OK, P.CORR: msg_id}, P.pack(extra | {
             "node": self.node_id, "node_name": self.name, "mesh": s.mesh,
             # What a client needs to behave without guessing: its liveness timers, the inbox
             # it may fill, and the size limits the daemon enforces on it.

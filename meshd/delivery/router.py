@@ -38,6 +38,7 @@ from meshd.mesh.security import Security
 from meshd.plugins.host import PluginHost
 from meshd.plugins.policy import Authorizer
 from meshd.util.logonce import LogOnce
+from meshd.util.priority import priority_of
 from meshd.util.shutdown import Shutdown
 from meshd.wire import protocol as P
 from meshd.wire import topics as T
@@ -632,6 +633,16 @@ class Router:
             return self.bounce(header, msg, P.ErrorCode.INBOX_FULL,
                                f"{self.link.backlog_max} answers wait for {agent.name!r} already",
                                origin=origin)
+        if self.link.in_credit_mode(agent.rid):  # the inbox waits in the daemon, by priority
+            count = P.credit_count(header.kind, header.get(P.KINDS), header.get(P.COUNT))
+            if self.link.send_data([agent.rid, *msg], priority_of(header.fields.get(P.PRIO)), count):
+                agent.work_sent += count
+                self.stats["delivered"] += 1
+                return None
+            if unit_id is not None:
+                self.qos.not_delivered(str(unit_id))
+            return self.bounce(header, msg, P.ErrorCode.INBOX_FULL, f"inbox of {agent.name!r} is full",
+                               retry=True, retry_after=0.1, origin=origin)
         try:
             if self.link.has_backlog(agent.rid):
                 raise zmq.Again  # answers wait for this agent: they go first

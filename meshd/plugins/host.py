@@ -419,8 +419,13 @@ class PluginHost(ToolHooks, RouteHooks):
                 if isinstance(worker, ProcessWorker):
                     worker.node = self._node
         for impl in reversed(self.pm.hook.meshd_startup.get_hookimpls()):
-            if self._in_thread_mode(impl):
+            if self._in_thread_mode(impl) or self._routes_here(impl):
                 await self._call_in_loop(impl, "meshd_startup", {"node": node})
+
+    def _routes_here(self, impl: pluggy.HookImpl) -> bool:
+        """A plugin implementing ``meshd_route`` answers it in the daemon, on the routing path,
+        whatever its isolation (meshd/plugins/routing.py): it gets the node there too."""
+        return any(r.plugin_name == impl.plugin_name for r in self.pm.hook.meshd_route.get_hookimpls())
 
     async def shutdown(self, node: Any) -> None:
         """Stop taking events, let every plugin's worker deliver what it holds (bounded by the hook
@@ -429,7 +434,7 @@ class PluginHost(ToolHooks, RouteHooks):
         ``meshd_shutdown`` after their queue, then exit."""
         await asyncio.to_thread(self._stop_workers, self.hook_timeout, self._node)
         for impl in self.pm.hook.meshd_shutdown.get_hookimpls():
-            if self._in_thread_mode(impl):
+            if self._in_thread_mode(impl) or self._routes_here(impl):
                 await self._call_in_loop(impl, "meshd_shutdown", {"node": node})
 
     def _in_thread_mode(self, impl: pluggy.HookImpl) -> bool:

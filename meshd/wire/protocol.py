@@ -57,6 +57,9 @@ WHAT: Final = "what"
 NODE: Final = "node"
 VER: Final = "ver"  # directory version, on daemon heartbeats and directory messages
 ORIGIN: Final = "origin"  # a delegated request's original requester (the reply goes there)
+READ: Final = "read"  # credit: work messages the agent has read in all (docs/PROTOCOL.md, credit)
+MAX_CREDIT: Final = 10_000
+"""The largest credit window a client may ask for at register."""
 IDS: Final = "ids"  # acked qos-1 unit ids (ack), or the message ids one error envelope covers
 STATUS: Final = "status"  # a handoff reply's verdict: "accepted" or "rejected"
 NOTE: Final = "note"  # a progress report's short text
@@ -84,6 +87,7 @@ class Kind:
     ACK: Final = "ack"
     NACK: Final = "nack"  # a qos-1 unit refused by its handler (with retry hints), agent and mesh
     ADMIN: Final = "admin"
+    CREDIT: Final = "credit"  # agent -> daemon in credit mode: how many work messages it has read
     # routed between agents
     SEND: Final = "send"
     REQUEST: Final = "request"
@@ -106,7 +110,7 @@ ROUTED_KINDS: Final = frozenset(
 )
 AGENT_CONTROL_KINDS: Final = frozenset(
     {Kind.REGISTER, Kind.UNREGISTER, Kind.SUBSCRIBE, Kind.UNSUBSCRIBE, Kind.QUERY, Kind.AGENT_HEARTBEAT,
-     Kind.ACK, Kind.NACK, Kind.ADMIN}
+     Kind.ACK, Kind.NACK, Kind.ADMIN, Kind.CREDIT}
 )
 PEER_CONTROL_KINDS: Final = frozenset(
     {Kind.HELLO, Kind.HEARTBEAT, Kind.DIRECTORY, Kind.SYNC, Kind.BYE, Kind.ACK, Kind.NACK}
@@ -493,6 +497,25 @@ def error_header(
 
 _id_prefix = os.urandom(6).hex()
 _id_counter = count(1)
+
+
+CREDIT_WORK_KINDS: Final = frozenset({Kind.SEND, Kind.REQUEST})
+"""Kinds that take credit (docs/PROTOCOL.md §8.11): sends and requests (publications keep their
+own hold at the subscriber's daemon, §8.4, and take none)."""
+
+
+def credit_count(kind: Any, kinds: Any, count: Any) -> int:
+    """The credit one frame set to an agent takes, from its top-level header's ``kind``, ``kinds``
+    and ``count`` (§8.11): a send or request 1; a batch whose declared kinds are all sends or
+    requests its ``count``; anything else 0. The daemon and the client both count with this, so they
+    agree whatever a hostile sender put inside a batch."""
+    if kind != Kind.BATCH:
+        return 1 if kind in CREDIT_WORK_KINDS else 0
+    if isinstance(kinds, list) and kinds and type(count) is int and 0 < count <= MAX_BATCH and \
+            all(k in CREDIT_WORK_KINDS for k in kinds if isinstance(k, str)) and \
+            all(isinstance(k, str) for k in kinds):
+        return count
+    return 0
 
 
 def is_notice(header: Mapping[str, Any] | Header) -> bool:

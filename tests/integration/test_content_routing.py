@@ -16,7 +16,7 @@ import pytest
 
 from meshd import Agent, NoSuchAgent
 from meshd.plugins import AUTOLOAD_ENV
-from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, pip_install, wait_listed
+from meshd.testing import MeshdFactory, MeshdProcess, async_wait_until, pip_install, wait_listed, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,5 +160,50 @@ def test_routes_and_priorities_from_meshctl_http_and_the_tools(meshd_factory: Me
             assert await llm.call_tool("request_agent", {"agent": "route:invoices", "topic": "verify",
                                                          "payload": "tool", "priority": 0}) == "inv"
             assert [p for _, p in seen] == ["ctl", "http", "tool"]
+
+    asyncio.run(scenario())
+
+
+def _child_pids(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[1]) == pid:
+                children.append(int(entry.name))
+    return children
+
+
+def test_a_process_isolated_routing_plugin_still_routes(meshd_factory: MeshdFactory, installed_router: Path,
+                                                        tmp_path: Path) -> None:
+    """``isolation = "process"`` for the router: its observer hooks run in a child process, and
+    ``meshd_route``, which runs on the routing path, must still choose (docs/plugins.md)."""
+    conf = tmp_path / "a.toml"
+    conf.write_text('[plugins]\nmodules = ["meshd_example_router"]\n\n'
+                    '[plugins.example_router]\nisolation = "process"\n')
+    a = meshd_factory.spawn("a", "--config", str(conf),
+                            env={"PYTHONPATH": str(installed_router), AUTOLOAD_ENV: "0"})
+    b = meshd_factory.spawn("b")
+    meshd_factory.wait_mesh([a, b])
+    # the plugin is loaded, in a child process of its own (else this test proves nothing)
+    assert a.query("node")["plugins"]["loaded"] == ["example_router"]
+    wait_until(lambda: _child_pids(a.pid), what="the router plugin's child process")
+
+    async def scenario() -> None:
+        async with Agent("me", socket=a.socket) as me, \
+                Agent("inv", socket=b.socket, capabilities=["invoices"]) as inv, \
+                Agent("refunds", socket=b.socket, capabilities=["refunds"]) as refunds:
+            for ag in (inv, refunds):
+                ag.on("verify")(lambda m, n=ag.name: n)
+            await wait_listed(me, "inv", "refunds")
+            assert await me.request("route:invoices", "verify", None, timeout=10) == "inv"  # by name
+            assert await me.request("route:any", "verify", None, timeout=10,
+                                    headers={"capability": "refunds"}) == "refunds"  # by header
+            assert await me.request("route:triage", "verify", {"kind": "refunds"}, timeout=10) == "refunds"
+            with pytest.raises(NoSuchAgent, match="route:cooking"):
+                await me.request("route:cooking", "verify", None, timeout=10)
 
     asyncio.run(scenario())
