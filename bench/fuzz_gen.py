@@ -235,7 +235,8 @@ _AGENT_DATA = P.ROUTED_KINDS | {Kind.PUBLISH, Kind.BATCH}
 def expected_corrs(sent: list[bytes]) -> list[str] | None:
     """The ``corr`` values of the answers an unregistered connection must get for ``sent``
     (docs/PROTOCOL.md §7.1): one per frame set whose header decodes far enough to show a string
-    ``id``, except ``agent_hb`` (answered, but with no ``corr``), ``ack`` and ``nack`` (never answered); a
+    ``id``, except ``agent_hb`` (answered, but with no ``corr``), ``ack``, ``nack`` and ``credit`` (never
+    answered, §8.11); a
     refused batch is answered once per inner message. None for a ``register`` (the campaign sends
     it on a connection it does not check: registering changes what later frames get)."""
     frames = [b"rid", *sent]
@@ -248,7 +249,7 @@ def expected_corrs(sent: list[bytes]) -> list[str] | None:
     if kind == Kind.REGISTER:
         return None
     if kind in P.AGENT_CONTROL_KINDS and len(frames) == 4 and \
-            kind in (Kind.AGENT_HEARTBEAT, Kind.ACK, Kind.NACK):
+            kind in (Kind.AGENT_HEARTBEAT, Kind.ACK, Kind.NACK, Kind.CREDIT):
         return []
     if kind == Kind.BATCH and kind in _AGENT_DATA and len(frames) == 4:
         try:

@@ -362,8 +362,7 @@ class Node:
         s = self.settings
         assert self._qos_machine is not None
         link = AgentLink(agents_sock, reactor, self.node_id, backlog_max=s.agent_answer_backlog,
-                         urgent_max=s.priority_hold_max, stats=self.stats)
-        link.held_max = s.inbox_cap  # credit mode: the inbox waits in the daemon
+                         urgent_max=s.priority_hold_max, held_max=s.inbox_cap, stats=self.stats)
         self.qos = Qos1Driver(self._qos_machine, node_id=self.node_id, stats=self.stats,
                               outcomes=self.outcomes, qos1_ttl=s.qos1_ttl, link=link,
                               peer_table=self.peer_table, directory=self.directory,

@@ -75,7 +75,8 @@ class AgentLink:
     FLUSH_INTERVAL = 0.005
 
     def __init__(self, sock: zmq.Socket[Any], reactor: transport.Reactor, node_id: str, *,
-                 backlog_max: int = 1000, urgent_max: int = 256, stats: Counter[str] | None = None) -> None:
+                 backlog_max: int = 1000, urgent_max: int = 256, held_max: int = 100,
+                 stats: Counter[str] | None = None) -> None:
         self.sock = sock
         #: ``sock.send_multipart(frames, NOBLOCK)`` without pyzmq's Python layer (transport.send_frames)
         self.send_now = transport.frame_sender(sock)
@@ -94,7 +95,7 @@ class AgentLink:
         # credit mode: rid -> [window, written, read]; rid -> data waiting for credit
         self._credit: dict[bytes, list[int]] = {}
         self._held: dict[bytes, PriorityFifo[tuple[int, list[bytes], int]]] = {}
-        self.held_max = 100
+        self.held_max = held_max  # credit mode: data waiting in the daemon per connection (inbox_cap)
 
     def open_credit(self, rid: bytes, window: int) -> None:
         """Credit mode for this connection with ``window`` data messages in its pipe at most
