@@ -190,6 +190,16 @@ def split_incoming(frames: list[bytes]) -> Incoming:
     return messages, unit
 
 
+def credit_of(frames: list[bytes]) -> int:
+    """The credit a frame set took by its top-level header alone (0 if that does not parse): a
+    frame set dropped as malformed still took what the daemon counted for it (§8.11)."""
+    try:
+        header = P.unpack_header(frames[1])
+    except (FrameError, IndexError):
+        return 0
+    return P.credit_count(header.get(P.KIND), header.get(P.KINDS), header.get(P.COUNT))
+
+
 def split_incoming_counted(frames: list[bytes]) -> tuple[list[Item], str | None, int]:
     """``split_incoming``, and the credit the frame set took (``P.credit_count`` of its top-level
     header, docs/PROTOCOL.md §8.11: what the daemon counted it as, whatever is inside)."""

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from meshd.client.batching import split_incoming_counted
+from meshd.client.batching import credit_of, split_incoming_counted
 from meshd.client.handler_slots import HandlerSlots
 from meshd.client.handlers import Dispatcher
 from meshd.client.publish_window import PublishWindow
@@ -114,6 +114,13 @@ class Incoming:
         if self.credit_window and self.grant is not None:
             self.grant(self.credit_read)  # a register again: tell what was read so far
 
+    def _count_credit(self, credit: int) -> None:
+        """Credit mode: ``credit`` more was read; every half window read, the daemon is told."""
+        self.credit_read += credit
+        if self.grant is not None and self.credit_read - self._credit_told >= (self.credit_window + 1) // 2:
+            self._credit_told = self.credit_read
+            self.grant(self.credit_read)
+
     def on_frames(self, frames: list[bytes]) -> None:
         """One frame set from the daemon (called by the reactor): answers, errors, or work."""
         try:
@@ -121,16 +128,14 @@ class Incoming:
         except FrameError as exc:
             self.log_once.log(f"frame:{exc.reason}", "agent %s: dropped a frame set it cannot parse: %s",
                               self.name, exc)
+            if self.credit_window:  # it took credit all the same: else the window shrinks for good
+                self._count_credit(credit_of(frames))
             return
         if messages and messages[0][0].get(P.KIND) in _WORK_KINDS:
             self.work_read += len(messages)
         if credit and self.credit_window:
             # counted before anything may drop it (a duplicate unit), as the daemon counted it
-            self.credit_read += credit
-            if self.grant is not None and \
-                    self.credit_read - self._credit_told >= (self.credit_window + 1) // 2:
-                self._credit_told = self.credit_read
-                self.grant(self.credit_read)
+            self._count_credit(credit)
         dispatcher = self._dispatcher
         if unit is not None:
             if dispatcher.seen_unit(unit):

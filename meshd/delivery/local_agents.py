@@ -112,9 +112,12 @@ class AgentLink:
     def granted(self, rid: bytes, read: object) -> None:
         """The agent says its reads took ``read`` credit in all (``credit``, docs/PROTOCOL.md §8.11)."""
         state = self._credit.get(rid)
-        if state is None or type(read) is not int or read <= state[2]:
+        if state is None or type(read) is not int:
             return
-        state[2] = min(read, state[1])  # never credit for more than was written
+        if read > state[2]:
+            state[2] = min(read, state[1])  # never credit for more than was written
+        # Also when nothing new was read (a heartbeat's resync): what waits goes out if the
+        # window or the pipe has room again.
         self._send_held(rid)
 
     def send_data(self, frames: list[bytes], priority: int, count: int = 1) -> bool:
@@ -131,7 +134,9 @@ class AgentLink:
                 state[1] += count
                 return True
             except zmq.Again:
-                pass
+                # The pipe is full with room in the window (answers, notices or publications,
+                # which take no credit, fill it): no grant may come, so a flush retries it.
+                self._schedule_flush()
             finally:
                 self.reactor.kick(self.sock)
         if held is None:

@@ -635,7 +635,15 @@ class Router:
                                origin=origin)
         if self.link.in_credit_mode(agent.rid):  # the inbox waits in the daemon, by priority
             count = P.credit_count(header.kind, header.get(P.KINDS), header.get(P.COUNT))
-            if self.link.send_data([agent.rid, *msg], priority_of(header.fields.get(P.PRIO)), count):
+            try:
+                taken = self.link.send_data([agent.rid, *msg], priority_of(header.fields.get(P.PRIO)), count)
+            except zmq.ZMQError:  # the connection is gone (ROUTER_MANDATORY), as below
+                if unit_id is not None:
+                    self.qos.not_delivered(str(unit_id))
+                self.agents.remove(agent, "connection gone")
+                return self.bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT,
+                                   f"agent {agent.name!r} disconnected", origin=origin)
+            if taken:
                 agent.work_sent += count
                 self.stats["delivered"] += 1
                 return None
