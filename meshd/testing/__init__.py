@@ -144,11 +144,18 @@ def pid_alive(pid: int) -> bool:
 
 def pip_install(source: Path, target: Path) -> None:
     """Install a plugin distribution into ``target`` offline, as a third party would ship it;
-    put ``target`` on a daemon's PYTHONPATH and its entry points are found."""
-    r = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-         "--disable-pip-version-check", "--no-cache-dir", "--target", str(target), str(source)],
-        capture_output=True, text=True, timeout=180)
+    put ``target`` on a daemon's PYTHONPATH and its entry points are found.
+
+    pip builds a local project in its own tree (``build/``, ``*.egg-info``): test workers
+    installing the same plugin at once raced there, and one got an install without the module.
+    So each install builds from a private copy of the source."""
+    with tempfile.TemporaryDirectory(prefix="meshd-pip-") as scratch:
+        copy = Path(scratch) / source.name
+        shutil.copytree(source, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        r = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+             "--disable-pip-version-check", "--no-cache-dir", "--target", str(target), str(copy)],
+            capture_output=True, text=True, timeout=180)
     if r.returncode != 0:
         raise RuntimeError(f"pip install of {source} failed:\n{r.stdout}\n{r.stderr}")
 
