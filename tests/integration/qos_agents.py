@@ -320,7 +320,21 @@ class Stream:
         def all_handled() -> bool:
             return set(read_confirmed(self.sent_out)) <= set(read_handled(self.recv_out))
 
-        wait_until(all_handled, timeout, what="every confirmed message handled", interval=0.1)
+        try:
+            wait_until(all_handled, timeout, what="every confirmed message handled", interval=0.1)
+        except TimeoutError:  # say what each side holds, for whoever reads the failure
+            missing = sorted(set(read_confirmed(self.sent_out)) - set(read_handled(self.recv_out)))
+            print("diagnostics: confirmed, never handled:", len(missing), missing[:20], file=sys.stderr)
+            for p in (self.a, self.b):
+                try:
+                    info = p.query("node")
+                    print("diagnostics:", p.name, "qos1", info.get("qos1"), file=sys.stderr)
+                    print("diagnostics:", p.name, "stats", info.get("stats"), file=sys.stderr)
+                    print("diagnostics:", p.name, "agents", p.query("agents"), file=sys.stderr)
+                except Exception as exc:
+                    print("diagnostics: query failed", p.name, exc, file=sys.stderr)
+            print("diagnostics: receiver log:\n", self.agent_log("receiver"), file=sys.stderr)
+            raise
         wait_until(lambda: self.a.query("node")["qos1"]["pending"] == 0, timeout,
                    what="the sending daemon's outbox to drain", interval=0.1)
         time.sleep(0.3)  # acks and suppressed retries in flight
