@@ -637,12 +637,8 @@ class Router:
             count = P.credit_count(header.kind, header.get(P.KINDS), header.get(P.COUNT))
             try:
                 taken = self.link.send_data([agent.rid, *msg], priority_of(header.fields.get(P.PRIO)), count)
-            except zmq.ZMQError:  # the connection is gone (ROUTER_MANDATORY), as below
-                if unit_id is not None:
-                    self.qos.not_delivered(str(unit_id))
-                self.agents.remove(agent, "connection gone")
-                return self.bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT,
-                                   f"agent {agent.name!r} disconnected", origin=origin)
+            except zmq.ZMQError:  # the connection is gone (ROUTER_MANDATORY)
+                return self._connection_gone(agent, header, msg, unit_id, origin)
             if taken:
                 agent.work_sent += count
                 self.stats["delivered"] += 1
@@ -672,13 +668,19 @@ class Router:
             code = self.bounce(header, msg, P.ErrorCode.INBOX_FULL, f"inbox of {agent.name!r} is full",
                                 retry=True, retry_after=0.1, origin=origin)
         except zmq.ZMQError:
-            if unit_id is not None:
-                self.qos.not_delivered(str(unit_id))
-            self.agents.remove(agent, "connection gone")
-            code = self.bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"agent {agent.name!r} disconnected",
-                                origin=origin)
+            code = self._connection_gone(agent, header, msg, unit_id, origin)
         self.link.kick()
         return code
+
+    def _connection_gone(self, agent: LocalAgent, header: P.Header, msg: list[bytes],
+                         unit_id: Any, origin: str | None) -> str:
+        """The agent's connection is gone (a send raised ZMQError): forget the agent, put a
+        qos-1 unit back for a retry, and bounce NO_SUCH_AGENT."""
+        if unit_id is not None:
+            self.qos.not_delivered(str(unit_id))
+        self.agents.remove(agent, "connection gone")
+        return self.bounce(header, msg, P.ErrorCode.NO_SUCH_AGENT, f"agent {agent.name!r} disconnected",
+                           origin=origin)
 
     def bounce(self, header: P.Header, msg: list[bytes], code: str, message: str, *,
                 retry: bool = False, retry_after: float | None = None, origin: str | None = None) -> str:
