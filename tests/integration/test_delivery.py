@@ -374,8 +374,12 @@ def test_qos1_publish_reaches_durable_subscribers_once(meshd_factory: MeshdFacto
 
             async def ready() -> bool:
                 recs = {r["name"]: r for r in await pub.agents()}
-                return all(n in recs for n in ("keeper", "glance", "local")) and \
-                    "ledger" in recs["keeper"].get("durable", [])
+                # every subscription known at the publisher's daemon (else an early publish's
+                # reach counts fewer than 3)
+                def has(name: str, key: str) -> bool:
+                    return name in recs and "ledger" in (recs[name].get(key) or [])
+                return all(has(n, "topics") or has(n, "durable") for n in ("keeper", "glance", "local")) \
+                    and has("keeper", "durable") and has("local", "durable")
             await async_wait_until(ready)
             counts = await asyncio.gather(*(pub.publish("ledger", {"i": i}, qos=1) for i in range(300)))
             assert set(counts) == {3}
